@@ -1,0 +1,48 @@
+"""Root conftest: markers, Hypothesis profiles, and the CUDA skip for `gpu` tests.
+
+The default run (`pytest`, see pyproject's addopts) excludes `slow`; `pytest -m gpu` selects the
+GPU tests, which skip with a reason where CUDA is absent so that the run still exits 0.
+The seed, budget and implementation options come from the specverify plugin
+(`--specverify-seed N|random`, `--specverify-alpha`, `--impl`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Loaded here too so that a plain checkout (PYTHONPATH=.) gets the options; when the package is
+# installed the entry point registers the same module under the same name and this is a no-op.
+pytest_plugins = ("specverify.pytest_plugin",)
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    derandomize=True,  # the same examples on every run and every xdist worker: reproducible CI
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("explore", parent=settings.get_profile("default"), derandomize=False, max_examples=500)
+settings.load_profile(os.environ.get("SPECVERIFY_HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (
+        "gpu: needs CUDA; skips with a reason where CUDA is absent",
+        "slow: long checks kept out of the default run",
+        "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
+    ):
+        config.addinivalue_line("markers", line)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

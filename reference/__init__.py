@@ -1,0 +1,1 @@
+"""The reference speculative decoder (see reference/decoder.py)."""
