@@ -1,0 +1,248 @@
+"""Drafters: what proposes the γ tokens that the target verifies in one pass.
+
+Every drafter implements the small :class:`Drafter` protocol used by ``reference.decoder``:
+
+- ``check_target(target)``: raise ``ValueError`` if the drafter cannot serve this target (called
+  before any model runs);
+- ``start(sequences)``: begin a batch (prefill a draft model's KV cache);
+- ``propose(sequences, gamma, params, generator)``: return a :class:`Draft`: up to γ tokens per row
+  and the law each was drawn from;
+- ``accepted(num_accepted)``: the target kept the first ``num_accepted[b]`` drafts of row b; roll
+  any state back to that.
+
+Three drafters:
+
+- :class:`ModelDrafter` — a separate small causal LM sharing the tokenizer, with its own KV cache.
+  Draft token ``i`` is drawn from ``q_i = params.apply(draft logits)``, the same processing
+  (temperature / top-k / top-p / min-p) that the decoder applies to the target, so ``q_i`` really
+  is the law of the token and modified rejection sampling is exact (Leviathan et al. 2023
+  Algorithm 1 needs the *actual* sampling law of the draft).
+- :class:`EarlyExitDrafter` — self-speculation: the target's first ``k`` layers followed by its own
+  final norm and LM head (a view sharing the target's weights, no copy), drafting like a model.
+- :class:`PromptLookupDrafter` — n-gram copy from the context (prompt lookup decoding): the tokens
+  that followed the most recent earlier occurrence of the last n tokens.  The drafts are
+  deterministic given the context, i.e. drawn from point masses, so they are verified with the
+  point-mass rule (``Draft.probs is None``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from reference.kv import RaggedCache
+from reference.sequences import TokenSequences
+from specverify.processing import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's proposals for a batch.
+
+    tokens: int64 ``[B, γ]``; row b's first ``num_draft[b]`` entries are real, the rest are 0.
+    probs: ``[B, γ, V]``, the law each draft token was drawn from, or ``None`` for point masses
+        (deterministic drafts).
+    num_draft: int64 ``[B]``, entries in ``0..γ``.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    num_draft: torch.Tensor
+
+
+class Drafter(Protocol):
+    """The interface the decoder drives (see the module docstring)."""
+
+    def check_target(self, target: torch.nn.Module) -> None: ...
+
+    def start(self, sequences: TokenSequences) -> None: ...
+
+    def propose(
+        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft: ...
+
+    def accepted(self, num_accepted: torch.Tensor) -> None: ...
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the model's output head: the ids its distributions range over."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter."""
+    return next(model.parameters()).device
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of ``probs [N, V]`` by inverse CDF in float64: the first ``t`` with
+    ``cumsum(p)[t] > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator``.  A token of zero probability is
+    never returned; a one-hot row (temperature 0) returns its argmax."""
+    cumulative = probs.to(torch.float64).cumsum(-1)
+    total = cumulative[:, -1]
+    u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device)
+    threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, threshold[:, None], right=True).squeeze(1)
+
+
+class ModelDrafter:
+    """Draft with a separate small causal LM that shares the target's tokenizer.
+
+    The draft model keeps its own :class:`~reference.kv.RaggedCache` holding every committed token
+    but the last (and, during a step, its own drafts).  A step feeds the committed tokens it has not
+    seen yet (1 token, or 2 after a step where all γ drafts were accepted: the last draft, which it
+    never fed, and the bonus token), then samples γ tokens autoregressively, feeding the first γ − 1
+    back.  ``accepted`` forgets the fed drafts that the target rejected.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.kv: RaggedCache | None = None
+        self.fed_drafts = 0
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        if vocab_size(self.model) != vocab_size(target):
+            raise ValueError(
+                f"draft: its vocabulary has {vocab_size(self.model)} ids but the target's has "
+                f"{vocab_size(target)}; use a draft model that shares the target's tokenizer and output size"
+            )
+        if model_device(self.model) != model_device(target):
+            raise ValueError(
+                f"draft: on {model_device(self.model)} but the target is on {model_device(target)}; "
+                f"move it with draft.to({str(model_device(target))!r})"
+            )
+
+    def start(self, sequences: TokenSequences) -> None:
+        self.kv = RaggedCache(self.model, sequences.tokens.shape[0], sequences.tokens.device)
+        self.kv.extend(*sequences.tail(torch.zeros_like(sequences.lengths)))
+        self.kv.forget(torch.ones_like(sequences.lengths))  # the last token opens the first step
+        self.fed_drafts = 0
+
+    @torch.no_grad()
+    def propose(
+        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        block, counts = sequences.tail(self.kv.lengths)
+        rows = torch.arange(block.shape[0], device=block.device)
+        next_logits = self.kv.extend(block, counts)[rows, counts - 1]
+        tokens, probs = [], []
+        for position in range(gamma):
+            q = params.apply(next_logits.float())
+            token = sample_from(q, generator)
+            tokens.append(token)
+            probs.append(q)
+            if position + 1 < gamma:
+                next_logits = self.kv.extend(token[:, None], torch.ones_like(token))[:, -1]
+        self.fed_drafts = gamma - 1
+        num_draft = torch.full_like(counts, gamma)
+        return Draft(torch.stack(tokens, 1), torch.stack(probs, 1), num_draft)
+
+    def accepted(self, num_accepted: torch.Tensor) -> None:
+        self.kv.forget(self.fed_drafts - num_accepted.clamp(max=self.fed_drafts))
+
+
+def truncated_view(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
+    """A causal LM that runs the first ``num_layers`` decoder layers of ``model``, then its final norm
+    and LM head, sharing every weight with ``model`` (shallow module copies: no tensor is copied).
+
+    Supports decoder-only models whose base model keeps its blocks in ``.layers`` and loops over
+    them (Llama, Mistral, Qwen2, Gemma, SmolLM, ...).  The view has its own config with
+    ``num_hidden_layers = num_layers``, so it gets a KV cache of that many layers.
+    """
+    base = model.get_decoder()
+    base_name = next((name for name, child in model.named_children() if child is base), None)
+    layers = getattr(base, "layers", None)
+    if base_name is None or not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(
+            f"target: early-exit drafting needs a direct base-model child with a '.layers' ModuleList; "
+            f"{type(model).__name__} has none, use ModelDrafter or PromptLookupDrafter"
+        )
+    if not 1 <= num_layers < len(layers):
+        raise ValueError(
+            f"num_layers: expected 1..{len(layers) - 1} (fewer than the target's {len(layers)} layers), got {num_layers}"
+        )
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = num_layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:num_layers]
+
+    view_base = copy.copy(base)
+    view_base._modules = dict(base._modules)  # own child table: replacing .layers leaves the target intact
+    view_base.layers = torch.nn.ModuleList(list(layers)[:num_layers])
+    view_base.config = config
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    setattr(view, base_name, view_base)
+    view.config = config
+    return view
+
+
+class EarlyExitDrafter(ModelDrafter):
+    """Self-speculative drafting: the target's first ``num_layers`` layers + its final norm and head.
+
+    No second model: :func:`truncated_view` shares the target's weights.  The drafter keeps its own
+    KV cache of ``num_layers`` layers; those keys/values equal the target's first layers' for the
+    same tokens, but sharing them would couple the two caches' rollbacks, so they are recomputed.
+    """
+
+    def __init__(self, target: torch.nn.Module, num_layers: int) -> None:
+        super().__init__(truncated_view(target, num_layers))
+        self.target = target
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        if target is not self.target:
+            raise ValueError("target: this EarlyExitDrafter was built from a different model; build it from the target")
+
+
+class PromptLookupDrafter:
+    """Prompt lookup decoding: copy what followed the most recent earlier occurrence of the last n tokens.
+
+    For ``n = max_ngram`` down to ``min_ngram``: if the row's last n tokens occurred earlier in its
+    context (prompt + generated tokens), i.e. ``context[s : s+n] == context[-n:]`` for some
+    ``s + n < len(context)``, take the largest such ``s`` and propose the (up to γ) tokens
+    ``context[s+n : s+n+γ]``.  The longest matching ``n`` wins; a row with no match proposes nothing
+    (``num_draft = 0``: the step is plain target decoding).  Vectorised over the batch (all windows
+    compared at once).  Drafts are a deterministic function of the context, i.e. draws from point
+    masses, so they are verified with ``specverify.rules.point_mass_verify``.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram/max_ngram: expected 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        """Any target: the drafts are ids copied from the context, which is in the target's vocabulary."""
+
+    def start(self, sequences: TokenSequences) -> None:
+        """Nothing to prefill."""
+
+    def propose(
+        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        tokens, lengths = sequences.tokens, sequences.lengths
+        batch, capacity = tokens.shape
+        copy_from = torch.full_like(lengths, -1)  # where each row's continuation starts; -1: no match yet
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if n >= capacity:
+                continue
+            offsets = torch.arange(n, device=tokens.device)
+            suffix = tokens.gather(1, (lengths[:, None] - n + offsets).clamp(min=0))  # [B, n]
+            windows = tokens.unfold(1, n, 1)  # [B, capacity - n + 1, n]: window s is tokens[s : s+n]
+            starts = torch.arange(windows.shape[1], device=tokens.device)
+            earlier = starts[None, :] + n < lengths[:, None]  # a continuation exists; excludes the suffix itself
+            match = (windows == suffix[:, None, :]).all(-1) & earlier
+            most_recent = torch.where(match, starts, -1).amax(1)
+            copy_from = torch.where((copy_from < 0) & (most_recent >= 0), most_recent + n, copy_from)
+        num_draft = torch.where(copy_from >= 0, (lengths - copy_from).clamp(max=gamma), 0)
+        positions = torch.arange(gamma, device=tokens.device)
+        index = (copy_from.clamp(min=0)[:, None] + positions).clamp(max=capacity - 1)
+        draft_tokens = torch.where(positions < num_draft[:, None], tokens.gather(1, index), 0)
+        return Draft(draft_tokens, None, num_draft)
+
+    def accepted(self, num_accepted: torch.Tensor) -> None:
+        """Stateless: nothing to roll back."""
