@@ -24,9 +24,12 @@ BUILTINS: dict[str, dict[str, str]] = {
         "point-mass": "specverify.rules:point_mass_as_verify",
         "greedy": "specverify.rules:greedy_as_verify",
         "typical": "specverify.rules:typical_acceptance_as_verify",
+        "hf-transformers": "specverify.adapters.hf_sampler:verify",
     },
     "decoder": {
         "reference": "reference.decoder:generate",
+        "hf-transformers": "specverify.adapters.hf_generate:generate",
+        "hf-transformers-prompt-lookup": "specverify.adapters.hf_generate:generate_prompt_lookup",
     },
 }
 

@@ -7,7 +7,20 @@ Options:
 - ``--specverify-seed N|random``: the base seed every statistical check derives its own seed
   from (default 0, reproducible); ``random`` draws a fresh one and prints it;
 - ``--specverify-alpha A``: the family-wise false-positive budget of the whole run's
-  statistical checks (default 1e-3), split across the checks by Bonferroni.
+  statistical checks (default 1e-3), split across the checks by Bonferroni;
+- ``--specverify-budget quick|standard|thorough|N``: the sample budget of audits run through the
+  ``lossless_audit`` / ``assert_lossless`` fixtures (default ``standard``).
+
+Fixtures for engine test suites (one line each)::
+
+    def test_my_sampler_is_lossless(assert_lossless):
+        assert_lossless(my_verify)            # or assert_lossless() for the --impl target
+
+    def test_report(lossless_audit):
+        report = lossless_audit(my_verify)    # the AuditReport, without asserting
+
+Both audit with the run's seed, α and budget (keyword arguments override them); nothing is kept
+between tests.
 """
 
 from __future__ import annotations
@@ -30,6 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--specverify-alpha", type=float, default=DEFAULT_SUITE_ALPHA,
         help="family-wise false-positive budget of the run's statistical checks (default 1e-3)",
+    )
+    group.addoption(
+        "--specverify-budget", default="standard",
+        help="sample budget of the lossless_audit/assert_lossless fixtures: quick, standard, thorough or N",
     )
 
 
@@ -66,3 +83,40 @@ def specverify_suite_alpha(pytestconfig: pytest.Config) -> float:
 def specverify_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
     """The implementation under test, resolved from ``--impl``."""
     return load_target(pytestconfig.getoption("--impl"))
+
+
+@pytest.fixture
+def lossless_audit(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """``lossless_audit(fn=None, **options) -> AuditReport``: audit ``fn`` (default: the ``--impl``
+    target) with the run's seed, α and budget; ``options`` override any :func:`specverify.audit` argument."""
+    from specverify.audit import audit
+
+    def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
+        settings = _audit_settings(pytestconfig)
+        settings.update(options)
+        return audit(pytestconfig.getoption("--impl") if fn is None else fn, **settings)
+
+    return run
+
+
+@pytest.fixture
+def assert_lossless(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """``assert_lossless(fn=None, **options)``: like ``lossless_audit`` but fails the test with the
+    audit's explanation (which check, inputs, observed vs expected, p-value, TV) unless no loss was
+    detected; returns the report."""
+    from specverify.audit import assert_lossless as assert_lossless_function
+
+    def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
+        settings = _audit_settings(pytestconfig)
+        settings.update(options)
+        return assert_lossless_function(pytestconfig.getoption("--impl") if fn is None else fn, **settings)
+
+    return run
+
+
+def _audit_settings(config: pytest.Config) -> dict[str, Any]:
+    return {
+        "seed": config._specverify_base_seed,  # type: ignore[attr-defined]
+        "alpha": float(config.getoption("--specverify-alpha")),
+        "budget": config.getoption("--specverify-budget"),
+    }
