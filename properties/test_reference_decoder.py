@@ -170,9 +170,9 @@ def catalog_rule_for_decoder(name: str):
     """A catalog entry (SPEC §1 signature) in the shape the decoder calls ``rejection_sample``."""
     buggy = CATALOG[name].fn
 
-    def rule(target_probs, draft_probs, draft_tokens, generator=None, *, num_draft=None):
+    def rule(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None, num_draft=None):
         assert num_draft is None or bool((num_draft == draft_tokens.shape[1]).all())  # model drafts: all γ
-        emitted = buggy(target_probs, draft_probs, draft_tokens, generator)
+        emitted = buggy(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
         return VerifyResult(emitted, (emitted >= 0).sum(1) - 1)
 
     return rule

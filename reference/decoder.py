@@ -17,15 +17,23 @@ request has ``max_new_tokens`` tokens or has emitted EOS:
 
 Temperature, top-k, top-p and min-p are applied to draft and target logits by the same function,
 ``specverify.processing.SamplingParams.apply``, so ``q`` is the law the draft was drawn from and
-``p`` the law SPEC §2 asks to sample from.  All randomness comes from one ``torch.Generator`` on the
-target's device seeded with ``seed``: same inputs and seed, same tokens.
+``p`` the law SPEC §2 asks to sample from.
+
+Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
+random number of row b (its draft tokens, then its ``γ + 1`` verification uniforms per step, in
+``specverify.rules``' convention) comes from it alone.  ``seed`` is either one seed per row (a
+list: a request keeps its seed wherever it sits in the batch) or an int ``s``, which seeds row b
+with :func:`request_seed` ``(s, b)``: distinct rows get independent streams, and request 0 decoded
+alone with ``s`` equals row 0 of any batch decoded with ``s``.  Same inputs and seeds, same tokens;
+and a request's tokens do not depend on the other rows of its batch.
 
 Batches: rows advance by different numbers of tokens per step.  Each model keeps one KV cache for
 the batch with per-row validity masks and explicit per-row position ids (``reference/kv.py``), so
-a row's law never depends on another row (only which draws of the shared generator it gets does).
+a row's law never depends on another row, and neither do its random numbers (per-row generators).
 Finished rows keep riding along until the whole batch is done (their extra tokens are discarded):
 the loop needs no row bookkeeping, at the price of computing those rows.  Cost of the ragged
-cache: see ``reference/kv.py``.
+cache: see ``reference/kv.py``.  The number of draws a row takes per step is fixed (γ + 1, plus γ
+for a model drafter), so neither the other rows nor a finished row's extra steps shift its stream.
 
 :func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``);
 :func:`speculative_generate` is the full interface (batches, drafters, EOS, statistics).
@@ -46,6 +54,7 @@ from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
 from specverify.processing import SamplingParams
 from specverify.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
+from specverify.seeding import derive_seed
 
 DEFAULT_GAMMA = 4
 
@@ -77,15 +86,16 @@ def speculative_generate(
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     eos_token_id: int | None = None,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` tokens for each prompt by speculative decoding.
 
     ``prompts``: an int64 tensor ``[B, T]`` or a list of 1-D int64 tensors of different lengths.
     ``gamma``: draft tokens per step (γ).  ``temperature == 0`` is greedy decoding (the output then
-    equals the target's own greedy output).  Raises ``ValueError`` before any model runs when an
-    argument is invalid.
+    equals the target's own greedy output).  ``seed``: one int per prompt (row b's generator is
+    seeded with ``seed[b]``), or an int ``s`` for rows seeded ``request_seed(s, b)``.  Raises
+    ``ValueError`` before any model runs when an argument is invalid.
     """
     prompts = list(prompts)
     params = check_inputs(target, drafter, prompts, max_new_tokens=max_new_tokens, gamma=gamma, seed=seed,
@@ -93,7 +103,7 @@ def speculative_generate(
     gamma, max_new_tokens = int(gamma), int(max_new_tokens)
     eos_token_id = None if eos_token_id is None else int(eos_token_id)
     device = model_device(target)
-    generator = torch.Generator(device=device).manual_seed(int(seed))
+    generators = [torch.Generator(device=device).manual_seed(s) for s in request_seeds(seed, len(prompts))]
     sequences = TokenSequences(prompts, device)
     target_kv = prefill(target, sequences)
     drafter.start(sequences)
@@ -102,10 +112,10 @@ def speculative_generate(
 
     while not bool(finished.all()):
         with Stopwatch(device) as draft_clock:  # 1. draft
-            draft = drafter.propose(sequences, gamma, params, generator)
+            draft = drafter.propose(sequences, gamma, params, generators)
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences.last(), draft, params)
-            result = verify(target_probs, draft, params, generator)
+            result = verify(target_probs, draft, params, generators)
         target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep last + accepted drafts
         drafter.accepted(result.num_accepted)
         sequences.append(result.emitted, result.num_accepted + 1)
@@ -114,6 +124,19 @@ def speculative_generate(
 
     tokens, num_tokens = new_tokens(sequences, max_new_tokens, eos_token_id)
     return Generation(tokens, num_tokens, recorder.finish())
+
+
+def request_seed(seed: int, row: int) -> int:
+    """The seed of row ``row`` of a batch decoded with the int ``seed``: a 63-bit hash of both, so the
+    rows' generators are independent and row 0 gets the same seed whatever the batch size."""
+    return derive_seed("reference.decoder request", int(seed), row)
+
+
+def request_seeds(seed: int | Sequence[int], batch_size: int) -> list[int]:
+    """One seed per row: ``seed`` itself if it is a sequence, else ``request_seed(seed, b)`` for row b."""
+    if is_integer(seed):
+        return [request_seed(seed, row) for row in range(batch_size)]
+    return [int(s) for s in seed]
 
 
 def prefill(target: torch.nn.Module, sequences: TokenSequences) -> RaggedCache:
@@ -139,14 +162,27 @@ def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, param
     return params.apply(logits.float())
 
 
-def verify(target_probs: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator) -> VerifyResult:
-    """Pick the lossless rule for the draft: greedy at temperature 0, point-mass for deterministic
-    drafts, modified rejection sampling otherwise."""
+def verify(
+    target_probs: torch.Tensor, draft: Draft, params: SamplingParams, generators: Sequence[torch.Generator]
+) -> VerifyResult:
+    """Pick the lossless rule for the draft: greedy at temperature 0 (no randomness), point-mass for
+    deterministic drafts, modified rejection sampling otherwise; the sampled rules get each row's
+    uniforms from its own generator (:func:`step_uniforms`)."""
     if params.temperature == 0:
         return greedy_verify(target_probs, draft.tokens, num_draft=draft.num_draft)
+    uniforms = step_uniforms(generators, draft.tokens.shape[1] + 1, target_probs.device)
     if draft.probs is None:
-        return point_mass_verify(target_probs, draft.tokens, generator, num_draft=draft.num_draft)
-    return rejection_sample(target_probs, draft.probs, draft.tokens, generator, num_draft=draft.num_draft)
+        return point_mass_verify(target_probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
+    return rejection_sample(target_probs, draft.probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
+
+
+def step_uniforms(generators: Sequence[torch.Generator], width: int, device: torch.device) -> torch.Tensor:
+    """One step's uniforms ``u [B, K+1]`` (``width = K + 1``), float64 in ``[0, 1)``: row b is
+    ``torch.rand(K+1, generator=generators[b])``.  ``specverify.rules``' convention: column ``i < K``
+    is draft i's accept test, column ``K`` the inverse CDF of the correction-or-bonus token."""
+    return torch.stack(
+        [torch.rand(width, generator=generator, dtype=torch.float64, device=device) for generator in generators]
+    )
 
 
 def request_done(
@@ -201,7 +237,7 @@ def check_inputs(
     *,
     max_new_tokens: int,
     gamma: int,
-    seed: int,
+    seed: int | Sequence[int],
     eos_token_id: int | None,
     temperature: float,
     top_k: int | None,
@@ -217,13 +253,15 @@ def check_inputs(
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     if not is_integer(gamma) or gamma < 1:
         raise ValueError(f"gamma: expected an int >= 1 draft tokens per step, got {gamma!r}")
-    if not is_integer(seed):
-        raise ValueError(f"seed: expected an int, got {type(seed).__name__}")
+    if not is_integer(seed) and not (isinstance(seed, (list, tuple)) and all(is_integer(s) for s in seed)):
+        raise ValueError(f"seed: expected an int or a list of ints (one per prompt), got {type(seed).__name__}")
     vocabulary = vocab_size(target)
     if eos_token_id is not None and not (is_integer(eos_token_id) and 0 <= eos_token_id < vocabulary):
         raise ValueError(f"eos_token_id: expected None or an id in [0, {vocabulary}), got {eos_token_id!r}")
     if not prompts:
         raise ValueError("prompts: expected at least one prompt")
+    if not is_integer(seed) and len(seed) != len(prompts):
+        raise ValueError(f"seed: got {len(seed)} seeds for {len(prompts)} prompts; pass one per prompt, or one int")
     for row, prompt in enumerate(prompts):
         if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.int64 or prompt.dim() != 1:
             raise ValueError(f"prompts: row {row} must be a 1-D int64 tensor (or pass an int64 tensor [B, T])")

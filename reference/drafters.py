@@ -5,8 +5,9 @@ Every drafter implements the small :class:`Drafter` protocol used by ``reference
 - ``check_target(target)``: raise ``ValueError`` if the drafter cannot serve this target (called
   before any model runs);
 - ``start(sequences)``: begin a batch (prefill a draft model's KV cache);
-- ``propose(sequences, gamma, params, generator)``: return a :class:`Draft`: up to γ tokens per row
-  and the law each was drawn from;
+- ``propose(sequences, gamma, params, generators)``: return a :class:`Draft`: up to γ tokens per row
+  and the law each was drawn from; ``generators[b]`` is row b's own ``torch.Generator``, the only
+  source of row b's draft randomness, so a row's drafts never depend on the other rows;
 - ``accepted(num_accepted)``: the target kept the first ``num_accepted[b]`` drafts of row b; roll
   any state back to that.
 
@@ -28,6 +29,7 @@ Three drafters:
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,7 +63,7 @@ class Drafter(Protocol):
     def start(self, sequences: TokenSequences) -> None: ...
 
     def propose(
-        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generator: torch.Generator
+        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
     ) -> Draft: ...
 
     def accepted(self, num_accepted: torch.Tensor) -> None: ...
@@ -86,6 +88,13 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device)
     threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cumulative, threshold[:, None], right=True).squeeze(1)
+
+
+def sample_each_row(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs [B, V]``, row b drawn by :func:`sample_from` with ``generators[b]``
+    alone: B small draws instead of one batched draw, so that a row's token does not depend on how
+    many rows precede it (batch invariance under sampling)."""
+    return torch.cat([sample_from(probs[row : row + 1], generator) for row, generator in enumerate(generators)])
 
 
 class ModelDrafter:
@@ -123,7 +132,7 @@ class ModelDrafter:
 
     @torch.no_grad()
     def propose(
-        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generator: torch.Generator
+        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
     ) -> Draft:
         block, counts = sequences.tail(self.kv.lengths)
         rows = torch.arange(block.shape[0], device=block.device)
@@ -131,7 +140,7 @@ class ModelDrafter:
         tokens, probs = [], []
         for position in range(gamma):
             q = params.apply(next_logits.float())
-            token = sample_from(q, generator)
+            token = sample_each_row(q, generators)
             tokens.append(token)
             probs.append(q)
             if position + 1 < gamma:
@@ -222,7 +231,7 @@ class PromptLookupDrafter:
         """Nothing to prefill."""
 
     def propose(
-        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generator: torch.Generator
+        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
     ) -> Draft:
         tokens, lengths = sequences.tokens, sequences.lengths
         batch, capacity = tokens.shape

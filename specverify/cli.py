@@ -2,8 +2,7 @@
 
 Subcommands live in their own modules, each exposing ``register(subparsers)`` that adds one
 sub-parser and sets its ``handler(args) -> int`` (the exit status).  The modules are listed in
-:data:`SUBCOMMAND_MODULES`; one that is not installed yet is skipped (a transition measure while
-the subcommands are being written).
+:data:`SUBCOMMAND_MODULES`.
 """
 
 from __future__ import annotations
@@ -26,13 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specverify {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name == module_name:
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 

@@ -31,8 +31,8 @@ from specverify.faults import call_with_deadline, mutated_arguments, validate_em
 DEFAULT_BATCH_ROWS = 4096
 """Rows per call: large batches amortise the per-call overhead of the function and the harness."""
 
-MAX_INPUT_ELEMENTS = 1 << 20
-"""Cap on the probability entries of one call (``B·(2K+1)·V``; 4 MB in float32): large
+MAX_INPUT_ELEMENTS = 1 << 24
+"""Cap on the probability entries of one call (``B·(2K+1)·V``; 64 MB in float32): large
 vocabularies get proportionally fewer rows per call."""
 
 

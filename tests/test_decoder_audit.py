@@ -378,9 +378,9 @@ def generate_draft_ignores_temperature(target, draft, input_ids, **settings):
     return reference.decoder.generate(target, DraftIgnoresTemperature(draft), input_ids, **settings)
 
 
-def rejection_sample_residual_from_target(target_probs, draft_probs, draft_tokens, generator, *, num_draft=None):
+def rejection_sample_residual_from_target(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None, num_draft=None):
     """BUG (catalog ``residual_is_target``): after a rejection the correction is drawn from p."""
-    emitted = CATALOG["residual_is_target"].fn(target_probs, draft_probs, draft_tokens, generator)
+    emitted = CATALOG["residual_is_target"].fn(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
     return VerifyResult(emitted, (emitted >= 0).sum(1) - 1)
 
 
