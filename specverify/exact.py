@@ -369,11 +369,7 @@ def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[in
             _scan_columns(rule, paths, grid, first, first_codes),
         )
         failed_paths = np.unique(grid.path[pairs.cell])
-        done = ~np.isin(grid.path, failed_paths)
-        weights = paths.probs[grid.path[done]] * np.prod(grid.width[done], axis=1)
-        codes, inverse = np.unique(first_codes[done], return_inverse=True)
-        for code, mass in zip(codes, np.bincount(inverse.ravel(), weights=weights, minlength=len(codes))):
-            totals[int(code)] += float(mass)
+        _add_cell_masses(totals, paths, grid, first_codes, ~np.isin(grid.path, failed_paths))
         if len(failed_paths) == 0:
             return _decode_distribution(totals, chain.vocab_size)
         if round_index == MAX_REFINEMENTS:
@@ -381,9 +377,21 @@ def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[in
         pairs = _select_pairs(pairs, grid.path)
         cell_paths = grid.path[pairs.cell]
         _check_uses_only_uniforms(rule, paths, cell_paths, pairs.point_a, pairs.code_a)
+        grown: set[int] = set()
         for path_index, column, value in _locate_breakpoints(rule, paths, cell_paths, pairs):
+            before = len(edges[path_index][column])
             edges[path_index][column] = _merge_edges(np.append(edges[path_index][column], value))
-        pending = failed_paths
+            if len(edges[path_index][column]) > before:
+                grown.add(path_index)
+        # A breakpoint that merges into an existing edge lies within MIN_CELL_WIDTH of it: the rule
+        # and the candidate edge disagree only by float64 rounding (e.g. ``u * sum < cumsum``
+        # against ``cumsum / sum``), on a sliver of volume below MIN_CELL_WIDTH.  Such paths are
+        # integrated as they are instead of being refined forever.
+        settled = np.array([path for path in failed_paths if int(path) not in grown], dtype=np.int64)
+        _add_cell_masses(totals, paths, grid, first_codes, np.isin(grid.path, settled))
+        pending = np.setdiff1d(failed_paths, settled)
+        if len(pending) == 0:
+            return _decode_distribution(totals, chain.vocab_size)
     raise ValueError(
         f"rule: after {MAX_REFINEMENTS} rounds of breakpoint search its output is still not constant on "
         f"the integration cells of {len(failed_paths)} draft path(s): it has breakpoints in the uniforms "
@@ -566,6 +574,16 @@ def _pairs_where(
 
 def _concatenate_pairs(*parts: _Pairs) -> _Pairs:
     return _Pairs(*(np.concatenate([getattr(part, name) for part in parts]) for name in _Pairs.__dataclass_fields__))
+
+
+def _add_cell_masses(
+    totals: dict[int, float], paths: _DraftPaths, grid: _Grid, codes: np.ndarray, selected: np.ndarray
+) -> None:
+    """Add ``P(path) × volume(cell)`` of the ``selected`` cells to the total of each cell's output."""
+    weights = paths.probs[grid.path[selected]] * np.prod(grid.width[selected], axis=1)
+    unique_codes, inverse = np.unique(codes[selected], return_inverse=True)
+    for code, mass in zip(unique_codes, np.bincount(inverse.ravel(), weights=weights, minlength=len(unique_codes))):
+        totals[int(code)] += float(mass)
 
 
 def _scan_columns(rule: Rule, paths: _DraftPaths, grid: _Grid, points: np.ndarray, codes: np.ndarray) -> _Pairs:
