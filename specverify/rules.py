@@ -299,9 +299,10 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     rounds below ``sum(w)``; for a subnormal total (masses ~1e-320) it can round up to it, so the
     threshold is capped one ulp below the total and a token is always found.  Because the
     cumulative sum strictly increases at ``t``, ``w[t] > 0``: a token of zero mass is never
-    returned (rows must have positive total mass).
+    returned (rows must have positive total mass).  ``weights`` is overwritten with its cumulative
+    sums (callers pass a temporary; no new ``[B, V]`` buffer).
     """
-    cumulative = weights.cumsum(-1)
+    cumulative = weights.cumsum_(-1)
     total = cumulative[:, -1]
     threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cumulative, threshold.unsqueeze(-1), right=True).squeeze(-1)
@@ -365,12 +366,18 @@ def rejection_sample(
     num_accepted = _leading_accepts(accept)
 
     rejected = num_accepted < drafts
-    p_final = _rows_at(target_probs, num_accepted).to(torch.float64)
-    q_final = _rows_at(draft_probs, num_accepted).to(torch.float64)
-    residual = (p_final - q_final).clamp_(min=0)
-    use_residual = rejected & (residual.sum(-1) > 0)
-    final_weights = torch.where(use_residual[:, None], residual, p_final)
-    final_token = _inverse_cdf(final_weights, u[:, -1])
+    # Few fresh [B, V] buffers (the first touch of new memory costs more than the arithmetic): the
+    # two gathered rows in the input dtype and two float64 rows, all later updates in place.
+    # Rejected rows: (p - q)+ in float64; accepted rows: p - 0 = p exactly (the clamp is then a
+    # no-op); rows whose residual rounds to all zeros (the fallback) get p added back: 0 + p = p.
+    p_final = _rows_at(target_probs, num_accepted)
+    q_final = _rows_at(draft_probs, num_accepted)
+    weights = p_final.to(torch.float64, copy=True)  # p_final is read again below
+    scratch = q_final.to(torch.float64)
+    weights.sub_(scratch.mul_(rejected[:, None])).clamp_(min=0)
+    fallback = rejected & (weights.sum(-1) <= 0)
+    weights.add_(scratch.copy_(p_final).mul_(fallback[:, None]))
+    final_token = _inverse_cdf(weights, u[:, -1])
     return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
 
 
