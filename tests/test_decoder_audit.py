@@ -321,7 +321,9 @@ class Hangs(TableDecoder):
     ids=lambda value: type(value).__name__ if isinstance(value, TableDecoder) else None,
 )
 def test_faults_make_the_audit_could_not_audit(decoder, message):
-    report = audit_table(decoder, budget=20, timeout_s=0.3)
+    # Only the hanging decoder gets a short deadline: a loaded CI machine can take longer than
+    # 0.3 s for one honest call, and the other faults must be reported for what they are.
+    report = audit_table(decoder, budget=20, timeout_s=0.3 if isinstance(decoder, Hangs) else 30.0)
     assert report.exit_code == EXIT_ERROR, report.explain()
     assert report.verdict == "could not audit" and message in report.summary
     assert not report.failed
