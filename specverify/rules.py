@@ -114,11 +114,10 @@ def validate_verify_inputs(
     All value checks are reduced on the device and read back with a single host sync.
     """
     _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, needs_randomness)
-    batch, positions, vocab = target_probs.shape
+    _, positions, vocab = target_probs.shape
     num_draft_tokens = positions - 1
-    drafts = _num_drafts(num_draft, batch, num_draft_tokens, target_probs.device)
+    drafts, draft_used = _draft_layout(target_probs, draft_tokens, num_draft)
     target_used = torch.arange(positions, device=target_probs.device) <= drafts[:, None]
-    draft_used = torch.arange(num_draft_tokens, device=target_probs.device) < drafts[:, None]
 
     problems: list[tuple[str, torch.Tensor]] = []
     if num_draft is not None:
@@ -262,17 +261,23 @@ def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: in
 
 
 def _step_uniforms(
-    batch: int, positions: int, generator: torch.Generator | None, uniforms: torch.Tensor | None, device: torch.device
+    target_probs: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None
 ) -> torch.Tensor:
     """The step's uniforms ``u [B, K+1]`` in float64: the injected ones, or exactly one draw."""
     if uniforms is not None:
         return uniforms.to(torch.float64)
-    return torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=device)
+    batch, positions, _ = target_probs.shape
+    return torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=target_probs.device)
 
 
-def _in_draft(draft_tokens: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-    """Bool ``[B, K]``: position ``i`` holds a real draft token of row b (``i < n_b``)."""
-    return torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < drafts[:, None]
+def _draft_layout(
+    target_probs: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n_b`` per row (int64 ``[B]``) and the bool ``[B, K]`` mask of real draft positions (``i < n_b``)."""
+    batch, positions, _ = target_probs.shape
+    drafts = _num_drafts(num_draft, batch, positions - 1, target_probs.device)
+    in_draft = torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < drafts[:, None]
+    return drafts, in_draft
 
 
 def _prob_at_tokens(probs: torch.Tensor, tokens: torch.Tensor, in_draft: torch.Tensor) -> torch.Tensor:
@@ -354,11 +359,8 @@ def rejection_sample(
     """
     if validate:
         validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
-    batch, positions, _ = target_probs.shape
-    device = target_probs.device
-    u = _step_uniforms(batch, positions, generator, uniforms, device)
-    drafts = _num_drafts(num_draft, batch, positions - 1, device)
-    in_draft = _in_draft(draft_tokens, drafts)
+    u = _step_uniforms(target_probs, generator, uniforms)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 
     p_at_draft = _prob_at_tokens(target_probs[:, :-1], draft_tokens, in_draft)
     q_at_draft = _prob_at_tokens(draft_probs, draft_tokens, in_draft)
@@ -405,11 +407,8 @@ def point_mass_verify(
     """
     if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
-    batch, positions, _ = target_probs.shape
-    device = target_probs.device
-    u = _step_uniforms(batch, positions, generator, uniforms, device)
-    drafts = _num_drafts(num_draft, batch, positions - 1, device)
-    in_draft = _in_draft(draft_tokens, drafts)
+    u = _step_uniforms(target_probs, generator, uniforms)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 
     p_at_draft = _prob_at_tokens(target_probs[:, :-1], draft_tokens, in_draft)
     accept = in_draft & (u[:, :-1] < p_at_draft)
@@ -418,7 +417,7 @@ def point_mass_verify(
     rejected = num_accepted < drafts
     p_final = _rows_at(target_probs, num_accepted).to(torch.float64)
     safe_tokens = torch.where(in_draft, draft_tokens, 0)
-    rejected_token = safe_tokens.gather(-1, num_accepted.clamp(max=positions - 2).unsqueeze(-1))
+    rejected_token = safe_tokens.gather(-1, num_accepted.clamp(max=draft_tokens.shape[1] - 1).unsqueeze(-1))
     residual = p_final.scatter(-1, rejected_token, 0.0)
     use_residual = rejected & (residual.sum(-1) > 0)
     final_weights = torch.where(use_residual[:, None], residual, p_final)
@@ -441,9 +440,7 @@ def greedy_verify(
     """
     if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, num_draft=num_draft, needs_randomness=False)
-    batch, positions, _ = target_probs.shape
-    drafts = _num_drafts(num_draft, batch, positions - 1, target_probs.device)
-    in_draft = _in_draft(draft_tokens, drafts)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 
     greedy_tokens = target_probs.argmax(-1)  # [B, K+1]
     accept = in_draft & (draft_tokens == greedy_tokens[:, :-1])
@@ -480,11 +477,8 @@ def typical_acceptance_verify(
         raise ValueError(f"alpha: expected a finite number >= 0 (Medusa uses 0.3), got {alpha!r}")
     if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
-    batch, positions, _ = target_probs.shape
-    device = target_probs.device
-    u = _step_uniforms(batch, positions, generator, uniforms, device)
-    drafts = _num_drafts(num_draft, batch, positions - 1, device)
-    in_draft = _in_draft(draft_tokens, drafts)
+    u = _step_uniforms(target_probs, generator, uniforms)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 
     draft_positions = target_probs[:, :-1]
     entropy_input = draft_positions if draft_positions.dtype in (torch.float32, torch.float64) else draft_positions.float()
