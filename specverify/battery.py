@@ -241,7 +241,10 @@ def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expecte
     """Pearson goodness of fit of the observed cell counts against the target law (stats module:
     cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
     a sample fell in a cell of probability 0)."""
-    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32))
+    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/α draws it could never
+    # fall below the check's α share, and the check could not fail.
+    draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
+    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=draws)
     failed = fit.pvalue <= plan.alpha
     if fit.impossible_count:
         impossible = [labels[i] for i in np.flatnonzero((expected == 0) & (counts > 0))[:3]]
