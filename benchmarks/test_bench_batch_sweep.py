@@ -8,7 +8,7 @@ For each batch size B, in one group:
   tokens per row with a KV cache holding the prompt: the cost inputs of the speedup model.
 
 Measured speedup = t(plain) / t(reference) (same B × max_new_tokens tokens).  Predicted speedup
-(``specverify.speedup.speedup``, Leviathan et al. 2023 §3.3–3.4 with a verification cost) uses the
+(``specverify.core.speedup.speedup``, Leviathan et al. 2023 §3.3–3.4 with a verification cost) uses the
 measured effective acceptance by position (``workloads.effective_alphas``), the draft cost
 ``c = draft seconds per drafted token / t(target-pass-1)`` and the verification cost
 ``v = (t(target-pass-{γ+1}) − t(target-pass-1)) / (γ · t(target-pass-1))``

@@ -1,8 +1,8 @@
 """2. What fraction of a speculative decoding step is verification, on a real target (CPU).
 
 One step = one target forward pass over ``[last token, x_1 .. x_γ]`` with a KV cache holding the
-prompt, then logits -> probabilities (``specverify.processing``), then the rule
-(``specverify.rules``, with validation, as ``reference.decoder`` calls it).  Each round times the
+prompt, then logits -> probabilities (``specverify.core.processing``), then the rule
+(``specverify.core.rules``, with validation, as ``reference.decoder`` calls it).  Each round times the
 three phases separately with ``time.perf_counter``; the benchmark's own time is the whole step.
 ``extra_info["verify_fraction"]`` is the median over rounds of ``verify / (forward + probs +
 verify)``, the number issue 6 asks pytest-benchmark to track (``probs_fraction`` likewise; plain

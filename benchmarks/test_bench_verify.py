@@ -6,7 +6,7 @@ For every (B, K, V, dtype, device) the group holds three benchmarks on the same 
   into freshly allocated memory, as the rule's own temporaries are);
 - ``copy-into``: ``copy_()`` of both into buffers allocated before timing (the steady-state copy
   bandwidth: no page faults on first touch, which on a VM can cost more than the copy itself);
-- ``verify``: ``specverify.rules.rejection_sample(..., validate=False)``;
+- ``verify``: ``specverify.core.rules.rejection_sample(..., validate=False)``;
 - ``verify+validate``: the same with input validation (``validate=True``, the default).
 
 N = bytes of ``target_probs [B, K+1, V]`` + ``draft_probs [B, K, V]``.  Effective bandwidth of a
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from benchmarks.workloads import synchronized, verification_inputs
-from specverify.rules import rejection_sample
+from specverify.core.rules import rejection_sample
 
 BATCHES = (1, 8, 64)
 NUM_DRAFTS = (1, 4, 8)

@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from specverify.processing import process_logits
-from specverify.rules import greedy_verify, rejection_sample
+from specverify.core.processing import process_logits
+from specverify.core.rules import greedy_verify, rejection_sample
 
 GAMMA = 4
 """Draft tokens per step γ of every speculative decoder benchmarked."""
@@ -496,7 +496,7 @@ def effective_alphas(stats: Any) -> list[float]:
     """Acceptance by position counting every pass, including passes where the drafter proposed
     fewer than ``i`` tokens (prompt lookup without a match): ``α_1 = accepted_1 / passes`` and
     ``α_i = accepted_i / accepted_{i−1}``.  Then ``1 + Σ_j Π_{i≤j} α_i`` equals the measured tokens
-    per pass exactly, which is the α the speedup model (``specverify.speedup``) needs."""
+    per pass exactly, which is the α the speedup model (``specverify.core.speedup``) needs."""
     pooled = stats.pooled()
     alphas, reached = [], pooled.target_passes
     for accepted in pooled.accepted_by_position:

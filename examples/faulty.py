@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specverify.rules import verify as reference
+from specverify.core.rules import verify as reference
 
 
 def raises(target_probs, draft_probs, draft_tokens, generator):

@@ -7,7 +7,7 @@ folder or a hub id; by default the target is SmolLM2-135M-Instruct and there is 
 ``slow`` and skips with the pip line when its packages are not installed.
 
 Which GPU: ``$SPECVERIFY_CUDA_DEVICE`` (default ``cuda``), e.g. ``cuda:1``
-(:func:`specverify.models.resolve_device`).
+(:func:`specverify.hf.packaged.resolve_device`).
 
 Model choices: ``"default"`` is the user's pair, ``"qwen-coder"`` the slow Qwen pair.
 
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from specverify import models
+from specverify.hf import packaged as models
 
 DEFAULT_CHOICE = "default"
 QWEN_CHOICE = "qwen-coder"

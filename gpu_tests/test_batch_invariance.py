@@ -4,7 +4,7 @@ on the other requests decoded with it.
 - Greedy: each prompt decoded alone and inside one batch with prompts of other lengths.  float32:
   identical.  float16/bfloat16: where the batched row leaves the alone row, the target's logits
   for the alone row's prefix (one teacher-forced pass) must rank the two tokens within τ, the
-  rounding noise :func:`specverify.divergence.calibrate` measures for this model and dtype.
+  rounding noise :func:`specverify.hf.divergence.calibrate` measures for this model and dtype.
 - Sampling: the same request with the same seed gives the same tokens when decoded twice in the
   same batch (reproducibility) and when decoded alone or inside a batch (batch invariance).
 
@@ -21,8 +21,8 @@ import torch
 
 from reference.decoder import speculative_generate
 from reference.drafters import ModelDrafter, PromptLookupDrafter
-from specverify import divergence
-from specverify.seeding import derive_seed
+from specverify.hf import divergence
+from specverify.core.seeding import derive_seed
 
 PROMPTS = (
     "def is_prime(n):\n",

@@ -1,19 +1,19 @@
 """Losslessness on CUDA tensors: the reference rules and the reference decoder (``-m gpu``).
 
 Two sampled checks, each a Pearson goodness-of-fit test at α = 1e-4 (measured level of Pearson's
-X² at this α: up to 1.5 × α, see ``specverify.stats.goodness_of_fit``); with the 12 CUDA cases
+X² at this α: up to 1.5 × α, see ``specverify.core.stats.goodness_of_fit``); with the 12 CUDA cases
 below the family-wise false-positive rate stays under 2e-3.
 
-1. Rules (``specverify.rules`` on ``device="cuda"``, float64/32/16 and bfloat16 inputs): one step
+1. Rules (``specverify.core.rules`` on ``device="cuda"``, float64/32/16 and bfloat16 inputs): one step
    with K = 2 drafts over V = 4 tokens.  The step's emitted tokens, completed to K + 1 tokens by
    sampling from the target (Leviathan et al. 2023, Theorem 1: lossless ⇔ the completed tuple is
    distributed as target sampling), are compared with the product law p_0 ⊗ p_1 ⊗ p_2 on 64 cells.
    The probabilities are multiples of 1/32, exact in every dtype, so the law is the same for all.
    Sample size: ``sample_size_for_tv(0.02, α, power=0.99, cells=64)`` rows; every deviation of
    total variation ≥ 0.02 is detected with probability ≥ 0.99.  Known-buggy catalog rules, whose
-   exact total variation from the target law (``specverify.exact``) is asserted to exceed 0.02,
+   exact total variation from the target law (``specverify.core.exact``) is asserted to exceed 0.02,
    must be caught.
-2. Decoder (``reference.decoder.speculative_generate`` on CUDA with ``specverify.tiny_models``):
+2. Decoder (``reference.decoder.speculative_generate`` on CUDA with ``specverify.hf.tiny_models``):
    the first two sampled tokens of many identical requests in one batch against their exact law
    (``continuation_distribution``, 144 cells), ε = 0.05 with power 0.99; a decoder whose rule
    draws the correction from p instead of (p − q)+ must be caught.
@@ -29,12 +29,13 @@ import torch
 
 import reference.decoder
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
-from specverify import exact, models, rules, stats
-from specverify.catalog import CATALOG
-from specverify.chains import PositionalChain
-from specverify.rules import VerifyResult
-from specverify.seeding import derive_seed
-from specverify.tiny_models import continuation_distribution, tiny_target_and_draft
+from specverify.core import exact, rules, stats
+from specverify.hf import packaged as models
+from specverify.auditing.catalog import CATALOG
+from specverify.core.chains import PositionalChain
+from specverify.core.rules import VerifyResult
+from specverify.core.seeding import derive_seed
+from specverify.hf.tiny_models import continuation_distribution, tiny_target_and_draft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.statistical]
 

@@ -4,9 +4,9 @@ Candidates: Hugging Face assisted generation (``prompt_lookup_num_tokens``, ``as
 ``assistant_early_exit``) and the reference decoder (``reference.decoder.speculative_generate``
 with each drafter: prompt lookup, early exit, the target itself, a random-initialised model, the
 user's draft model).  Baseline: the target's plain greedy decoding of each prompt alone
-(:func:`specverify.divergence.greedy_decode`), 64 new tokens, end-of-sequence stopping disabled.
+(:func:`specverify.hf.divergence.greedy_decode`), 64 new tokens, end-of-sequence stopping disabled.
 
-Verdict (:mod:`specverify.divergence`): float32 outputs must be identical; in float16/bfloat16 each
+Verdict (:mod:`specverify.hf.divergence`): float32 outputs must be identical; in float16/bfloat16 each
 row's first divergence must be explained, i.e. the baseline's logit for its own token exceeds the
 candidate token's by at most τ, calibrated per model, device and dtype from plain greedy decoding
 against itself (batches of other sizes, a teacher-forced pass).  Oracle checks on the drafters:
@@ -35,9 +35,9 @@ import torch
 import reference.decoder
 from reference.decoder import speculative_generate
 from reference.drafters import Draft, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
-from specverify import divergence, models
-from specverify.processing import SamplingParams
-from specverify.rules import VerifyResult
+from specverify.hf import divergence, packaged as models
+from specverify.core.processing import SamplingParams
+from specverify.core.rules import VerifyResult
 
 MAX_NEW_TOKENS = 64
 GAMMA = 4

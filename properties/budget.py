@@ -12,7 +12,7 @@ slow tests too, so the bound is conservative for the default run.
 
 Power.  Each goodness-of-fit execution draws the smallest ``n`` for which the level-α Pearson
 test detects *every* deviation of total variation :data:`DETECTABLE_TV` on its cells with
-probability at least :data:`POWER` (``specverify.stats.sample_size_for_tv``: noncentral χ² with
+probability at least :data:`POWER` (``specverify.core.stats.sample_size_for_tv``: noncentral χ² with
 noncentrality ``≥ 4 n ε²``, by Cauchy–Schwarz).  The guarantee is for the law of the tested
 cells after pooling by expected counts; it is exactly the TV of the tested law when no cell is
 pooled.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specverify.stats import bonferroni, detectable_tv, sample_size_for_tv
+from specverify.core.stats import bonferroni, detectable_tv, sample_size_for_tv
 
 POWER = 0.99
 """Probability with which every check detects a deviation of :data:`DETECTABLE_TV`."""
@@ -81,7 +81,7 @@ def alpha_per_execution(suite_alpha: float) -> float:
 
 def sample_size(num_cells: int, *, alpha: float, tv: float = DETECTABLE_TV, power: float = POWER) -> int:
     """Samples for the level-``alpha`` Pearson test on ``num_cells`` cells to detect a TV deviation
-    ``tv`` with probability ``power`` (``specverify.stats.sample_size_for_tv``)."""
+    ``tv`` with probability ``power`` (``specverify.core.stats.sample_size_for_tv``)."""
     return sample_size_for_tv(tv, alpha=alpha, power=power, num_cells=max(num_cells, 2))
 
 

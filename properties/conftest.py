@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import pytest
 
 import budget
-from specverify import rules
+from specverify.core import rules
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,7 +45,7 @@ def uniform_rule(request: pytest.FixtureRequest, specverify_impl: Callable[..., 
     """The rules the exact checks integrate: the built-in reference, and ``--impl`` when it takes
     ``uniforms=`` (skipped when it is the reference itself or takes no uniforms)."""
     if request.param == "reference":
-        return UniformRule("reference (specverify.rules.verify)", rules.verify)
+        return UniformRule("reference (specverify.core.rules.verify)", rules.verify)
     spec = request.config.getoption("--impl")
     if specverify_impl is rules.verify:
         pytest.skip(f"--impl {spec} is the built-in reference, checked as [reference]")

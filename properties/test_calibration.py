@@ -1,7 +1,7 @@
 """Calibration: the statistical checks' false-positive rate on the correct rule matches their α.
 
 Every check of ``test_statistical.all_checks()`` runs on its probe case against the reference rule
-(``specverify.rules.verify``, lossless) at level :data:`CALIBRATION_ALPHA` = 0.05, once for each of
+(``specverify.core.rules.verify``, lossless) at level :data:`CALIBRATION_ALPHA` = 0.05, once for each of
 many seeds derived from the run's base seed, with the sample size the budget gives at that level.
 Under a calibrated test every run rejects with probability at most 0.05, so the number of
 rejections among ``m`` runs is stochastically at most Binomial(m, 0.05).  The test asserts that
@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 import budget
-from specverify import rules, stats
-from specverify.seeding import derive_seed
+from specverify.core import rules, stats
+from specverify.core.seeding import derive_seed
 from test_statistical import all_checks
 
 CALIBRATION_ALPHA = 0.05

@@ -1,10 +1,10 @@
 """Self-test: the property suite catches every entry of the known-bug catalog.
 
-For each entry of ``specverify.catalog.CATALOG``:
+For each entry of ``specverify.auditing.catalog.CATALOG``:
 
 (a) exact loss: for entries that follow the uniform convention (``BuggyRule.integrable``), the TV
     between one completed step and ``K+1`` target tokens, integrated exactly by
-    ``specverify.exact``, on two fixed cases: MAIN (one request, V = 4, K = 2, partial acceptance,
+    ``specverify.core.exact``, on two fixed cases: MAIN (one request, V = 4, K = 2, partial acceptance,
     residuals on several tokens, a token with p = 0 < q, different laws per position) and PAIR
     (B = 2: a MAIN row next to a row of the mirrored chain, the batched probe of
     ``test_statistical``); the larger is reported.  Bugs with classes not seen by these cases
@@ -38,9 +38,9 @@ import pytest
 import torch
 
 import budget
-from specverify import exact
-from specverify.catalog import CATALOG, BuggyRule
-from specverify.seeding import derive_seed
+from specverify.core import exact
+from specverify.auditing.catalog import CATALOG, BuggyRule
+from specverify.core.seeding import derive_seed
 from test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
 from test_statistical import (
     MAIN_P, MAIN_Q, Check, CheckOutcome, all_checks, probe_cases, step_rule_law, step_target_law, total_variation,

@@ -1,13 +1,13 @@
 """Exact properties: the law of a rule, integrated over its injected uniforms, equals the target's.
 
-No sampling, so nothing here can flake.  ``specverify.exact.step_distribution`` integrates a rule
+No sampling, so nothing here can flake.  ``specverify.core.exact.step_distribution`` integrates a rule
 that follows the uniform convention of docs/ARCHITECTURE.md exactly (piecewise-constant output,
 cell volumes summed in float64) over every draft path ``x ~ q``; by Leviathan et al. 2023,
 Theorem 1, a lossless step completed by target sampling has the law of ``K+1`` tokens of target
 sampling, and a whole run has the law of target sampling.  Laws are compared entry by entry to
 :data:`EXACT_TOLERANCE`.
 
-Rules checked: the built-in reference (``specverify.rules.verify``), the point-mass rule with
+Rules checked: the built-in reference (``specverify.core.rules.verify``), the point-mass rule with
 one-hot drafts, and ``--impl`` when it takes ``uniforms=`` (the ``uniform_rule`` fixture).
 """
 
@@ -17,9 +17,9 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specverify import exact, rules
-from specverify.chains import PositionalChain
-from specverify.strategies import markov_chains, positional_chains
+from specverify.core import exact, rules
+from specverify.core.chains import PositionalChain
+from specverify.testing.strategies import markov_chains, positional_chains
 
 EXACT_TOLERANCE = 1e-9
 """Largest accepted ``|P_rule(y) - P_target(y)|`` for any token tuple ``y``.  Integration is exact up

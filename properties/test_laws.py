@@ -34,10 +34,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import budget
-from specverify import exact, rules
-from specverify.chains import PositionalChain
-from specverify.seeding import derive_seed
-from specverify.strategies import markov_chains, positional_chains, verify_inputs
+from specverify.core import exact, rules
+from specverify.core.chains import PositionalChain
+from specverify.core.seeding import derive_seed
+from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
 from test_statistical import call_impl
 
 EXACT_TOLERANCE = 1e-9

@@ -1,11 +1,11 @@
 """Sequence-level exactness of the reference decoder on tiny real Hugging Face models.
 
-The models (``specverify.tiny_models``: a 2-layer Llama target, a correlated 1-layer draft,
+The models (``specverify.hf.tiny_models``: a 2-layer Llama target, a correlated 1-layer draft,
 vocabulary 8) are small enough that the exact law of every 3-token continuation of a prompt can
 be enumerated (512 tuples).  Each check runs the decoder on a batch of two *different* prompts
 of different lengths, interleaved row by row (so rows accept different numbers of drafts per
 step and share one ragged KV cache), and tests the continuations of each prompt against the
-enumerated target law with the Pearson goodness-of-fit test of ``specverify.stats``.
+enumerated target law with the Pearson goodness-of-fit test of ``specverify.core.stats``.
 
 Statistical budget (``budget.py``): every check below is one execution of the suite's family of
 statistical tests and runs at ``alpha = budget.alpha_per_execution(suite alpha)`` (Bonferroni
@@ -35,12 +35,12 @@ import reference.decoder
 import reference.drafters
 from reference.decoder import Generation, speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
-from specverify import exact
-from specverify.catalog import CATALOG
-from specverify.rules import VerifyResult
-from specverify.seeding import derive_seed
-from specverify.stats import binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
-from specverify.tiny_models import continuation_distribution, continuation_laws, tiny_target_and_draft
+from specverify.core import exact
+from specverify.auditing.catalog import CATALOG
+from specverify.core.rules import VerifyResult
+from specverify.core.seeding import derive_seed
+from specverify.core.stats import binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
+from specverify.hf.tiny_models import continuation_distribution, continuation_laws, tiny_target_and_draft
 
 VOCAB = 8
 LENGTH = 3  # continuation length: 512 cells, and up to 3 target passes per sample

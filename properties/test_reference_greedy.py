@@ -22,8 +22,8 @@ from reference.decoder import generate, speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
 from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
-from specverify.processing import SamplingParams
-from specverify.tiny_models import tiny_target_and_draft
+from specverify.core.processing import SamplingParams
+from specverify.hf.tiny_models import tiny_target_and_draft
 
 VOCAB = 16
 NEW_TOKENS = 24

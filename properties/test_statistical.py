@@ -2,7 +2,7 @@
 
 Every check drives the implementation through the SPEC §1 signature only,
 ``impl(target_probs, draft_probs, draft_tokens, generator)``, on inputs it builds itself from toy
-language models (``specverify.chains``): it samples the draft tokens from the draft law along each
+language models (``specverify.core.chains``): it samples the draft tokens from the draft law along each
 row's path, reads the target law along the same path, calls the implementation on large batches,
 checks the output format, and compares what came out with the target's exact law.
 
@@ -14,7 +14,7 @@ decoding runs directly.
 
 Statistics (see ``budget.py``): each Hypothesis example is one test at level
 ``α = α_suite / M`` with the ``n`` that detects a TV deviation of ``budget.DETECTABLE_TV`` on the
-tested cells with probability ``budget.POWER``; p-values from ``specverify.stats`` (Pearson with
+tested cells with probability ``budget.POWER``; p-values from ``specverify.core.stats`` (Pearson with
 cells pooled by expected counts; exact binomial for the acceptance rate).  Seeds are
 ``derive_seed`` of the check's name, the drawn parameters and the run's base seed, never a
 Hypothesis integer.  Sampling with a token of target probability 0 is a certain failure.
@@ -38,10 +38,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import budget
-from specverify import exact, stats
-from specverify.chains import MarkovChain, PositionalChain
-from specverify.seeding import derive_seed
-from specverify.strategies import draft_target_pairs, markov_chains, positional_chains, probability_vectors
+from specverify.core import exact, stats
+from specverify.core.chains import MarkovChain, PositionalChain
+from specverify.core.seeding import derive_seed
+from specverify.testing.strategies import draft_target_pairs, markov_chains, positional_chains, probability_vectors
 
 Impl = Callable[..., Any]
 
@@ -128,7 +128,7 @@ def encode(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def law_array(law: dict[tuple[int, ...], float], vocab_size: int, width: int) -> np.ndarray:
-    """A ``specverify.exact`` law over ``width``-tuples as a flat array indexed like :func:`encode`."""
+    """A ``specverify.core.exact`` law over ``width``-tuples as a flat array indexed like :func:`encode`."""
     array = np.zeros(vocab_size**width)
     for tokens, prob in law.items():
         cell = 0
@@ -345,7 +345,7 @@ def with_fixed_companions(rule: Impl, case: StepCase, chain_index: int) -> Impl:
 
 
 def step_rule_law(case: StepCase, chain_index: int, rule: Impl) -> np.ndarray:
-    """Exact law (``specverify.exact``) of the tested cells of chain ``chain_index`` under ``rule``,
+    """Exact law (``specverify.core.exact``) of the tested cells of chain ``chain_index`` under ``rule``,
     which takes ``uniforms=``; with ``R > 1`` chains the row is evaluated among fixed companions
     (:func:`with_fixed_companions`)."""
     chain = case.chains[chain_index]
@@ -379,7 +379,7 @@ class CheckOutcome:
     """One statistical check: its p-value against its level, and what its sample size guarantees.
 
     ``n`` samples per tested law on ``num_cells`` cells detect a TV deviation of ``detectable_tv``
-    with probability ``budget.POWER``; ``results`` are the ``specverify.stats`` results (one per
+    with probability ``budget.POWER``; ``results`` are the ``specverify.core.stats`` results (one per
     request of the batch, combined by Bonferroni: ``pvalue = min(1, R · min_r p_r)``).
     """
 
@@ -520,7 +520,7 @@ class Check:
         return 2 if self.run is run_acceptance_check else self.case.num_cells
 
     def exact_deviation(self, rule: Impl) -> float | None:
-        """TV between the tested law under ``rule`` (exactly, by ``specverify.exact``) and the target's;
+        """TV between the tested law under ``rule`` (exactly, by ``specverify.core.exact``) and the target's;
         None for steps with ``K > MAX_EXACT_DRAFTS`` (integration cost grows as cells^(K+1))."""
         case = self.case
         if isinstance(case, StepCase) and case.num_draft > MAX_EXACT_DRAFTS:

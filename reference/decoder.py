@@ -8,7 +8,7 @@ request has ``max_new_tokens`` tokens or has emitted EOS:
 2. **score**: ONE target forward pass over ``[last committed token, x_1 .. x_γ]`` gives
    ``p_1 .. p_{γ+1}``, where ``p_i`` is the target's next-token law after the context and
    ``x_1 .. x_{i-1}``;
-3. **verify**: ``specverify.rules`` accepts a prefix of the drafts and emits one correction-or-bonus
+3. **verify**: ``specverify.core.rules`` accepts a prefix of the drafts and emits one correction-or-bonus
    token: modified rejection sampling for sampled drafts, its point-mass form for deterministic
    drafts, greedy matching at temperature 0.  Each emitted token is distributed exactly as the
    target's (Leviathan et al. Theorem 1), so the whole output is;
@@ -16,12 +16,12 @@ request has ``max_new_tokens`` tokens or has emitted EOS:
    the accepted drafts; the newly emitted token is fed at the start of the next step).
 
 Temperature, top-k, top-p and min-p are applied to draft and target logits by the same function,
-``specverify.processing.SamplingParams.apply``, so ``q`` is the law the draft was drawn from and
+``specverify.core.processing.SamplingParams.apply``, so ``q`` is the law the draft was drawn from and
 ``p`` the law SPEC §2 asks to sample from.
 
 Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
 random number of row b (its draft tokens, then its ``γ + 1`` verification uniforms per step, in
-``specverify.rules``' convention) comes from it alone.  ``seed`` is either one seed per row (a
+``specverify.core.rules``' convention) comes from it alone.  ``seed`` is either one seed per row (a
 list: a request keeps its seed wherever it sits in the batch) or an int ``s``, which seeds row b
 with :func:`request_seed` ``(s, b)``: distinct rows get independent streams, and request 0 decoded
 alone with ``s`` equals row 0 of any batch decoded with ``s``.  Same inputs and seeds, same tokens;
@@ -52,9 +52,9 @@ from reference.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from reference.kv import RaggedCache
 from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
-from specverify.processing import SamplingParams
-from specverify.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
-from specverify.seeding import derive_seed
+from specverify.core.processing import SamplingParams
+from specverify.core.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
+from specverify.core.seeding import derive_seed
 
 DEFAULT_GAMMA = 4
 
@@ -178,7 +178,7 @@ def verify(
 
 def step_uniforms(generators: Sequence[torch.Generator], width: int, device: torch.device) -> torch.Tensor:
     """One step's uniforms ``u [B, K+1]`` (``width = K + 1``), float64 in ``[0, 1)``: row b is
-    ``torch.rand(K+1, generator=generators[b])``.  ``specverify.rules``' convention: column ``i < K``
+    ``torch.rand(K+1, generator=generators[b])``.  ``specverify.core.rules``' convention: column ``i < K``
     is draft i's accept test, column ``K`` the inverse CDF of the correction-or-bonus token."""
     return torch.stack(
         [torch.rand(width, generator=generator, dtype=torch.float64, device=device) for generator in generators]

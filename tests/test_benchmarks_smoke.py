@@ -3,7 +3,7 @@ script turns what they recorded into its tables and figures.
 
 The benchmark functions are called directly with :class:`OnceBenchmark` standing in for
 pytest-benchmark's fixture (it runs the timed function once and records its time as the median)
-and with a tiny random Llama target (``specverify.tiny_models``) in place of SmolLM2, so the test
+and with a tiny random Llama target (``specverify.hf.tiny_models``) in place of SmolLM2, so the test
 needs no provisioned model and takes seconds.  It checks that each benchmark records the figures
 the report reads, that every greedy speculative decoder reproduces plain greedy decoding (the
 decoders are lossless, so a mismatch is a bug in the benchmark wiring or in a decoder), and that
@@ -23,7 +23,7 @@ import torch
 from benchmarks import report, test_bench_audit, test_bench_batch_sweep, test_bench_decoders
 from benchmarks import test_bench_model_step, test_bench_verify
 from benchmarks.workloads import ModelUnderTest
-from specverify.tiny_models import tiny_target_and_draft
+from specverify.hf.tiny_models import tiny_target_and_draft
 
 VOCAB = 48
 

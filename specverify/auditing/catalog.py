@@ -1,0 +1,574 @@
+"""Known-bug catalog: buggy verification rules modelled on mistakes real engines shipped.
+
+Each entry is a :class:`BuggyRule` whose ``fn`` has the SPEC §1 signature plus ``uniforms=``
+(``fn(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None)`` returning
+``emitted [B, K+1]`` int64, ``-1`` padded).  The entries aim at bug *classes* (acceptance test,
+residual, bonus, indexing, randomness, batching, processing mismatch), so that a check which
+catches an entry also catches the unpublished implementations that make the same mistake.
+
+The correct rule, for reference (Leviathan et al. 2023 Algorithm 1; Chen et al. 2023
+Algorithm 2): accept ``x_i`` iff ``u_i q_i(x_i) < p_i(x_i)``; at the first rejection ``n`` draw the
+correction from ``(p_n - q_n)+``; if all ``K`` drafts pass draw the bonus from ``p_K``.  Each
+entry below (except the Medusa rule, a different rule altogether) changes one piece of it,
+marked ``# BUG`` in its body, and its ``description`` states the resulting mathematical error.
+
+Uniform convention (docs/ARCHITECTURE.md): ``u [B, K+1]``, column ``i < K`` for the accept test of
+draft ``i``, column ``K`` for the inverse-CDF draw of the final token (the first ``t`` with
+``cumsum(r)[t] > u_K sum(r)``); with a generator the entries draw exactly
+``torch.rand(B, K+1, generator=generator, dtype=torch.float64)``.  Every entry with
+``integrable=True`` follows it, so its step law can be integrated exactly over the uniforms
+(``zero_uniform_accepts`` moves acceptance thresholds by less than 2^-8, which an integrator must
+resolve: its breakpoints sit at ``(floor(256 p/q) + 1) / 256``).  The two random-state entries
+(``integrable=False``) are about where randomness comes from, so they ignore ``uniforms`` (and the
+generator) and can only be caught statistically or by reproducibility.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specverify.core.rules import validate_verify_inputs
+
+__all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE"]
+
+COARSE_UNIFORM_STEP = 2.0**-8  # resolution of the uniforms in `zero_uniform_accepts` (bfloat16-like)
+DRAFT_TEMPERATURE = 0.7  # the temperature `draft_temperature_in_acceptance` re-applies to q
+
+
+@dataclass(frozen=True)
+class BuggyRule:
+    """One catalog entry.
+
+    name: the key in :data:`CATALOG` (``catalog:<name>`` in ``specverify.auditing.loading``);
+    description: the exact mathematical error;
+    modelled_on: the real-world bug or pattern it reproduces;
+    bug_class: one of ``acceptance``, ``residual``, ``bonus``, ``indexing``, ``randomness``,
+    ``batching``, ``processing``, ``lossy-by-design``;
+    fn: the rule (SPEC §1 signature plus ``uniforms=``).
+    Extensions of the ARCHITECTURE.md contract (all defaulted):
+    integrable: ``fn`` follows the uniform convention, so its law can be integrated exactly;
+    min_batch_size: the smallest batch on which the bug can show (2 for cross-row bugs, whose
+    law on one row depends on the other rows of the call).
+    """
+
+    name: str
+    description: str
+    modelled_on: str
+    bug_class: str
+    fn: Callable[..., torch.Tensor]
+    integrable: bool = True
+    min_batch_size: int = 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The shared skeleton: each piece of modified rejection sampling as one small function
+# ------------------------------------------------------------------------------------------------
+
+
+def _step_inputs(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validated float64 ``p [B, K+1, V]``, ``q [B, K, V]`` and the step's uniforms ``u [B, K+1]``."""
+    validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    p, q = target_probs.to(torch.float64), draft_probs.to(torch.float64)
+    if uniforms is not None:
+        return p, q, uniforms.to(torch.float64)
+    batch, positions = target_probs.shape[:2]
+    return p, q, torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=p.device)
+
+
+def _at(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``probs[b, i, tokens[b, i]]``: ``[B, K]``."""
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _ratio_test(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Correct accept test ``u_i q_i(x_i) < p_i(x_i)``, i.e. probability ``min(1, p/q)``: bool ``[B, K]``."""
+    return u[:, :-1] * _at(q, tokens) < _at(p[:, :-1], tokens)
+
+
+def _leading_run(accepted: torch.Tensor) -> torch.Tensor:
+    """Number of accepted drafts: the length of the leading run of passed tests, ``[B]``."""
+    return accepted.to(torch.int64).cumprod(-1).sum(-1)
+
+
+def _residuals(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``(p_i - q_i)+`` for ``i < K``: ``[B, K, V]`` (unnormalised)."""
+    return (p[:, :-1] - q).clamp(min=0)
+
+
+def _with_bonus(corrections: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """Final-distribution table ``[B, K+1, V]``: row ``n < K`` after a rejection at ``n``, row ``K`` the bonus."""
+    return torch.cat([corrections, bonus.unsqueeze(1)], dim=1)
+
+
+def _row(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[b, index[b]]``: ``[B, V]``."""
+    return table[torch.arange(table.shape[0], device=table.device), index]
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First token ``t`` with ``cumsum(w)[t] > u * sum(w)``, per row (``w >= 0`` with positive sum).
+
+    The threshold is capped just below ``sum(w)`` so that rounding can never push it past the end.
+    """
+    cumulative = weights.cumsum(-1)
+    total = cumulative[:, -1:]
+    threshold = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return (cumulative <= threshold).sum(-1)
+
+
+def _finish(
+    p: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_accepted: torch.Tensor,
+    weights: torch.Tensor,
+    u_final: torch.Tensor,
+) -> torch.Tensor:
+    """``emitted [B, K+1]``: the first ``num_accepted`` drafts, a token drawn from ``weights``, then -1.
+
+    A weights row without mass falls back to ``p`` at position ``num_accepted`` (what engines do to
+    avoid a division by zero); the correct rule never needs it except through rounding.
+    """
+    fallback = _row(p, num_accepted)
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, fallback)
+    final_token = _inverse_cdf(weights, u_final)
+    batch, num_draft = draft_tokens.shape
+    columns = torch.arange(num_draft + 1, device=draft_tokens.device)
+    drafts = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
+    emitted = torch.where(columns < num_accepted.unsqueeze(-1), drafts, -1)
+    return torch.where(columns == num_accepted.unsqueeze(-1), final_token.unsqueeze(-1), emitted)
+
+
+def _correct_step(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Modified rejection sampling on float64 inputs and given uniforms (no bug)."""
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Acceptance-test bugs
+# ------------------------------------------------------------------------------------------------
+
+
+def zero_uniform_accepts(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Accept iff ``floor_8(u) q(x) <= p(x)``: coarse uniforms that can be 0, and ``<=``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    coarse = torch.floor(u[:, :-1] / COARSE_UNIFORM_STEP) * COARSE_UNIFORM_STEP  # BUG: 8-bit uniforms, 0 included
+    accepted = coarse * _at(q, draft_tokens) <= _at(p[:, :-1], draft_tokens)  # BUG: <= accepts p(x) = 0 at u = 0
+    num_accepted = _leading_run(accepted)
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def inverted_ratio(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Accept with probability ``min(1, q/p)`` instead of ``min(1, p/q)``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    accepted = u[:, :-1] * _at(p[:, :-1], draft_tokens) < _at(q, draft_tokens)  # BUG: ratio upside down
+    num_accepted = _leading_run(accepted)
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def greedy_acceptance_when_sampling(
+    target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None
+) -> torch.Tensor:
+    """Accept iff the draft is ``argmax p``; on rejection sample from ``p``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    accepted = draft_tokens == p[:, :-1].argmax(-1)  # BUG: greedy acceptance for a sampled request
+    num_accepted = _leading_run(accepted)
+    return _finish(p, draft_tokens, num_accepted, _row(p, num_accepted), u[:, -1])
+
+
+def counts_every_passing_test(
+    target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None
+) -> torch.Tensor:
+    """Number accepted = how many tests passed anywhere, not the leading run of passes."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    accepted = _ratio_test(p, q, draft_tokens, u)
+    num_accepted = accepted.to(torch.int64).sum(-1)  # BUG: keeps counting after the first rejection
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Residual (correction distribution) bugs
+# ------------------------------------------------------------------------------------------------
+
+
+def residual_is_target(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Correction drawn from ``p_n`` instead of ``(p_n - q_n)+``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = p  # BUG: rows n < K are p_n, not (p_n - q_n)+
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def residual_softmax(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Correction drawn from ``softmax((p_n - q_n)+)`` instead of ``(p_n - q_n)+ / Σ``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus(torch.softmax(_residuals(p, q), dim=-1), p[:, -1])  # BUG: softmax normalisation
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def residual_absolute(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Correction drawn from ``|p_n - q_n|`` instead of ``max(0, p_n - q_n)``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus((p[:, :-1] - q).abs(), p[:, -1])  # BUG: abs instead of clamp at 0
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Bonus and position-indexing bugs
+# ------------------------------------------------------------------------------------------------
+
+
+def bonus_from_draft(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Bonus token drawn from the last draft distribution ``q_{K-1}`` instead of ``p_K``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus(_residuals(p, q), q[:, -1])  # BUG: bonus from q_{K-1}
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def bonus_from_previous_position(
+    target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None
+) -> torch.Tensor:
+    """Bonus token drawn from ``p_{K-1}`` (the last draft's position) instead of ``p_K``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus(_residuals(p, q), p[:, -2])  # BUG: bonus from p_{K-1}
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def target_off_by_one(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Draft ``i`` scored (test and residual) against ``p_{i+1}`` instead of ``p_i``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    shifted = torch.cat([p[:, 1:], p[:, -1:]], dim=1)  # BUG: position i reads p_{i+1}; the bonus stays p_K
+    num_accepted = _leading_run(_ratio_test(shifted, q, draft_tokens, u))
+    table = _with_bonus(_residuals(shifted, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def correction_one_position_late(
+    target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None
+) -> torch.Tensor:
+    """After a rejection at ``n`` the final token comes from table row ``n + 1``, not ``n``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    late = (num_accepted + 1).clamp(max=draft_tokens.shape[1])  # BUG: index shifted by one
+    return _finish(p, draft_tokens, num_accepted, _row(table, late), u[:, -1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Randomness bugs
+# ------------------------------------------------------------------------------------------------
+
+
+def shared_accept_uniform(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """One uniform ``u_0`` reused for every accept test of the row."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    shared = torch.cat([u[:, :1].expand(-1, draft_tokens.shape[1]), u[:, -1:]], dim=1)  # BUG: u_i = u_0
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, shared))
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def correction_reuses_accept_uniform(
+    target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None
+) -> torch.Tensor:
+    """After a rejection at ``n`` the correction is drawn with ``u_n``, the uniform that rejected."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    table = _with_bonus(_residuals(p, q), p[:, -1])
+    reused = u.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # BUG: u_n (>= p/q given the rejection), not u_K
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), reused)
+
+
+def global_torch_rng(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Correct rule, but its uniforms come from the global torch RNG (statistical-only)."""
+    validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    batch, positions = target_probs.shape[:2]
+    u = torch.rand(batch, positions, dtype=torch.float64, device=target_probs.device)  # BUG: generator ignored
+    return _correct_step(target_probs.to(torch.float64), draft_probs.to(torch.float64), draft_tokens, u)
+
+
+def reseeded_every_call(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Correct rule, but every call draws its uniforms from a fresh generator seeded 0 (statistical-only)."""
+    validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    batch, positions = target_probs.shape[:2]
+    fixed = torch.Generator(device=target_probs.device).manual_seed(0)  # BUG: same stream on every step
+    u = torch.rand(batch, positions, generator=fixed, dtype=torch.float64, device=target_probs.device)
+    return _correct_step(target_probs.to(torch.float64), draft_probs.to(torch.float64), draft_tokens, u)
+
+
+# ------------------------------------------------------------------------------------------------
+# Processing and batching bugs
+# ------------------------------------------------------------------------------------------------
+
+
+def draft_temperature_in_acceptance(
+    target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None
+) -> torch.Tensor:
+    """Test and residual use ``q' ∝ q^(1/0.7)`` although the drafts were drawn from ``q``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    sharpened = q ** (1.0 / DRAFT_TEMPERATURE)  # BUG: q re-processed on the verification side only
+    sharpened = sharpened / sharpened.sum(-1, keepdim=True)
+    num_accepted = _leading_run(_ratio_test(p, sharpened, draft_tokens, u))
+    table = _with_bonus(_residuals(p, sharpened), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def batch_rows_rolled(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Row ``b``'s correction uses row ``(b+1) % B``'s target: ``(p^{b+1}_n - q^b_n)+``."""
+    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    num_accepted = _leading_run(_ratio_test(p, q, draft_tokens, u))
+    neighbour = p.roll(-1, dims=0)  # BUG: per-request index mapping off by one row
+    table = _with_bonus(_residuals(neighbour, q), p[:, -1])
+    return _finish(p, draft_tokens, num_accepted, _row(table, num_accepted), u[:, -1])
+
+
+def typical_acceptance(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """Medusa typical acceptance (``specverify.core.rules.typical_acceptance_as_verify``): lossy by design."""
+    from specverify.core.rules import typical_acceptance_as_verify
+
+    return typical_acceptance_as_verify(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+
+
+# ------------------------------------------------------------------------------------------------
+# The catalog
+# ------------------------------------------------------------------------------------------------
+
+_ENTRIES = [
+    BuggyRule(
+        name="zero_uniform_accepts",
+        description=(
+            "Accept test `floor_8(u) * q(x) <= p(x)` where floor_8 rounds u down to a multiple of 2^-8 "
+            "(uniforms with 8 significant bits, as when drawn in bfloat16), instead of `u * q(x) < p(x)`. "
+            "The acceptance probability becomes min(1, (floor(256 p/q) + 1) / 256) instead of min(1, p/q): "
+            "in particular a draft with p(x) = 0 is accepted with probability 2^-8 (u = 0 and 0 <= 0), "
+            "emitting a token the target can never produce."
+        ),
+        modelled_on=(
+            "inclusive acceptance `coin <= p/q` with coins from torch.rand, which can return exactly 0 "
+            "(sgl-project/sglang issue 35771: a top-k/top-p-filtered token of target probability 0 accepted "
+            "at the RNG boundary); low-precision uniforms make the zero coin frequent"
+        ),
+        bug_class="acceptance",
+        fn=zero_uniform_accepts,
+    ),
+    BuggyRule(
+        name="residual_is_target",
+        description=(
+            "After a rejection at position n the correction is drawn from p_n instead of "
+            "norm(max(0, p_n - q_n)); the first token then has law min(p(t), q(t)) + (1 - α) p(t) with "
+            "α = Σ min(p, q), instead of p(t): tokens with q > p are over-weighted."
+        ),
+        modelled_on="the most common tutorial mistake: 'on rejection just sample from the target'",
+        bug_class="residual",
+        fn=residual_is_target,
+    ),
+    BuggyRule(
+        name="residual_softmax",
+        description=(
+            "Correction drawn from softmax(max(0, p_n - q_n)) instead of max(0, p_n - q_n) / Σ: softmax of "
+            "a probability-like vector is close to uniform and gives positive mass (exp(0) = 1) to every "
+            "token, including tokens with p_n = 0."
+        ),
+        modelled_on="normalising the residual with a softmax as if it were logits (a recurring code-review finding)",
+        bug_class="residual",
+        fn=residual_softmax,
+    ),
+    BuggyRule(
+        name="residual_absolute",
+        description=(
+            "Correction drawn from norm(|p_n - q_n|) instead of norm(max(0, p_n - q_n)): tokens the draft "
+            "over-proposed (q_n > p_n) receive correction mass q_n - p_n, although they were already "
+            "emitted too often through acceptance."
+        ),
+        modelled_on="residual computed as an absolute difference (a distance) instead of the positive part",
+        bug_class="residual",
+        fn=residual_absolute,
+    ),
+    BuggyRule(
+        name="bonus_from_draft",
+        description=(
+            "When all K drafts are accepted the bonus token is drawn from the draft's last distribution "
+            "q_{K-1} instead of the target's p_K: the (K+1)-th token has law q_{K-1}."
+        ),
+        modelled_on="bonus token taken from the draft model's next sample instead of the target's extra logits row",
+        bug_class="bonus",
+        fn=bonus_from_draft,
+    ),
+    BuggyRule(
+        name="bonus_from_previous_position",
+        description=(
+            "When all K drafts are accepted the bonus token is drawn from p_{K-1} (the target's row for the "
+            "last draft) instead of p_K: the (K+1)-th token has the law of the K-th position."
+        ),
+        modelled_on="bonus logits row indexed with the number of draft tokens minus one (off by one row)",
+        bug_class="bonus",
+        fn=bonus_from_previous_position,
+    ),
+    BuggyRule(
+        name="target_off_by_one",
+        description=(
+            "Draft token i is tested and corrected against p_{i+1} instead of p_i: accept with probability "
+            "min(1, p_{i+1}(x_i) / q_i(x_i)), correct from max(0, p_{i+1} - q_i); modified rejection "
+            "sampling then faithfully produces the wrong row: the first emitted token has law p_1, not p_0."
+        ),
+        modelled_on=(
+            "target logits sliced one position late (logits[:, 1:] instead of logits[:, :-1]) when the "
+            "verification forward pass includes the last accepted token"
+        ),
+        bug_class="indexing",
+        fn=target_off_by_one,
+    ),
+    BuggyRule(
+        name="inverted_ratio",
+        description=(
+            "Accept with probability min(1, q(x) / p(x)) instead of min(1, p(x) / q(x)): tokens the draft "
+            "over-proposes are always accepted, tokens it under-proposes are thinned."
+        ),
+        modelled_on="acceptance ratio written as draft/target (swapped arguments)",
+        bug_class="acceptance",
+        fn=inverted_ratio,
+    ),
+    BuggyRule(
+        name="correction_one_position_late",
+        description=(
+            "After a rejection at position n the final token is drawn from row n + 1 of the final-distribution "
+            "table, i.e. from max(0, p_{n+1} - q_{n+1}) (or from p_K when n = K - 1), instead of "
+            "max(0, p_n - q_n); acceptance is correct (min(1, p/q))."
+        ),
+        modelled_on="recovered-token index computed as num_accepted + 1 (counting the accepted token's own slot)",
+        bug_class="indexing",
+        fn=correction_one_position_late,
+    ),
+    BuggyRule(
+        name="shared_accept_uniform",
+        description=(
+            "The same uniform u_0 is used for the accept tests of all K positions: the tests are comonotone "
+            "instead of independent, so P(accept 0 and 1) = min(a_0, a_1) instead of a_0 a_1."
+        ),
+        modelled_on="one random number drawn per request (shape [B, 1]) and broadcast over the draft positions",
+        bug_class="randomness",
+        fn=shared_accept_uniform,
+    ),
+    BuggyRule(
+        name="correction_reuses_accept_uniform",
+        description=(
+            "After a rejection at position n the correction token is drawn by inverse CDF with u_n, the "
+            "uniform that was just rejected, instead of a fresh u_K; given the rejection u_n is uniform on "
+            "[p/q, 1), not [0, 1), so the correction is biased towards the end of the vocabulary."
+        ),
+        modelled_on="one uniform per position reused for both the accept test and the recovered-token sample",
+        bug_class="randomness",
+        fn=correction_reuses_accept_uniform,
+    ),
+    BuggyRule(
+        name="draft_temperature_in_acceptance",
+        description=(
+            f"The drafts were drawn from q but the accept test and residual use q' ∝ q^(1/{DRAFT_TEMPERATURE}) "
+            "(the draft distribution processed a second time on the verification side): acceptance "
+            "min(1, p/q') and correction max(0, p - q') are computed for a proposal that was not used."
+        ),
+        modelled_on=(
+            "q passed to the acceptance differs from the law the draft was sampled from "
+            "(huggingface/transformers issue 47932: raw vs top-k-processed q; deepseek-ai/DeepSpec issue 31: "
+            "bfloat16 sampling path vs float32 acceptance)"
+        ),
+        bug_class="processing",
+        fn=draft_temperature_in_acceptance,
+    ),
+    BuggyRule(
+        name="batch_rows_rolled",
+        description=(
+            "Row b's correction after a rejection at n is drawn from max(0, p^{(b+1) mod B}_n - q^b_n), using "
+            "the next request's target row; acceptance and bonus are correct.  Invisible with B = 1 or with "
+            "identical rows."
+        ),
+        modelled_on=(
+            "per-request vs per-token index mappings mixed up in a batched sampler (cf. the review of "
+            "vllm-project/vllm PR 35398)"
+        ),
+        bug_class="batching",
+        fn=batch_rows_rolled,
+        min_batch_size=2,
+    ),
+    BuggyRule(
+        name="greedy_acceptance_when_sampling",
+        description=(
+            "Accept draft x_i iff x_i == argmax p_i (greedy verification), and on rejection sample from p_n, "
+            "for drafts that were sampled from q: the first token has law q(m) 1[t = m] + (1 - q(m)) p(t) "
+            "with m = argmax p, instead of p(t)."
+        ),
+        modelled_on="the greedy/strict verification path reused for requests with temperature > 0",
+        bug_class="acceptance",
+        fn=greedy_acceptance_when_sampling,
+    ),
+    BuggyRule(
+        name="counts_every_passing_test",
+        description=(
+            "The number of accepted drafts is the count of passed tests (sum) instead of the length of the "
+            "leading run (cumprod then sum): after a rejection at position j, a later pass still lengthens "
+            "the accepted prefix, emitting the rejected draft x_j and drawing the correction at the wrong row."
+        ),
+        modelled_on="`num_accepted = accepted.sum(-1)` in place of `accepted.cumprod(-1).sum(-1)`",
+        bug_class="acceptance",
+        fn=counts_every_passing_test,
+    ),
+    BuggyRule(
+        name="global_torch_rng",
+        description=(
+            "Correct modified rejection sampling, but the uniforms come from the global torch RNG "
+            "(torch.rand without generator=): the per-step law is right, but the output is not a function "
+            "of the supplied generator, so seeded runs do not reproduce and requests share one stream. "
+            "Statistical-only: ignores `uniforms`."
+        ),
+        modelled_on="spec decode not respecting the per-request seed (vllm-project/vllm issue 6038)",
+        bug_class="randomness",
+        fn=global_torch_rng,
+        integrable=False,
+    ),
+    BuggyRule(
+        name="reseeded_every_call",
+        description=(
+            "Correct modified rejection sampling, but every call draws its uniforms from a new generator "
+            "seeded 0: each step of a run uses the same uniforms, so successive steps are dependent "
+            "(identical steps repeat exactly) and the sequence law is not the target's. "
+            "Statistical-only: ignores `uniforms` and `generator`."
+        ),
+        modelled_on=(
+            "per-step seeding from a constant or near-constant seed (kekzl/imp PR 1143: every token drew "
+            "the same quantile)"
+        ),
+        bug_class="randomness",
+        fn=reseeded_every_call,
+        integrable=False,
+    ),
+    BuggyRule(
+        name="typical_acceptance",
+        description=(
+            "Medusa typical acceptance (Cai et al. 2024): accept x_i iff p_i(x_i) > min(0.09, 0.3 exp(-H(p_i))), "
+            "then sample from p_n; the acceptance ignores q, so the first token has law "
+            "q(t) 1[t in A] + (1 - q(A)) p(t) with A the set of accepted tokens, not p(t).  Lossy by design."
+        ),
+        modelled_on="Medusa typical acceptance as shipped by engines (e.g. vllm-project/vllm PR 5131)",
+        bug_class="lossy-by-design",
+        fn=typical_acceptance,
+    ),
+]
+
+CATALOG: dict[str, BuggyRule] = {entry.name: entry for entry in _ENTRIES}

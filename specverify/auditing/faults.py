@@ -1,0 +1,278 @@
+"""Guarded calls of an implementation under audit: deadline, exception capture, output validation,
+input-mutation detection and global-RNG detection.
+
+An audit must survive whatever the function does.  Everything that goes wrong inside one call is
+turned into a :class:`Fault` (an exception carrying a ``kind`` and a readable message) that the
+audit records against the check that made the call; it never propagates as the function's own
+exception and never ends the audit process.
+
+Fault kinds and what the audit does with them (the exit status of ``specverify audit``):
+
+==================  ===================================================================  ====
+kind                meaning                                                              exit
+==================  ===================================================================  ====
+``exception``       the function raised                                                     2
+``timeout``         one call ran longer than the per-call deadline                          2
+``malformed``       the output breaks SPEC §1 (type, shape, dtype, NaN, id range,           2
+                    padding, a non-draft token in an accepted slot)
+``mutation``        the function modified one of its input tensors in place                1
+``global-rng``      randomness not taken from ``generator``'s stream: the output changes      1
+                    with the global RNG seeds (or between equal runs) while the
+                    generator's seed is fixed, or repeats although the generator advanced
+==================  ===================================================================  ====
+
+The first three make the audit "could not audit" (there is no output to judge); the last two are
+contract violations judged as failures, because the function did produce outputs and they break
+the contract every engine relies on (inputs are shared buffers; seeded generation must be
+reproducible).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+FAULT_KINDS = ("exception", "timeout", "malformed", "mutation", "global-rng")
+COULD_NOT_AUDIT_KINDS = ("exception", "timeout", "malformed")
+
+
+class Fault(Exception):
+    """Something the implementation under audit did wrong in one call (see the module table)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"kind: expected one of {FAULT_KINDS}, got {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class _DeadlineExceeded(BaseException):
+    """Raised inside the function by the alarm signal; a BaseException so that a function's own
+    ``except Exception`` cannot swallow it."""
+
+
+# --------------------------------------------------------------------------------------------
+# Deadline and exception capture
+# --------------------------------------------------------------------------------------------
+
+
+def call_with_deadline(fn: Callable[..., Any], args: tuple, timeout_s: float, *, what: str = "the function") -> Any:
+    """Return ``fn(*args)``, or raise a :class:`Fault` of kind ``timeout`` or ``exception``.
+
+    In the main thread of a Unix process the deadline is an interval timer (``SIGALRM``): the
+    call is interrupted at the next Python bytecode after ``timeout_s`` seconds.  Elsewhere the
+    call runs in a daemon worker thread that the caller stops waiting for at the deadline (the
+    thread cannot be killed and is abandoned; the audit stops calling the function after that).
+    A :class:`Fault` raised inside (by a guard around an inner call) passes through unchanged.
+    A call that blocks inside C code without returning to Python is only interrupted when it does.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        return _call_with_alarm(fn, args, timeout_s, what)
+    return _call_in_thread(fn, args, timeout_s, what)
+
+
+def _timeout_fault(timeout_s: float, what: str) -> Fault:
+    return Fault("timeout", f"{what} did not return within the per-call timeout of {timeout_s:g} s "
+                            "(raise it with --timeout / timeout_s= if the function is just slow)")
+
+
+def _exception_fault(error: BaseException, what: str) -> Fault:
+    return Fault("exception", f"{what} raised {type(error).__name__}: {error}")
+
+
+def _call_with_alarm(fn: Callable[..., Any], args: tuple, timeout_s: float, what: str) -> Any:
+    armed = [True]  # an alarm landing after the call returned must not raise in the caller's code
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if armed[0]:
+            raise _DeadlineExceeded
+
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        result = fn(*args)
+        armed[0] = False
+        return result
+    except _DeadlineExceeded:
+        raise _timeout_fault(timeout_s, what) from None
+    except Fault:
+        raise
+    except (Exception, SystemExit) as error:  # KeyboardInterrupt still stops the audit
+        raise _exception_fault(error, what) from error
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_timer[0] > 0:  # someone else's timer was running: give it back its remainder
+            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+
+
+def _call_in_thread(fn: Callable[..., Any], args: tuple, timeout_s: float, what: str) -> Any:
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as error:  # reported to the caller below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=target, name="specverify-audit-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise _timeout_fault(timeout_s, what)
+    if isinstance(outcome.get("error"), Fault):
+        raise outcome["error"]
+    if "error" in outcome:
+        raise _exception_fault(outcome["error"], what) from outcome["error"]
+    return outcome["value"]
+
+
+# --------------------------------------------------------------------------------------------
+# Output validation (SPEC §1)
+# --------------------------------------------------------------------------------------------
+
+
+def emitted_tensor(result: Any) -> torch.Tensor:
+    """The ``emitted`` tensor of a function's return value: the tensor itself, or the ``emitted``
+    field of a result object such as :class:`specverify.core.rules.VerifyResult`."""
+    if isinstance(result, torch.Tensor):
+        return result
+    emitted = getattr(result, "emitted", None)
+    if isinstance(emitted, torch.Tensor):
+        return emitted
+    raise Fault("malformed", f"returned a {type(result).__name__}, expected an int64 tensor [B, K+1] of emitted tokens")
+
+
+def validate_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check one call's output against SPEC §1 and return ``(emitted, lengths)`` on the CPU.
+
+    ``emitted`` must be an int64 tensor ``[B, K+1]``; row b holds ``m_b ≥ 1`` tokens in
+    ``[0, V)`` followed only by ``-1``; its first ``m_b − 1`` tokens (the accepted slots) equal
+    the draft tokens.  ``lengths[b] = m_b``.  Raises :class:`Fault` (``malformed``) naming the
+    first offending row.
+    """
+    emitted = emitted_tensor(result).detach()
+    batch, num_draft = draft_tokens.shape
+    if emitted.is_floating_point() and bool(torch.isnan(emitted).any()):
+        row = int(torch.isnan(emitted).any(dim=-1).nonzero()[0, 0])
+        raise Fault("malformed", f"returned NaN token ids (row {row}: {emitted[row].tolist()})")
+    if emitted.dtype != torch.int64:
+        raise Fault("malformed", f"returned dtype {emitted.dtype}, expected torch.int64 token ids (convert with .long())")
+    if tuple(emitted.shape) != (batch, num_draft + 1):
+        raise Fault("malformed", f"returned shape {tuple(emitted.shape)}, expected [B, K+1] = [{batch}, {num_draft + 1}]")
+    emitted = emitted.cpu()
+    padding = emitted == -1
+    out_of_range = ~padding & ((emitted < 0) | (emitted >= vocab_size))
+    if bool(out_of_range.any()):
+        row, col = (int(i) for i in out_of_range.nonzero()[0])
+        raise Fault("malformed", f"returned token id {int(emitted[row, col])} outside [0, {vocab_size}) "
+                                 f"(row {row}, slot {col}; -1 is the only allowed padding)")
+    lengths = (~padding).long().cumprod(dim=-1).sum(dim=-1)
+    after_padding = ~padding & (torch.arange(num_draft + 1) >= lengths[:, None])
+    if bool(after_padding.any()):
+        row = int(after_padding.any(dim=-1).nonzero()[0, 0])
+        raise Fault("malformed", f"emitted a token after -1 padding (row {row}: {emitted[row].tolist()})")
+    if bool((lengths == 0).any()):
+        row = int((lengths == 0).nonzero()[0, 0])
+        raise Fault("malformed", f"emitted no token in row {row} (every step emits at least the "
+                                 "correction-or-bonus token)")
+    accepted_slot = torch.arange(num_draft)[None, :] < (lengths[:, None] - 1)
+    wrong_slot = accepted_slot & (emitted[:, :num_draft] != draft_tokens.cpu())
+    if bool(wrong_slot.any()):
+        row, col = (int(i) for i in wrong_slot.nonzero()[0])
+        raise Fault("malformed", f"emitted {int(emitted[row, col])} in accepted slot {col} of row {row}, but the "
+                                 f"draft token there is {int(draft_tokens[row, col])}: only accepted draft tokens "
+                                 "may precede the one correction-or-bonus token")
+    return emitted, lengths
+
+
+# --------------------------------------------------------------------------------------------
+# Input mutation
+# --------------------------------------------------------------------------------------------
+
+
+def mutated_arguments(originals: dict[str, torch.Tensor], passed: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the arguments whose tensors no longer equal the copies taken before the call."""
+    return [name for name, tensor in passed.items() if not torch.equal(tensor.cpu(), originals[name])]
+
+
+# --------------------------------------------------------------------------------------------
+# Global RNG
+# --------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def preserved_global_rng() -> Iterator[None]:
+    """Save the global torch (CPU and CUDA), numpy and ``random`` RNG states and restore them on exit,
+    so that reseeding them for an audit leaves the caller's process untouched."""
+    torch_state = torch.random.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    numpy_state = np.random.get_state()
+    python_state = random.getstate()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
+def seed_global_rng(seed: int) -> None:
+    """Seed every global RNG a function could reach for: torch (all devices), numpy and ``random``."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+@dataclass(frozen=True)
+class RngProbe:
+    """Outcome of :func:`probe_randomness`.
+
+    repeatable: two runs with equal generator seeds and equal global seeds agreed.
+    independent_of_global: a run with the same generator seed but other global seeds agreed too.
+    advances: a second call with the same (already used) generator gave a different output.
+    """
+
+    repeatable: bool
+    independent_of_global: bool
+    advances: bool
+
+    @property
+    def uses_only_generator(self) -> bool:
+        return self.repeatable and self.independent_of_global and self.advances
+
+
+def probe_randomness(run: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], generator_seed: int,
+                     global_seeds: tuple[int, int]) -> RngProbe:
+    """Detect randomness that does not come from the generator's stream.
+
+    ``run(generator_seed, global_seed)`` seeds the global RNGs with ``global_seed``, creates one
+    generator seeded with ``generator_seed``, calls the function twice with it on the same fixed
+    inputs (whose outputs are random for a lossless rule) and returns both outputs.
+
+    - A function that draws only from its generator repeats its first output for every global seed.
+    - One that draws from the global torch/numpy/``random`` RNG changes with the global seed.
+    - One that draws from elsewhere (the OS, the clock) changes even between two equal runs.
+    - One that reseeds (or ignores) the generator repeats itself on the second call, although the
+      generator has advanced: successive steps then reuse the same randomness.
+    """
+    first_seed, second_seed = global_seeds
+    with preserved_global_rng():
+        first, second = run(generator_seed, first_seed)
+        repeat, _ = run(generator_seed, first_seed)
+        other, _ = run(generator_seed, second_seed)
+    return RngProbe(torch.equal(first, repeat), torch.equal(first, other), not torch.equal(first, second))

@@ -1,0 +1,106 @@
+"""Resolve an implementation under test from a string.
+
+Accepted forms (shared/SPEC.md §1):
+- ``path/to/file.py:function`` — a file anywhere on disk, imported under a private module name;
+- ``package.module:function`` — an importable module;
+- a built-in name registered in :data:`BUILTINS` (``reference``, ``greedy``, ...), or
+  ``catalog:<name>`` for an entry of the known-bug catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# level -> name -> "module:attribute"; resolved lazily so that optional extras load only when used.
+BUILTINS: dict[str, dict[str, str]] = {
+    "sampler": {
+        "reference": "specverify.core.rules:verify",
+        "point-mass": "specverify.core.rules:point_mass_as_verify",
+        "greedy": "specverify.core.rules:greedy_as_verify",
+        "typical": "specverify.core.rules:typical_acceptance_as_verify",
+        "hf-transformers": "specverify.hf.sampler_adapter:verify",
+    },
+    "decoder": {
+        "reference": "reference.decoder:generate",
+        "hf-transformers": "specverify.hf.generate_adapter:generate",
+        "hf-transformers-prompt-lookup": "specverify.hf.generate_adapter:generate_prompt_lookup",
+    },
+}
+
+
+class LoadError(ValueError):
+    """The target string could not be resolved to a callable (exit status 2 in the CLI)."""
+
+
+def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
+    """Return the callable named by ``spec`` (see the module docstring for the forms).
+
+    ``level`` selects the table of built-in names: ``sampler`` (SPEC §1) or ``decoder`` (SPEC §2).
+    """
+    if level not in BUILTINS:
+        raise LoadError(f"level: expected one of {sorted(BUILTINS)}, got {level!r}")
+    if not spec or not isinstance(spec, str):
+        raise LoadError("target: expected 'file.py:function', 'package.module:function' or a built-in name")
+    builtins = BUILTINS[level]
+    if spec in builtins:
+        return _load_from_module(*builtins[spec].split(":"), spec=spec)
+    if spec.startswith("catalog:"):
+        from specverify.auditing.catalog import CATALOG
+
+        name = spec.split(":", 1)[1]
+        if name not in CATALOG:
+            raise LoadError(f"target: no catalog entry {name!r}; known: {', '.join(sorted(CATALOG))}")
+        return CATALOG[name].fn
+    if ":" not in spec:
+        known = ", ".join(sorted(builtins))
+        raise LoadError(
+            f"target: {spec!r} is neither a built-in ({known}, catalog:<name>) nor of the form "
+            "'path/to/file.py:function' or 'package.module:function'"
+        )
+    location, attribute = spec.rsplit(":", 1)
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        return _load_from_file(Path(location), attribute, spec=spec)
+    return _load_from_module(location, attribute, spec=spec)
+
+
+def _load_from_module(module_name: str, attribute: str, *, spec: str) -> Callable[..., Any]:
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # any import-time failure is "could not audit"
+        raise LoadError(f"target {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {error}") from error
+    return _get_callable(module, attribute, spec=spec)
+
+
+def _load_from_file(path: Path, attribute: str, *, spec: str) -> Callable[..., Any]:
+    if not path.is_file():
+        raise LoadError(f"target {spec!r}: file {str(path)!r} does not exist")
+    resolved = path.resolve()
+    module_name = "_specverify_target_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return _get_callable(sys.modules[module_name], attribute, spec=spec)
+    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise LoadError(f"target {spec!r}: cannot import {str(path)!r} as a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise LoadError(f"target {spec!r}: executing {str(path)!r} failed: {type(error).__name__}: {error}") from error
+    return _get_callable(module, attribute, spec=spec)
+
+
+def _get_callable(module: object, attribute: str, *, spec: str) -> Callable[..., Any]:
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise LoadError(f"target {spec!r}: module has no attribute {attribute!r}")
+    if not callable(target):
+        raise LoadError(f"target {spec!r}: {attribute!r} is a {type(target).__name__}, not a function")
+    return target

@@ -1,0 +1,186 @@
+"""A self-contained HTML page for an :class:`~specverify.auditing.runner.AuditReport`.
+
+One file, no external resources: inline CSS, and plots as base64 PNG data URIs drawn with
+matplotlib (the optional ``report`` extra; without it the page is written without plots and says
+so).  Plots: observed against expected counts for every failing check, and the acceptance rate by
+draft position against its theory (Π_{j≤i} α_j) for the checks where it is known.  The page
+explains the method and each check in a sentence, for readers who have not seen the code.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specverify.auditing.runner import AuditReport
+from specverify.auditing.sampler import CheckResult
+
+MAX_BARS = 40
+"""Observed-vs-expected plots show at most this many cells (the largest deviations)."""
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
+.verdict { padding: 0.8em 1em; border-radius: 6px; font-weight: 600; }
+.pass { background: #e4f4e4; } .fail { background: #fbe3e3; } .error, .skipped { background: #fff3d6; }
+table { border-collapse: collapse; width: 100%; font-size: 0.9em; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.35em 0.5em; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.note { color: #666; font-size: 0.9em; } img { max-width: 100%; }
+"""
+
+_METHOD = (
+    "Speculative decoding is <em>lossless</em> when the tokens it emits are distributed exactly as sampling from "
+    "the target model. The audit feeds the function batches of toy distributions whose target law is known "
+    "exactly, samples the draft tokens itself, and compares the tokens the function emits (continued by target "
+    "sampling where a step stops early) with the exact target law. Each statistical check is a Pearson "
+    "goodness-of-fit or exact binomial test at its share of the family-wise false-positive rate α (Bonferroni), "
+    "with enough samples to detect a deviation of the stated total variation (TV) with the stated power. "
+    "Functions that accept <code>uniforms=</code> are also integrated exactly (no sampling). Contract checks "
+    "verify that inputs are left unchanged and that all randomness comes from the generator."
+)
+
+
+def _matplotlib() -> Any | None:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return Figure, FigureCanvasAgg
+
+
+def _png(figure: Any, canvas_class: Any) -> str:
+    canvas_class(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def counts_figure(check: CheckResult, tools: Any) -> str:
+    """Bar chart: observed counts against expected counts n·p for the cells that deviate most."""
+    figure_class, canvas_class = tools
+    observed = np.asarray(check.observed, dtype=float)
+    expected = np.asarray(check.expected, dtype=float) * observed.sum()
+    order = np.argsort(-np.abs(observed - expected), kind="stable")[:MAX_BARS]
+    order = np.sort(order)
+    labels = [check.cell_labels[i] if check.cell_labels else str(i) for i in order]
+    figure = figure_class(figsize=(10, 3.6))
+    axes = figure.subplots()
+    positions = np.arange(len(order))
+    axes.bar(positions - 0.2, observed[order], width=0.4, label="observed", color="#c0392b")
+    axes.bar(positions + 0.2, expected[order], width=0.4, label="expected (target law)", color="#7f8c8d")
+    axes.set_xticks(positions, labels, rotation=70, ha="right", fontsize=7)
+    axes.set_ylabel("count")
+    shown = "" if len(order) == len(observed) else f" ({len(order)} most deviating of {len(observed)} cells)"
+    axes.set_title(f"{check.name}: observed vs expected{shown}", fontsize=10)
+    axes.legend(fontsize=8)
+    return _png(figure, canvas_class)
+
+
+def acceptance_figure(checks: list[CheckResult], tools: Any) -> str:
+    """P(draft i accepted) = P(A > i) by position: observed (markers) against theory (lines)."""
+    figure_class, canvas_class = tools
+    figure = figure_class(figsize=(8, 3.8))
+    axes = figure.subplots()
+    for index, check in enumerate(checks):
+        observed = np.asarray(check.acceptance["observed"], dtype=float)
+        expected = np.asarray(check.acceptance["expected"], dtype=float)
+        observed_rate = (observed[::-1].cumsum()[::-1] / observed.sum())[1:]  # P(A ≥ i+1)
+        expected_rate = expected[::-1].cumsum()[::-1][1:]
+        positions = np.arange(len(observed_rate))
+        color, marker = f"C{index % 10}", "osD^v"[index // 10 % 5]
+        axes.plot(positions, expected_rate, "-", color=color, alpha=0.7)
+        axes.plot(positions, observed_rate, marker, color=color, label=check.name)
+    axes.set_xlabel("draft position i")
+    axes.set_ylabel("P(draft i accepted)")
+    axes.set_ylim(-0.02, 1.02)
+    axes.set_title("Acceptance by position: observed (dots) vs optimal-rule theory Π α (lines)", fontsize=10)
+    axes.legend(fontsize=7, ncol=2)
+    return _png(figure, canvas_class)
+
+
+def _cell(value: Any, spec: str = ".3g") -> str:
+    if value is None:
+        return "—"
+    return format(value, spec) if isinstance(value, float) else html.escape(str(value))
+
+
+def _check_rows(report: AuditReport) -> str:
+    rows = []
+    for c in report.checks:
+        parameters = ", ".join(f"{k}={v}" for k, v in c.parameters.items())
+        rows.append(
+            f"<tr class='{c.verdict}'><td><b>{html.escape(c.name)}</b><br><span class='note'>{html.escape(c.description)}"
+            f"</span><br><span class='note'>{html.escape(parameters)}</span></td><td>{c.verdict}</td>"
+            f"<td class='num'>{c.n or '—'}</td><td class='num'>{c.num_cells or '—'}</td>"
+            f"<td class='num'>{_cell(c.pvalue)}</td><td class='num'>{_cell(c.alpha, '.2g')}</td>"
+            f"<td class='num'>{_cell(c.empirical_tv, '.4g')}</td><td class='num'>{_cell(c.detectable_tv, '.4f')}</td>"
+            f"<td>{html.escape(c.message)}</td></tr>"
+        )
+    return "\n".join(rows)
+
+
+def render_html(report: AuditReport) -> str:
+    """The whole page as a string."""
+    tools = _matplotlib()
+    verdict_class = {0: "pass", 1: "fail"}.get(report.exit_code, "error")
+    sections = []
+    plotted = [c for c in report.failed if c.observed is not None]
+    with_acceptance = [c for c in report.checks if c.acceptance is not None and len(c.acceptance["observed"]) > 2]
+    if tools is None:
+        sections.append("<p class='note'>Plots omitted: matplotlib is not installed "
+                        "(<code>pip install 'specverify[report]'</code>).</p>")
+    else:
+        for check in plotted:
+            sections.append(f"<h3>{html.escape(check.name)}</h3><p>{html.escape(check.message)}</p>"
+                            f"<img alt='observed vs expected counts for {html.escape(check.name)}' "
+                            f"src='{counts_figure(check, tools)}'>")
+        if with_acceptance:
+            sections.append("<h3>Acceptance by position</h3><p>How often each draft position was accepted, "
+                            "against the rate of the optimal (lossless) rule. A lossless rule may accept less "
+                            "often than this (it is then merely slower); accepting more often at a single "
+                            "draft is a loss (see the acceptance-rate check).</p>"
+                            f"<img alt='acceptance by position' src='{acceptance_figure(with_acceptance, tools)}'>")
+    if not plotted and tools is not None:
+        sections.insert(0, "<p>No check failed, so there are no observed-vs-expected plots.</p>")
+    budget = html.escape(report.budget.describe())
+    timings = report.timings
+    rate = f", {timings['rows_per_s']:,.0f} rows/s" if timings.get("rows_per_s") else ""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>specverify audit: {html.escape(report.target)}</title>
+<style>{_CSS}</style></head><body>
+<h1>specverify audit of <code>{html.escape(report.target)}</code></h1>
+<p class="verdict {verdict_class}">{html.escape(report.verdict.upper())} (exit status {report.exit_code}):
+{html.escape(report.summary)}</p>
+<p>Level <b>{html.escape(report.level)}</b>; budget {budget}; family-wise α = {report.alpha:g} split by
+{html.escape(report.correction)} (α share {_cell(report.alpha_share, '.3g')} per statistical check); power
+{report.power:g}; seed {report.seed}; device {html.escape(report.device)}; per-call timeout {report.timeout_s:g} s.
+Wall time {timings.get('total_s', 0.0):.1f} s{rate}.</p>
+<h2>How the audit works</h2><p>{_METHOD}</p>
+<h2>Checks</h2>
+<table><tr><th>check</th><th>verdict</th><th>n</th><th>cells</th><th>p-value</th><th>α share</th>
+<th>TV observed</th><th>TV detectable</th><th>finding</th></tr>
+{_check_rows(report)}
+</table>
+<p class="note">TV observed: the total-variation distance between the observed cell frequencies and the target
+law (sampling noise alone makes it positive); for the exact check, the exact TV of one step. TV detectable: the
+deviation the check detects with power {report.power:g} at its α share.</p>
+<h2>Plots</h2>
+{''.join(sections)}
+<p class="note">Generated by specverify; replay with <code>specverify audit {html.escape(report.target)}
+--seed {report.seed} --budget {html.escape(report.budget.name)}</code>.</p>
+</body></html>
+"""
+
+
+def write_html(report: AuditReport, path: str | Path) -> Path:
+    """Write :func:`render_html` to ``path`` and return the path."""
+    path = Path(path)
+    path.write_text(render_html(report), encoding="utf-8")
+    return path

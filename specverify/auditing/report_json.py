@@ -1,0 +1,82 @@
+"""JSON rendering of an :class:`~specverify.auditing.runner.AuditReport`, schema ``specverify.audit/1``.
+
+Stable and versioned: fields are only ever added within ``/1``.  Everything except the top-level
+``timings`` object is a deterministic function of the implementation, the options and the seed,
+so two audits with the same seed give identical JSON once ``timings`` is removed
+(:func:`deterministic_view`).  Non-finite numbers (an infinite statistic) are written as ``null``.
+
+Top level: ``schema``, ``specverify_version``, ``target``, ``level``, ``verdict``, ``exit_code``,
+``summary``, ``seed``, ``alpha`` (family-wise), ``alpha_share`` (per statistical check),
+``correction`` (``bonferroni``), ``power``, ``detectable_tv``, ``budget`` {``name``, ``epsilon``,
+``samples``}, ``device``, ``timeout_s``, ``checks`` (list), ``timings``.
+Each check: ``name``, ``description``, ``kind``, ``parameters``, ``verdict``, ``message``,
+``fault``, ``n``, ``n_required``, ``num_cells``, ``statistic``, ``pvalue``, ``alpha_share``,
+``empirical_tv``, ``detectable_tv``, ``calls``, ``rows``, ``cells`` ({``labels``, ``observed``,
+``expected``} or null), ``acceptance`` ({``observed``, ``expected``} or null).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from specverify import __version__
+from specverify.auditing.runner import AuditReport
+from specverify.auditing.sampler import CheckResult
+
+SCHEMA = "specverify.audit/1"
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: tuples to lists, non-finite floats to None, mapping keys to strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def check_to_dict(check: CheckResult) -> dict[str, Any]:
+    cells = None
+    if check.observed is not None:
+        cells = {"labels": check.cell_labels, "observed": check.observed, "expected": check.expected}
+    return _clean({
+        "name": check.name, "description": check.description, "kind": check.kind,
+        "parameters": dict(check.parameters), "verdict": check.verdict, "message": check.message,
+        "fault": check.fault, "n": check.n, "n_required": check.n_required, "num_cells": check.num_cells,
+        "statistic": check.statistic, "pvalue": check.pvalue, "alpha_share": check.alpha,
+        "empirical_tv": check.empirical_tv, "detectable_tv": check.detectable_tv,
+        "calls": check.calls, "rows": check.rows, "cells": cells,
+        "acceptance": dict(check.acceptance) if check.acceptance is not None else None,
+    })
+
+
+def report_to_dict(report: AuditReport) -> dict[str, Any]:
+    """The report as a JSON-ready dict (schema :data:`SCHEMA`)."""
+    return _clean({
+        "schema": SCHEMA, "specverify_version": __version__, "target": report.target, "level": report.level,
+        "verdict": report.verdict, "exit_code": report.exit_code, "summary": report.summary, "seed": report.seed,
+        "alpha": report.alpha, "alpha_share": report.alpha_share, "correction": report.correction,
+        "power": report.power, "detectable_tv": report.detectable_tv,
+        "budget": {"name": report.budget.name, "epsilon": report.budget.epsilon, "samples": report.budget.samples},
+        "device": report.device, "timeout_s": report.timeout_s,
+        "checks": [check_to_dict(c) for c in report.checks],
+        "timings": report.timings,
+    })
+
+
+def deterministic_view(document: dict[str, Any]) -> dict[str, Any]:
+    """The document without its ``timings`` (the part that must repeat exactly for a given seed)."""
+    return {k: v for k, v in document.items() if k != "timings"}
+
+
+def write_json(report: AuditReport, path: str | Path) -> Path:
+    """Write the report to ``path`` (UTF-8, sorted keys, indented) and return the path."""
+    path = Path(path)
+    path.write_text(json.dumps(report_to_dict(report), indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+                    + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,59 @@
+"""Plain-text rendering of an :class:`~specverify.auditing.runner.AuditReport`: a summary table and the verdict."""
+
+from __future__ import annotations
+
+from specverify.auditing.runner import AuditReport
+
+_COLUMNS = ("check", "verdict", "n", "cells", "p-value", "α share", "TV seen", "TV detect.", "time")
+
+
+def _number(value: float | None, spec: str = ".3g") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _row(check) -> tuple[str, ...]:
+    tv = _number(check.empirical_tv, ".2e") if check.kind == "exact" else _number(check.empirical_tv, ".4f")
+    return (
+        check.name, check.verdict, str(check.n) if check.n else "—", str(check.num_cells) if check.num_cells else "—",
+        _number(check.pvalue, ".3g"), _number(check.alpha, ".2g"), tv, _number(check.detectable_tv, ".4f"),
+        f"{check.seconds:.1f}s",
+    )
+
+
+def format_table(report: AuditReport) -> str:
+    """One line per check: verdict, samples, cells, p-value against the check's α share, observed
+    and detectable TV, wall time."""
+    rows = [_COLUMNS] + [_row(c) for c in report.checks]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [v.rjust(w) for v, w in zip(row[2:], widths[2:])]
+        lines.append("  ".join(cells))
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_report(report: AuditReport) -> str:
+    """The header, the table, the messages of failing/erroring checks, and the verdict line."""
+    budget = report.budget.describe()
+    header = (f"specverify audit of {report.target} — level {report.level}, budget {budget}, "
+              f"α = {report.alpha:g} family-wise ({report.correction}), seed {report.seed}, device {report.device}")
+    parts = [header, ""]
+    if report.checks:
+        parts += [format_table(report), ""]
+    for check in report.failed + report.errors:
+        parts.append(f"{check.name} [{check.verdict}]: {check.message}")
+    if report.failed or report.errors:
+        parts.append("")
+    parts.append(verdict_line(report))
+    rows_per_s = report.timings.get("rows_per_s")
+    if rows_per_s:
+        parts.append(f"({report.timings['rows']} rows in {report.timings['calls']} calls, "
+                     f"{report.timings['total_s']:.1f} s, {rows_per_s:,.0f} rows/s)")
+    return "\n".join(parts)
+
+
+def verdict_line(report: AuditReport) -> str:
+    """``NO LOSS DETECTED: …`` / ``LOSS DETECTED: …`` / ``CONTRACT VIOLATED: …`` / ``COULD NOT AUDIT: …``."""
+    return f"{report.verdict.upper()} (exit {report.exit_code}): {report.summary}"

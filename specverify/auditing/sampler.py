@@ -1,0 +1,858 @@
+"""The audit's battery of checks: the generic check and budget types, and the sampler level (SPEC §1).
+
+A *battery* is the list of checks of one audit level.  :func:`specverify.auditing.runner.audit` plans each
+check's sample size from the budget, runs the checks in order with a guarded session of the
+function, and aggregates their verdicts; a level only has to provide a :class:`Battery`
+(``open_session`` + ``checks``) and register it in :data:`specverify.auditing.runner.LEVELS`.
+
+Statistical honesty.  Every statistical check is a level-α test with its own share of the
+audit's family-wise α (Bonferroni: α_share = α / #statistical checks, valid under any dependence).
+Its sample size is the smallest n at which it detects a deviation of total variation ε in the law
+of its cells with power ≥ :data:`POWER` (:func:`specverify.core.stats.sample_size_for_tv`, a
+noncentral-χ² bound using χ² ≥ 4·TV², so it holds for every alternative at distance ε), or, under
+a fixed budget of N samples, it reports the ε it can detect (:func:`specverify.core.stats.detectable_tv`).
+The exact check and the contract checks are deterministic and take no share of α.
+
+The sampler battery (:class:`SamplerBattery`, in run order):
+
+- ``randomness-source`` (contract): all randomness comes from ``generator``;
+- ``exact-step`` (only for functions taking ``uniforms=``): exact TV of one step on small chains;
+- ``step-K1`` … ``step-K8-tail``, ``markov-step-K3`` (goodness of fit): one step with K = 1, 2,
+  4, 8, rows spread over several different chains, the completed tokens of a window of positions
+  tested jointly (cells: chain × tokens), context-free and context-dependent targets;
+- edge cases (goodness of fit): ``bonus-position`` (q = p, every draft accepted),
+  ``correction-position`` (rejection at position 2), ``disjoint-supports``, ``zeros-both-sides``,
+  ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8), ``large-vocabulary`` (V = 32768,
+  cells = the target's top tokens + "rest", fixed before sampling);
+- ``decoding-loop-order1/2`` (goodness of fit): whole decoding loops, continuous batching and K
+  changing per call, the first L = 3 / 4 tokens of every sequence jointly;
+- ``acceptance-rate`` (exact one-sided binomial): P(output = draft) ≤ Σ min(p, q);
+- ``inputs-unchanged`` (contract): no call modified its inputs.
+
+The test distributions are fixed (seeded by each check's name), so the power statement refers to
+the same laws in every audit; the audit's seed only drives the sampling.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from specverify.core import stats
+from specverify.auditing.faults import Fault, call_with_deadline, probe_randomness, seed_global_rng, validate_emitted
+from specverify.testing.harness import (
+    DEFAULT_BATCH_ROWS,
+    ChainBank,
+    GuardedFunction,
+    Tables,
+    markov_bank,
+    markov_prefix_law,
+    positional_bank,
+    positional_window_law,
+    propose,
+    sample_runs,
+    sample_steps,
+)
+from specverify.core.seeding import derive_seed
+
+POWER = 0.99
+"""Power every statistical check is sized for (β = 0.01)."""
+
+EXACT_TOLERANCE = 1e-9
+"""An exact TV above this fails the exact check (integration rounding is ~1e-13)."""
+
+BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
+"""Named budgets: the TV deviation every statistical check detects with power ≥ POWER."""
+
+VERDICTS = ("pass", "fail", "error", "skipped")
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets, plans and results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleBudget:
+    """How many samples each statistical check draws.
+
+    Named budgets fix the deviation ``epsilon`` (TV) every check must detect with power ≥ POWER
+    and derive each check's n from it; a fixed budget gives every check ``samples`` draws and
+    reports the deviation each can then detect.
+    """
+
+    name: str
+    epsilon: float | None = None
+    samples: int | None = None
+
+    def describe(self) -> str:
+        if self.epsilon is not None:
+            return f"{self.name} (each check sized to detect TV ≥ {self.epsilon:g} with power {POWER:g})"
+        return f"{self.samples} samples per check"
+
+
+def resolve_budget(budget: str | int | SampleBudget) -> SampleBudget:
+    """``quick`` (TV 0.05), ``standard`` (0.02), ``thorough`` (0.01), or N samples per check."""
+    if isinstance(budget, SampleBudget):
+        return budget
+    if isinstance(budget, bool):
+        raise ValueError(f"budget: expected quick, standard, thorough or a positive integer, got {budget!r}")
+    if isinstance(budget, int) or (isinstance(budget, str) and budget.strip().isdigit()):
+        samples = int(budget)
+        if samples < 10:
+            raise ValueError(f"budget: a fixed budget needs at least 10 samples per check, got {samples}")
+        return SampleBudget(str(samples), samples=samples)
+    if isinstance(budget, str) and budget.strip().lower() in BUDGETS:
+        name = budget.strip().lower()
+        return SampleBudget(name, epsilon=BUDGETS[name])
+    raise ValueError(f"budget: expected quick, standard, thorough or a positive integer N, got {budget!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the audit gives one check: its sample size, level and seed.
+
+    n: samples to draw (0 for deterministic checks); n_required: the theoretical minimum for the
+    budget's ε (equal to n for named budgets); alpha: the check's share of the family-wise α
+    (None for deterministic checks); detectable_tv: the TV it detects with power ≥ POWER at n;
+    seed: the check's own seed, derived from its name and parameters and the audit's base seed.
+    """
+
+    n: int
+    n_required: int
+    alpha: float | None
+    detectable_tv: float | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one check (the rows of the report).
+
+    verdict: ``pass`` | ``fail`` (loss or contract violation) | ``error`` (the function could not be
+    audited on this check: it raised, hung or returned malformed output) | ``skipped`` (not
+    applicable, or not run after a timeout).  ``statistic``/``pvalue`` come from the check's test;
+    ``empirical_tv`` is the plug-in TV of the observed cell frequencies (for the exact check: the
+    exact TV of one step); ``observed``/``expected`` are per-cell counts and probabilities with
+    ``cell_labels``; ``acceptance`` holds ``{"observed": counts of 0..K accepted, "expected":
+    probabilities}`` where the theory is known; ``fault`` the fault kind that stopped or failed the
+    check; ``calls``/``rows`` the function calls and rows it evaluated; ``seconds`` is wall time
+    (the only non-deterministic field).
+    """
+
+    name: str
+    description: str
+    kind: str
+    parameters: Mapping[str, Any]
+    verdict: str
+    message: str
+    n: int = 0
+    n_required: int = 0
+    num_cells: int = 0
+    statistic: float | None = None
+    pvalue: float | None = None
+    alpha: float | None = None
+    empirical_tv: float | None = None
+    detectable_tv: float | None = None
+    observed: tuple[int, ...] | None = None
+    expected: tuple[float, ...] | None = None
+    cell_labels: tuple[str, ...] | None = None
+    acceptance: Mapping[str, tuple[float, ...]] | None = None
+    fault: str | None = None
+    calls: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+
+class Check(Protocol):
+    """One check of a battery.
+
+    ``statistical`` checks take a share of α and a sample size: the audit calls
+    ``required_samples`` (named budgets) and ``detectable_tv`` (every budget) to plan them; the
+    others (exact, contract) get ``Plan(n=0, alpha=None)``.  ``run`` returns the check's result
+    (build it with :func:`goodness_of_fit_result` for cell-count tests) or raises a
+    :class:`~specverify.auditing.faults.Fault` that the audit turns into an ``error``/``fail`` result.
+    """
+
+    name: str
+    description: str  # one sentence for readers of the report
+    kind: str  # "goodness-of-fit" | "binomial" | "exact" | "contract"
+    parameters: Mapping[str, Any]  # JSON-able; part of the check's seed
+    num_cells: int
+
+    @property
+    def statistical(self) -> bool: ...
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int: ...
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float: ...
+
+    def run(self, session: Any, plan: Plan) -> CheckResult: ...
+
+
+class Battery(Protocol):
+    """The checks of one audit level: ``open_session`` wraps the function under audit (guards,
+    call log), ``checks`` lists the checks to run, in order, against that session.  A level whose
+    named budgets mean other TVs may also define ``resolve_budget(budget) -> SampleBudget``
+    (the audit uses it instead of :func:`resolve_budget`)."""
+
+    level: str
+
+    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> Any: ...
+
+    def checks(self, session: Any) -> list[Check]: ...
+
+
+def result_from_fault(check: Check, plan: Plan, fault: Fault) -> CheckResult:
+    """The result of a check whose run was stopped by a fault: ``fail`` for contract violations
+    (mutation, global RNG), ``error`` for everything that leaves nothing to judge."""
+    verdict = "fail" if fault.kind in ("mutation", "global-rng") else "error"
+    return CheckResult(check.name, check.description, check.kind, dict(check.parameters), verdict, fault.message,
+                       n=0, n_required=plan.n_required, num_cells=check.num_cells, alpha=plan.alpha,
+                       detectable_tv=plan.detectable_tv, fault=fault.kind)
+
+
+def skipped_result(check: Check, plan: Plan, reason: str) -> CheckResult:
+    return CheckResult(check.name, check.description, check.kind, dict(check.parameters), "skipped", reason,
+                       n_required=plan.n_required, num_cells=check.num_cells, alpha=plan.alpha,
+                       detectable_tv=plan.detectable_tv)
+
+
+# --------------------------------------------------------------------------------------------
+# Goodness-of-fit and binomial verdicts
+# --------------------------------------------------------------------------------------------
+
+
+def _top_deviations(counts: np.ndarray, expected: np.ndarray, labels: tuple[str, ...], limit: int = 3) -> str:
+    frequency = counts / max(1, counts.sum())
+    order = np.argsort(-np.abs(frequency - expected), kind="stable")[:limit]
+    return "; ".join(f"{labels[i]}: observed {frequency[i]:.4f} vs expected {expected[i]:.4f}" for i in order)
+
+
+def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expected: np.ndarray,
+                           labels: tuple[str, ...], acceptance: Mapping[str, tuple[float, ...]] | None) -> CheckResult:
+    """Pearson goodness of fit of the observed cell counts against the target law (stats module:
+    cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
+    a sample fell in a cell of probability 0)."""
+    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/α draws it could never
+    # fall below the check's α share, and the check could not fail.
+    draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
+    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=draws)
+    failed = fit.pvalue <= plan.alpha
+    if fit.impossible_count:
+        impossible = [labels[i] for i in np.flatnonzero((expected == 0) & (counts > 0))[:3]]
+        message = (f"emitted {fit.impossible_count} sample(s) of target probability 0 "
+                   f"({', '.join(impossible)}): certain loss")
+    elif failed:
+        message = (f"the emitted tokens do not follow the target's law: p-value {fit.pvalue:.3g} ≤ α share "
+                   f"{plan.alpha:.3g}; estimated TV {fit.empirical_tv:.4f}; largest deviations: "
+                   f"{_top_deviations(counts, expected, labels)}")
+    else:
+        message = f"consistent with the target's law (p-value {fit.pvalue:.3g} > α share {plan.alpha:.3g})"
+    return CheckResult(
+        check.name, check.description, check.kind, dict(check.parameters), "fail" if failed else "pass", message,
+        n=int(counts.sum()), n_required=plan.n_required, num_cells=len(expected), statistic=float(fit.statistic),
+        pvalue=float(fit.pvalue), alpha=plan.alpha, empirical_tv=float(fit.empirical_tv),
+        detectable_tv=plan.detectable_tv, observed=tuple(int(c) for c in counts),
+        expected=tuple(float(e) for e in expected), cell_labels=labels, acceptance=acceptance,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _binomial_sample_size(delta: float, p0: float, alpha: float, power: float) -> int:
+    return stats.binomial_sample_size(delta, p0=p0, alpha=alpha, power=power)
+
+
+@functools.lru_cache(maxsize=1024)
+def _binomial_detectable_rate(n: int, p0: float, alpha: float, power: float) -> float:
+    """Smallest rate excess δ that the one-sided exact binomial test with n trials detects with
+    ``power`` (bisection on :func:`specverify.core.stats.binomial_power`, increasing in δ)."""
+    low, high = 0.0, 1.0 - p0
+    if stats.binomial_power(n, high, p0=p0, alpha=alpha) < power:
+        return math.inf
+    for _ in range(50):
+        middle = (low + high) / 2
+        if stats.binomial_power(n, middle, p0=p0, alpha=alpha) >= power:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+# --------------------------------------------------------------------------------------------
+# Test distributions (fixed: derived from each check's name, not from the audit's seed)
+# --------------------------------------------------------------------------------------------
+
+
+def _dirichlet(rng: np.random.Generator, size: int, support: np.ndarray | None = None) -> np.ndarray:
+    law = np.zeros(size)
+    tokens = np.arange(size) if support is None else support
+    law[tokens] = rng.dirichlet(np.ones(len(tokens)))
+    return law
+
+
+def _one_hot_ish(rng: np.random.Generator, size: int, token: int) -> np.ndarray:
+    law = 0.03 * _dirichlet(rng, size)
+    law[token] += 0.97
+    return law
+
+
+def _with_tiny(law: np.ndarray, tokens: np.ndarray, mass: float = 1e-8) -> np.ndarray:
+    law = law.copy()
+    others = np.setdiff1d(np.arange(len(law)), tokens)
+    law[others] *= (1.0 - mass * len(tokens)) / law[others].sum()
+    law[tokens] = mass
+    return law
+
+
+def step_laws(rng: np.random.Generator, family: str, vocab_size: int, num_draft: int) -> tuple[np.ndarray, np.ndarray]:
+    """One chain of a context-free step: ``p [K+1, V]`` and ``q [K, V]`` of the named family.
+
+    random: independent Dirichlet(1) laws (TV(p_i, q_i) ≈ 0.3–0.5, frequent rejections);
+    identical: q_i = p_i (every draft accepted, the bonus token carries the test);
+    disjoint: p_i and q_i on disjoint halves of the vocabulary (every draft rejected);
+    zeros: p_i is 0 on a third of the tokens that q_i proposes, q_i is 0 on a third that p_i allows;
+    one-hot: 0.97 on one token (the draft's peak is the target's half of the time);
+    near-uniform: uniform ±30 %;
+    tiny: masses of 1e-8 in p on tokens q proposes, and in q on p's most likely token;
+    deep-correction: q_0 = p_0, q_1 = p_1, then q_2 half disjoint from p_2 (rejection at position 2);
+    zipf: large vocabulary, p_i ∝ rank^−1.1 over a random order, q_i a tempered, re-ordered variant.
+    """
+    v, k = vocab_size, num_draft
+    p = np.stack([_dirichlet(rng, v) for _ in range(k + 1)])
+    q = np.stack([_dirichlet(rng, v) for _ in range(k)])
+    if family == "random":
+        pass
+    elif family == "identical":
+        q = p[:k].copy()
+    elif family == "disjoint":
+        for i in range(k):
+            order = rng.permutation(v)
+            p[i], q[i] = _dirichlet(rng, v, order[: v // 2]), _dirichlet(rng, v, order[v // 2 :])
+    elif family == "zeros":
+        for i in range(k + 1):
+            order = rng.permutation(v)
+            p_only, both, q_only = order[: v // 3], order[v // 3 : 2 * v // 3], order[2 * v // 3 :]
+            p[i] = _dirichlet(rng, v, np.concatenate([p_only, both]))
+            if i < k:
+                q[i] = _dirichlet(rng, v, np.concatenate([both, q_only]))
+    elif family == "one-hot":
+        peaks = rng.integers(0, v, size=k + 1)
+        p = np.stack([_one_hot_ish(rng, v, t) for t in peaks])
+        q = np.stack([_one_hot_ish(rng, v, t if rng.random() < 0.5 else rng.integers(0, v)) for t in peaks[:k]])
+    elif family == "near-uniform":
+        p = np.stack([1.0 + 0.3 * rng.uniform(-1, 1, v) for _ in range(k + 1)])
+        q = np.stack([1.0 + 0.3 * rng.uniform(-1, 1, v) for _ in range(k)])
+        p, q = p / p.sum(axis=1, keepdims=True), q / q.sum(axis=1, keepdims=True)
+    elif family == "tiny":
+        for i in range(k + 1):
+            rare = rng.choice(v, size=2, replace=False)
+            p[i] = _with_tiny(p[i], rare)
+            if i < k:
+                q[i] = _with_tiny(q[i], np.array([int(np.argmax(p[i]))]))
+    elif family == "deep-correction":
+        q[:2] = p[:2]
+        unlikely = np.argsort(p[2], kind="stable")[: v // 2]
+        q[2] = 0.5 * p[2] + 0.5 * _dirichlet(rng, v, unlikely)
+    elif family == "zipf":
+        p, q = _zipf_laws(rng, v, k)
+    else:
+        raise ValueError(f"family: unknown test-distribution family {family!r}")
+    return p, q
+
+
+def _zipf_laws(rng: np.random.Generator, vocab_size: int, num_draft: int) -> tuple[np.ndarray, np.ndarray]:
+    weights = np.arange(1, vocab_size + 1, dtype=np.float64) ** -1.1
+    p = np.stack([weights[rng.permutation(vocab_size)] for _ in range(num_draft + 1)])
+    p /= p.sum(axis=1, keepdims=True)
+    swapped = p[:num_draft] ** 0.7
+    for row in swapped:  # move a tenth of the draft's tokens to other ranks
+        chosen = rng.choice(vocab_size, size=vocab_size // 10, replace=False)
+        row[chosen] = row[rng.permutation(chosen)]
+    q = swapped / swapped.sum(axis=1, keepdims=True)
+    return p, q
+
+
+def positional_family_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> ChainBank:
+    rng = np.random.default_rng(derive_seed("test-distributions", name, family, vocab_size, num_draft, num_chains))
+    laws = [step_laws(rng, family, vocab_size, num_draft) for _ in range(num_chains)]
+    return positional_bank(np.stack([p for p, _ in laws]), np.stack([q for _, q in laws]))
+
+
+def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) -> ChainBank:
+    """Random Markov chains: target rows Dirichlet(1); draft rows ½·target + ½·Dirichlet(1)
+    (acceptance around 0.7, so runs mix accepted drafts, corrections and bonus tokens)."""
+    rng = np.random.default_rng(derive_seed("test-distributions", name, "markov", vocab_size, order, num_chains))
+    states = vocab_size**order
+    target = rng.dirichlet(np.ones(vocab_size), size=(num_chains, states))
+    draft = 0.5 * target + 0.5 * rng.dirichlet(np.ones(vocab_size), size=(num_chains, states))
+    prompts = rng.integers(0, vocab_size, size=(num_chains, order))
+    return markov_bank(target, draft, order, prompts)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampler-level checks
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerSession:
+    """A guarded function plus the settings every sampler check shares."""
+
+    function: GuardedFunction
+    raw: Callable[..., Any]
+    timeout_s: float
+    batch_rows: int = DEFAULT_BATCH_ROWS
+
+
+# Power calculations are pure functions of their arguments and cost ~0.1 s each; audits in one
+# process (test suites) repeat them with the same arguments.
+_sample_size_for_tv = functools.lru_cache(maxsize=4096)(stats.sample_size_for_tv)
+_detectable_tv = functools.lru_cache(maxsize=4096)(stats.detectable_tv)
+
+
+class _ChiSquareSized:
+    """Planning of a Pearson test on ``num_cells`` cells: the n that detects TV ε with the given
+    power at level α, and the TV detectable at a given n (noncentral χ², :mod:`specverify.core.stats`)."""
+
+    num_cells: int
+    statistical = True
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        return _sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self.num_cells)
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        return _detectable_tv(n, alpha=alpha, power=power, num_cells=self.num_cells)
+
+
+@dataclass
+class StepLawCheck(_ChiSquareSized):
+    """One verification step per row; the law of a window of the completed tokens, jointly.
+
+    Cells: (chain of the row, cell of each window position); ``top_cells`` > 0 pools each
+    position's tokens into its ``top_cells`` most likely target tokens plus one "rest" cell, fixed
+    from the target law before sampling (large vocabularies).  Expected law: the row's chain is
+    uniform over the bank, and within a chain the window's target law
+    (:func:`specverify.testing.harness.positional_window_law` / :func:`~specverify.testing.harness.markov_prefix_law`).
+    """
+
+    name: str
+    description: str
+    bank: ChainBank
+    num_draft: int
+    window: tuple[int, int]
+    family: str
+    top_cells: int = 0
+    kind: str = "goodness-of-fit"
+    parameters: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        bank = self.bank
+        self.cells_per_position = self.top_cells + 1 if self.top_cells else bank.vocab_size
+        self.num_cells = bank.num_chains * self.cells_per_position ** self.window[1]
+        self.parameters = {
+            "chain": "positional" if bank.kind == "positional" else f"markov order {bank.order}",
+            "family": self.family, "K": self.num_draft, "V": bank.vocab_size, "chains": bank.num_chains,
+            "window": list(self.window), "cells": self.num_cells,
+        }
+        if self.top_cells:
+            self.parameters["top_cells"] = self.top_cells
+        if bank.kind == "markov" and self.window[0] != 0:
+            raise ValueError(f"window: Markov windows must start at position 0 (got {self.window}); the law of a "
+                             "later window would need the marginal over the earlier tokens")
+
+    def _cell_maps(self) -> np.ndarray:
+        """int64 ``[R, W, V]``: the cell of every token at every window position of every chain."""
+        bank, (start, length) = self.bank, self.window
+        identity = np.broadcast_to(np.arange(bank.vocab_size), (bank.num_chains, length, bank.vocab_size))
+        if not self.top_cells:
+            return np.ascontiguousarray(identity)
+        maps = np.full((bank.num_chains, length, bank.vocab_size), self.top_cells, dtype=np.int64)
+        for r in range(bank.num_chains):
+            for j in range(length):
+                top = np.argsort(-bank.target[r, start + j], kind="stable")[: self.top_cells]
+                maps[r, j, top] = np.arange(self.top_cells)
+        return maps
+
+    def _expected(self, maps: np.ndarray) -> np.ndarray:
+        bank = self.bank
+        if bank.kind == "positional":
+            laws = [positional_window_law(bank, r, self.window, maps[r], self.cells_per_position) for r in range(bank.num_chains)]
+        else:
+            laws = [markov_prefix_law(bank, r, self.window[1]) for r in range(bank.num_chains)]
+        return np.concatenate(laws) / bank.num_chains
+
+    def _labels(self, maps: np.ndarray) -> tuple[str, ...]:
+        bank, cells, length = self.bank, self.cells_per_position, self.window[1]
+        labels = []
+        for r in range(bank.num_chains):
+            for index in range(cells**length):
+                digits = [(index // cells ** (length - 1 - j)) % cells for j in range(length)]
+                if self.top_cells:
+                    names = ["rest" if d == self.top_cells else str(int(np.flatnonzero(maps[r, j] == d)[0]))
+                             for j, d in enumerate(digits)]
+                else:
+                    names = [str(d) for d in digits]
+                labels.append(f"chain {r} tokens ({', '.join(names)})")
+        return tuple(labels)
+
+    def _acceptance(self, accepted: torch.Tensor) -> dict[str, tuple[float, ...]] | None:
+        """Observed counts of 0..K accepted drafts and their law under optimal acceptance
+        (context-free chains only): P(A ≥ a) = Π_{i<a} α_i with α_i = Σ_x min(p_i(x), q_i(x))
+        (Leviathan et al. 2023, eq. (1)), averaged over the bank's chains."""
+        if self.bank.kind != "positional":
+            return None
+        k = self.num_draft
+        alphas = np.minimum(self.bank.target[:, :k], self.bank.draft[:, :k]).sum(axis=-1)  # [R, K]
+        at_least = np.concatenate([np.ones((len(alphas), 1)), np.cumprod(alphas, axis=1)], axis=1)  # [R, K+1]
+        exactly = at_least - np.concatenate([at_least[:, 1:], np.zeros((len(alphas), 1))], axis=1)
+        return {"observed": tuple(float(c) for c in accepted.tolist()),
+                "expected": tuple(float(e) for e in exactly.mean(axis=0))}
+
+    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+        maps = self._cell_maps()
+        sample = sample_steps(session.function, Tables(self.bank), num_draft=self.num_draft, window=self.window,
+                              n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
+                              function_seed=derive_seed(plan.seed, "function"), where=self.name)
+        cells = torch.from_numpy(maps)[sample.chain[:, None], torch.arange(self.window[1]), sample.window]
+        weights = self.cells_per_position ** torch.arange(self.window[1] - 1, -1, -1)
+        index = sample.chain * self.cells_per_position ** self.window[1] + (cells * weights).sum(dim=1)
+        counts = torch.bincount(index, minlength=self.num_cells).numpy()
+        return goodness_of_fit_result(self, plan, counts, self._expected(maps), self._labels(maps),
+                                      self._acceptance(sample.accepted))
+
+
+@dataclass
+class DecodingLoopCheck(_ChiSquareSized):
+    """Whole decoding loops (continuous batching, K varying per call) on Markov chains; the joint
+    law of the first L tokens of every sequence against the target's (cells: chain × V^L)."""
+
+    name: str
+    description: str
+    bank: ChainBank
+    length: int
+    draft_schedule: tuple[int, ...]
+    kind: str = "goodness-of-fit"
+    parameters: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_cells = self.bank.num_chains * self.bank.vocab_size**self.length
+        self.parameters = {"chain": f"markov order {self.bank.order}", "V": self.bank.vocab_size,
+                           "chains": self.bank.num_chains, "L": self.length,
+                           "K schedule": list(self.draft_schedule), "cells": self.num_cells}
+
+    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+        bank, v, length = self.bank, self.bank.vocab_size, self.length
+        sample = sample_runs(session.function, Tables(bank), length=length, draft_schedule=self.draft_schedule,
+                             n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
+                             function_seed=derive_seed(plan.seed, "function"), where=self.name)
+        weights = v ** torch.arange(length - 1, -1, -1)
+        index = sample.chain * v**length + (sample.tokens * weights).sum(dim=1)
+        counts = torch.bincount(index, minlength=self.num_cells).numpy()
+        expected = np.concatenate([markov_prefix_law(bank, r, length) for r in range(bank.num_chains)]) / bank.num_chains
+        labels = tuple(f"chain {r} tokens {tuple(int(d) for d in np.unravel_index(i, (v,) * length))}"
+                       for r in range(bank.num_chains) for i in range(v**length))
+        return goodness_of_fit_result(self, plan, counts, expected, labels, None)
+
+
+@dataclass
+class AcceptanceRateCheck:
+    """Single-draft steps: P(first emitted token == draft token) must not exceed Σ_x min(p(x), q(x)).
+
+    Coupling inequality: if the output y ~ p and the draft x ~ q, then P(y = x) ≤ 1 − TV(p, q) =
+    Σ_x min(p(x), q(x)) (the maximal coupling; Leviathan et al. 2023, eq. (1)), so a verifier that
+    keeps the draft more often than that is lossy, whatever its samples look like.  One-sided exact
+    binomial test of H0: rate ≤ mean over the bank's chains of Σ min(p, q).
+    """
+
+    name: str
+    description: str
+    bank: ChainBank
+    kind: str = "binomial"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 2
+
+    def __post_init__(self) -> None:
+        self.bound = float(np.minimum(self.bank.target[:, 0], self.bank.draft[:, 0]).sum(axis=-1).mean())
+        self.parameters = {"chain": "positional", "family": "random", "K": 1, "V": self.bank.vocab_size,
+                           "chains": self.bank.num_chains, "acceptance bound": round(self.bound, 12)}
+
+    statistical = True
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        return _binomial_sample_size(epsilon, self.bound, alpha, power)
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        return _binomial_detectable_rate(n, self.bound, alpha, power)
+
+    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+        sample = sample_steps(session.function, Tables(self.bank), num_draft=1, window=(0, 1), n=plan.n,
+                              batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
+                              function_seed=derive_seed(plan.seed, "function"), where=self.name)
+        test = stats.binomial_test(sample.first_is_draft, plan.n, self.bound, "greater")
+        failed = test.pvalue <= plan.alpha
+        rate = test.estimate
+        if failed:
+            message = (f"keeps the draft token in {rate:.4f} of steps, more than the maximal-coupling bound "
+                       f"Σ min(p, q) = {self.bound:.4f} (p-value {test.pvalue:.3g} ≤ α share {plan.alpha:.3g}): "
+                       f"its output law is at TV ≥ {rate - self.bound:.4f} from the target's")
+        else:
+            message = f"acceptance {rate:.4f} within the bound Σ min(p, q) = {self.bound:.4f} (p-value {test.pvalue:.3g})"
+        n_rejected = plan.n - sample.first_is_draft
+        return CheckResult(
+            self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass", message,
+            n=plan.n, n_required=plan.n_required, num_cells=2, statistic=float(sample.first_is_draft),
+            pvalue=float(test.pvalue), alpha=plan.alpha, empirical_tv=max(0.0, rate - self.bound),
+            detectable_tv=plan.detectable_tv, observed=(sample.first_is_draft, n_rejected),
+            expected=(self.bound, 1.0 - self.bound), cell_labels=("first token = draft", "first token ≠ draft"),
+        )
+
+
+def accepts_uniforms(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a ``uniforms`` keyword (the convention that allows exact integration)."""
+    try:
+        return "uniforms" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class ExactStepCheck:
+    """Exact integration over the uniforms (specverify.core.exact) of one step on small chains; cannot
+    flake.  Only for functions that take ``uniforms=`` (docs/ARCHITECTURE.md convention)."""
+
+    name: str
+    description: str
+    cases: tuple[tuple[str, ChainBank, int], ...]
+    kind: str = "exact"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+
+    def __post_init__(self) -> None:
+        self.parameters = {"cases": [f"{label} (V={bank.vocab_size}, K={k})" for label, bank, k in self.cases]}
+
+    statistical = False
+
+    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+        from specverify.core import exact
+
+        def rule(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
+            # The uniforms are the only randomness the function gets (the generator is withheld,
+            # as SPEC §1 rules may refuse both); exact.py still detects a function that draws
+            # other randomness, because its output then changes between two evaluations.
+            try:
+                result = session.raw(target_probs, draft_probs, draft_tokens, None, uniforms=uniforms)
+            except Exception as error:
+                raise Fault("exception", f"the function (in {self.name}, with uniforms=) raised "
+                                         f"{type(error).__name__}: {error}") from error
+            return validate_emitted(result, draft_tokens, target_probs.shape[-1])[0]
+
+        def integrate() -> list[float] | str:
+            distances = []
+            for _, bank, num_draft in self.cases:
+                try:
+                    distances.append(exact.exact_step_tv(rule, bank.chain(0), num_draft))
+                except Fault:
+                    raise
+                except Exception as error:  # the integrator could not handle this rule
+                    return f"{type(error).__name__}: {error}"
+            return distances
+
+        outcome = call_with_deadline(integrate, (), 10 * session.timeout_s, what=f"exact integration ({self.name})")
+        if isinstance(outcome, str):
+            return skipped_result(self, plan, f"exact integration not possible: {outcome}")
+        worst = max(range(len(outcome)), key=lambda i: outcome[i])
+        failed = outcome[worst] > EXACT_TOLERANCE
+        summary = ", ".join(f"{label}: {tv:.3g}" for (label, _, _), tv in zip(self.cases, outcome))
+        message = (f"exact TV of one step = {outcome[worst]:.6g} on {self.cases[worst][0]} (> {EXACT_TOLERANCE:g}): "
+                   f"lossy; per case {summary}" if failed else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
+        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass",
+                           message, empirical_tv=float(outcome[worst]), statistic=float(outcome[worst]))
+
+
+@dataclass
+class RandomnessSourceCheck:
+    """All randomness must come from ``generator`` (SPEC §1): same generator seed under different
+    global seeds (torch, numpy, random) → same output; the same run twice → same output; a second
+    call with the advanced generator → a different output.  A violation is a contract failure
+    (exit 1): seeded runs would not be reproducible, or successive steps would share randomness."""
+
+    name: str
+    description: str
+    bank: ChainBank
+    num_draft: int
+    rows: int
+    kind: str = "contract"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+
+    def __post_init__(self) -> None:
+        self.parameters = {"K": self.num_draft, "V": self.bank.vocab_size, "rows": self.rows}
+
+    statistical = False
+
+    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+        tables = Tables(self.bank)
+        generator = torch.Generator().manual_seed(derive_seed(plan.seed, "harness"))
+        chain = torch.arange(self.rows) % self.bank.num_chains
+        proposal = propose(tables, tables.initial_state(chain), self.num_draft, generator)
+
+        def run_twice(generator_seed: int, global_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+            seed_global_rng(global_seed)
+            function_generator = session.function.generator(generator_seed)
+            first = session.function(proposal, function_generator, where=self.name)[0]
+            return first, session.function(proposal, function_generator, where=self.name)[0]
+
+        probe = probe_randomness(run_twice, derive_seed(plan.seed, "function"),
+                                 (derive_seed(plan.seed, "global", 1), derive_seed(plan.seed, "global", 2)))
+        if probe.uses_only_generator:
+            return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "pass",
+                               "the output depends on the generator's stream only")
+        if not probe.repeatable:
+            message = ("the output changed between two runs with the same generator seed and the same global "
+                       "seeds: the function draws randomness from outside both (OS entropy, time); draw "
+                       "everything from `generator`")
+        elif not probe.independent_of_global:
+            message = ("the output changed when only the global RNG seeds changed (same generator seed): the "
+                       "function uses the global torch/numpy/random RNG instead of `generator`, so seeded runs "
+                       "are not reproducible")
+        else:
+            message = ("two successive calls with the same generator gave identical outputs on inputs that "
+                       "need randomness: the function reseeds or ignores `generator`, so successive steps reuse "
+                       "the same random numbers")
+        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail", message,
+                           fault="global-rng")
+
+
+@dataclass
+class InputsUnchangedCheck:
+    """After all other checks: no call may have modified its input tensors (every call received
+    fresh copies, compared with the harness's own afterwards)."""
+
+    name: str
+    description: str
+    kind: str = "contract"
+    parameters: dict[str, Any] = field(default_factory=dict)
+    num_cells: int = 0
+
+    statistical = False
+
+    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+        log = session.function.log
+        if log.calls == 0:
+            return skipped_result(self, plan, "no call of the function completed")
+        if log.mutations:
+            shown = "; ".join(log.mutations[:3]) + (f"; … {len(log.mutations) - 3} more" if len(log.mutations) > 3 else "")
+            return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "fail",
+                               f"the function modified its inputs in {len(log.mutations)} of {log.calls} calls ({shown}); "
+                               "engines reuse these buffers, so work on copies", fault="mutation")
+        return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "pass",
+                           f"no input tensor changed in {log.calls} calls")
+
+
+# --------------------------------------------------------------------------------------------
+# The sampler battery
+# --------------------------------------------------------------------------------------------
+
+
+class SamplerBattery:
+    """SPEC §1 battery: one verification step, and whole decoding loops, driven by the harness."""
+
+    level = "sampler"
+
+    def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+        self.batch_rows = batch_rows
+
+    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> SamplerSession:
+        return SamplerSession(GuardedFunction(fn, timeout_s=timeout_s, device=device), fn, timeout_s, self.batch_rows)
+
+    def checks(self, session: SamplerSession) -> list[Check]:
+        steps = [self._step(*spec) for spec in _STEP_CHECKS]
+        loops = [
+            DecodingLoopCheck("decoding-loop-order1",
+                              "Whole decoding loops on context-dependent (order-1 Markov) targets, batches of "
+                              "sequences at different stages, K changing every call: the first 3 tokens of each "
+                              "sequence must jointly follow the target.",
+                              markov_family_bank("decoding-loop-order1", 4, 1, 2), 3, (1, 3, 2, 5)),
+            DecodingLoopCheck("decoding-loop-order2",
+                              "Whole decoding loops on order-2 Markov targets with up to 8 drafts per call: the "
+                              "first 4 tokens of each sequence must jointly follow the target.",
+                              markov_family_bank("decoding-loop-order2", 3, 2, 2), 4, (4, 1, 8, 2)),
+        ]
+        acceptance = AcceptanceRateCheck(
+            "acceptance-rate",
+            "Single-draft steps: the function may keep the draft token at most Σ min(p, q) of the time "
+            "(the maximal coupling); keeping it more often proves loss whatever the samples look like.",
+            positional_family_bank("acceptance-rate", "random", 6, 1, 3))
+        checks: list[Check] = [
+            RandomnessSourceCheck(
+                "randomness-source",
+                "Randomness must come from the generator only: the same generator seed under other global RNG "
+                "seeds gives the same output, and a second call with the advanced generator a new one.",
+                positional_family_bank("randomness-source", "random", 8, 4, 3), 4, 512),
+        ]
+        if accepts_uniforms(session.raw):
+            checks.append(ExactStepCheck(
+                "exact-step",
+                "The function takes uniforms=, so one step's output law is integrated exactly over the "
+                "uniforms on small cases and compared with the target's (no sampling, cannot flake).",
+                (("random positional", positional_family_bank("exact-random", "random", 3, 2, 1), 2),
+                 ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
+                 ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
+        checks += steps + loops + [acceptance]
+        checks.append(InputsUnchangedCheck("inputs-unchanged",
+                                           "No call may modify the tensors it is given (engines reuse them)."))
+        return checks
+
+    def _step(self, name: str, description: str, family: str, vocab_size: int, num_draft: int, num_chains: int,
+              window: tuple[int, int], top_cells: int = 0) -> StepLawCheck:
+        if family == "markov":
+            bank = markov_family_bank(name, vocab_size, 2, num_chains)
+        else:
+            bank = positional_family_bank(name, family, vocab_size, num_draft, num_chains)
+        return StepLawCheck(name, description, bank, num_draft, window, family, top_cells)
+
+
+# (name, description, family, V, K, chains, window (start, length)[, top cells])
+_STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
+    ("step-K1", "One step with K=1 on three different random chains per batch: the emitted token, continued by "
+                "target sampling, must follow the target at positions 0-1 (jointly, per chain).",
+     "random", 4, 1, 3, (0, 2)),
+    ("step-K2", "One step with K=2, rows drawn from three different random chains: positions 0-2 jointly.",
+     "random", 4, 2, 3, (0, 3)),
+    ("step-K4", "One step with K=4: positions 2-4 jointly (the deep drafts and the bonus position).",
+     "random", 4, 4, 3, (2, 3)),
+    ("step-K8-head", "One step with K=8: positions 0-2 jointly.", "random", 4, 8, 3, (0, 3)),
+    ("step-K8-tail", "One step with K=8: positions 6-8 jointly (position 8 is the bonus position).",
+     "random", 4, 8, 3, (6, 3)),
+    ("markov-step-K3", "One step with K=3 on context-dependent (order-2 Markov) targets, whose law at each "
+                       "position depends on the draft tokens before it: positions 0-2 jointly.",
+     "markov", 4, 3, 2, (0, 3)),
+    ("bonus-position", "Draft identical to target, so every draft is accepted and the bonus token's law is "
+                       "tested alone (with the last draft): positions 2-3 with K=3.",
+     "identical", 4, 3, 3, (2, 2)),
+    ("correction-position", "Drafts equal the target at positions 0-1 and differ at position 2, so the "
+                            "correction token at position 2 is exercised: positions 1-2 with K=4.",
+     "deep-correction", 4, 4, 3, (1, 2)),
+    ("disjoint-supports", "Draft and target on disjoint tokens: every draft is rejected and the first token "
+                          "is the correction, which must follow the target.",
+     "disjoint", 6, 2, 3, (0, 1)),
+    ("zeros-both-sides", "The draft proposes tokens the target forbids and misses tokens the target allows: "
+                         "positions 0-1 jointly.", "zeros", 6, 3, 3, (0, 2)),
+    ("near-one-hot", "Both laws put 0.97 on one token (the same one or not): positions 0-1 jointly.",
+     "one-hot", 6, 3, 3, (0, 2)),
+    ("near-uniform", "Both laws within ±30 % of uniform (almost everything accepted): positions 1-2 with K=2, "
+                     "position 2 being the bonus.", "near-uniform", 6, 2, 3, (1, 2)),
+    ("tiny-masses", "Probabilities of 1e-8 on both sides (huge and tiny acceptance ratios): positions 0-1 jointly.",
+     "tiny", 6, 3, 3, (0, 2)),
+    ("large-vocabulary", "A 32768-token vocabulary with Zipf-like laws: the first token, in cells fixed before "
+                         "sampling (the target's 7 most likely tokens and one cell for the rest).",
+     "zipf", 32768, 1, 1, (0, 1), 7),
+)

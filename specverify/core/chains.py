@@ -1,0 +1,308 @@
+"""Toy language models ("chains") whose next-token laws depend on the prefix.
+
+A chain pairs a *target* model with a *draft* model over a vocabulary ``{0, ..., V-1}``; both map a
+prefix (the tokens generated after the prompt) to a next-token distribution, a float64 numpy
+vector of length ``V``.  Speculative decoding (Leviathan et al. 2023, Algorithm 1; Chen et al.
+2023, Algorithm 2) is lossless when the tokens it emits are distributed as ancestral sampling from
+the target chain, whatever the draft chain is; ``specverify.core.exact`` computes both laws exactly.
+
+- :class:`PositionalChain` is context-free within one step: the law depends only on the position
+  ``len(prefix)``.  It models one verification step with arbitrary per-position distributions.
+- :class:`MarkovChain` keys both laws on the last ``order`` tokens of ``prompt + prefix``, so the
+  target's distribution at draft position ``i`` depends on the draft tokens before it, as in a
+  real model.  ``order == 0`` gives a context-free chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+ROW_SUM_TOLERANCE = 1e-9
+"""Largest accepted ``|sum(row) - 1|`` for a probability row of a chain's tables."""
+
+ChainKind = Literal["mixture", "sparse"]
+
+
+@runtime_checkable
+class Chain(Protocol):
+    """A target/draft pair of next-token laws over ``{0, ..., vocab_size-1}``."""
+
+    vocab_size: int
+
+    def target(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """float64 ``[V]``: the target's law of the next token after ``prefix``."""
+        ...
+
+    def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """float64 ``[V]``: the draft's law of the next token after ``prefix``."""
+        ...
+
+
+class PositionalChain:
+    """One step's laws given position by position: ``target(prefix) = p[len(prefix)]``,
+    ``draft(prefix) = q[len(prefix)]``.
+
+    ``p`` is ``[K+1, V]`` (positions ``0..K``, the last one being the bonus position) and ``q`` is
+    ``[K, V]``.  The tokens of the prefix do not matter, only its length, so a prefix longer than
+    ``K`` (target) or ``K-1`` (draft) is an error: the chain describes a single step.
+    """
+
+    def __init__(self, p: np.ndarray, q: np.ndarray) -> None:
+        p = _as_probability_table(p, "p")
+        q = _as_probability_table(q, "q", allow_empty=True)
+        if q.shape[0] != p.shape[0] - 1 or (q.shape[0] > 0 and q.shape[1] != p.shape[1]):
+            raise ValueError(
+                f"q: expected shape [K, V] = [{p.shape[0] - 1}, {p.shape[1]}] to match p of shape "
+                f"{list(p.shape)} (p has one more row, the bonus position); got {list(q.shape)}"
+            )
+        self.p = p
+        self.q = q.reshape(p.shape[0] - 1, p.shape[1])
+        self.vocab_size = p.shape[1]
+        self.num_draft = p.shape[0] - 1
+
+    def target(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """``p[len(prefix)]``; ``len(prefix)`` must be at most ``K``."""
+        position = len(prefix)
+        if position > self.num_draft:
+            raise ValueError(
+                f"prefix: a PositionalChain with K={self.num_draft} has target laws for prefixes of "
+                f"length 0..{self.num_draft}, got length {position}; use a MarkovChain for longer runs"
+            )
+        return self.p[position]
+
+    def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """``q[len(prefix)]``; ``len(prefix)`` must be at most ``K-1``."""
+        position = len(prefix)
+        if position >= self.num_draft:
+            raise ValueError(
+                f"prefix: a PositionalChain with K={self.num_draft} has draft laws for prefixes of "
+                f"length 0..{self.num_draft - 1}, got length {position}"
+            )
+        return self.q[position]
+
+    def __repr__(self) -> str:
+        return f"PositionalChain(K={self.num_draft}, V={self.vocab_size})"
+
+
+class MarkovChain:
+    """Target and draft laws keyed by the last ``order`` tokens of ``prompt + prefix``.
+
+    Row ``s`` of ``target_table`` / ``draft_table`` (both ``[V**order, V]``) is the next-token law
+    in *state* ``s``.  The state of a context ``(c_0, ..., c_{order-1})`` (oldest token first) is
+    the base-``V`` number whose most significant digit is the oldest token:
+    ``s = sum_j c_j * V**(order - 1 - j)``.  ``prompt`` (length ``order``) supplies the context
+    before any token is generated; prefixes given to :meth:`target` / :meth:`draft` are the tokens
+    generated after it.  The draft's support may differ from the target's (zeros are allowed
+    anywhere as long as every row sums to 1).
+    """
+
+    def __init__(
+        self,
+        target_table: np.ndarray,
+        draft_table: np.ndarray,
+        order: int,
+        prompt: tuple[int, ...] = (),
+    ) -> None:
+        if not isinstance(order, (int, np.integer)) or isinstance(order, bool) or order < 0:
+            raise ValueError(f"order: expected a non-negative integer, got {order!r}")
+        order = int(order)
+        target_table = _as_probability_table(target_table, "target_table")
+        draft_table = _as_probability_table(draft_table, "draft_table")
+        vocab_size = target_table.shape[1]
+        num_states = vocab_size**order
+        if target_table.shape[0] != num_states:
+            raise ValueError(
+                f"target_table: expected shape [V**order, V] = [{num_states}, {vocab_size}] for "
+                f"order={order}, got {list(target_table.shape)}"
+            )
+        if draft_table.shape != target_table.shape:
+            raise ValueError(
+                f"draft_table: expected the target_table's shape {list(target_table.shape)}, "
+                f"got {list(draft_table.shape)}"
+            )
+        prompt = tuple(int(t) for t in prompt)
+        if len(prompt) != order:
+            raise ValueError(f"prompt: expected {order} tokens (one per context slot), got {len(prompt)}")
+        _check_tokens(prompt, vocab_size, "prompt")
+        self.target_table = target_table
+        self.draft_table = draft_table
+        self.order = order
+        self.prompt = prompt
+        self.vocab_size = vocab_size
+        self._target_tensor = torch.from_numpy(target_table.copy())
+        self._draft_tensor = torch.from_numpy(draft_table.copy())
+        self._digit_weights = vocab_size ** torch.arange(order - 1, -1, -1, dtype=torch.int64)
+
+    def context_after(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
+        """The last ``order`` tokens of ``prompt + prefix`` (oldest first)."""
+        _check_tokens(prefix, self.vocab_size, "prefix")
+        if self.order == 0:
+            return ()
+        return (self.prompt + tuple(prefix))[-self.order :]
+
+    def state_of(self, context: tuple[int, ...]) -> int:
+        """The table row of one context: ``sum_j context[j] * V**(order - 1 - j)``."""
+        state = 0
+        for token in context:
+            state = state * self.vocab_size + token
+        return state
+
+    def state_index(self, contexts: torch.Tensor) -> torch.Tensor:
+        """int64 ``[N]``: the table rows of a batch of contexts ``[N, order]`` (oldest token first)."""
+        self._check_contexts(contexts)
+        weights = self._digit_weights.to(contexts.device)
+        return (contexts.to(torch.int64) * weights).sum(dim=1)
+
+    def target(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """The target's next-token law after ``prompt + prefix`` (a read-only float64 row)."""
+        return self.target_table[self.state_of(self.context_after(prefix))]
+
+    def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """The draft's next-token law after ``prompt + prefix`` (a read-only float64 row)."""
+        return self.draft_table[self.state_of(self.context_after(prefix))]
+
+    def target_batch(self, contexts: torch.Tensor) -> torch.Tensor:
+        """float64 ``[N, V]``: the target's laws for a batch of contexts ``[N, order]``, on their device."""
+        states = self.state_index(contexts)
+        return self._target_tensor.to(contexts.device)[states]
+
+    def draft_batch(self, contexts: torch.Tensor) -> torch.Tensor:
+        """float64 ``[N, V]``: the draft's laws for a batch of contexts ``[N, order]``, on their device."""
+        states = self.state_index(contexts)
+        return self._draft_tensor.to(contexts.device)[states]
+
+    def _check_contexts(self, contexts: torch.Tensor) -> None:
+        if not isinstance(contexts, torch.Tensor) or contexts.dtype.is_floating_point or contexts.dtype == torch.bool:
+            raise ValueError("contexts: expected an integer (int64) torch tensor of shape [N, order]")
+        if contexts.dim() != 2 or contexts.shape[1] != self.order:
+            raise ValueError(f"contexts: expected shape [N, {self.order}], got {list(contexts.shape)}")
+        if contexts.numel() and (int(contexts.min()) < 0 or int(contexts.max()) >= self.vocab_size):
+            raise ValueError(f"contexts: tokens must lie in 0..{self.vocab_size - 1}")
+
+    def __repr__(self) -> str:
+        return f"MarkovChain(V={self.vocab_size}, order={self.order}, prompt={self.prompt})"
+
+
+def random_markov_chain(
+    vocab_size: int,
+    order: int,
+    seed: int,
+    *,
+    kind: ChainKind = "mixture",
+    concentration: float = 1.0,
+    closeness: float = 0.5,
+    prompt: tuple[int, ...] | None = None,
+) -> MarkovChain:
+    """A random :class:`MarkovChain`, a pure function of its arguments (numpy ``Generator(seed)``).
+
+    Every target row is ``Dirichlet(concentration * 1)``; the draft row in the same state is
+    ``closeness * target_row + (1 - closeness) * noise`` with an independent Dirichlet ``noise``, so
+    ``closeness = 1`` gives draft == target and ``closeness = 0`` an unrelated draft.  Small
+    concentrations give peaked rows.  ``kind="sparse"`` then zeroes a random subset of the entries
+    of every target row and, independently, of every draft row (each entry with probability 1/2,
+    keeping at least one) and renormalises, so that the draft proposes tokens the target forbids
+    and misses tokens the target allows — the edge cases of the rejection rule.
+    ``prompt`` defaults to ``order`` random tokens.
+    """
+    _check_random_arguments(vocab_size, concentration, closeness, kind)
+    rng = np.random.default_rng(seed)
+    num_states = vocab_size**order
+    target_table, draft_table = _random_law_pairs(rng, num_states, vocab_size, kind, concentration, closeness)
+    if prompt is None:
+        prompt = tuple(int(t) for t in rng.integers(0, vocab_size, size=order))
+    return MarkovChain(target_table, draft_table, order, prompt)
+
+
+def random_positional_chain(
+    vocab_size: int,
+    num_draft: int,
+    seed: int,
+    *,
+    kind: ChainKind = "mixture",
+    concentration: float = 1.0,
+    closeness: float = 0.5,
+) -> PositionalChain:
+    """A random :class:`PositionalChain` with ``K = num_draft``, drawn as in :func:`random_markov_chain`
+    (one target/draft pair per position; the bonus position ``K`` has a target law only)."""
+    _check_random_arguments(vocab_size, concentration, closeness, kind)
+    if num_draft < 0:
+        raise ValueError(f"num_draft: expected a non-negative integer, got {num_draft}")
+    rng = np.random.default_rng(seed)
+    p, q = _random_law_pairs(rng, num_draft + 1, vocab_size, kind, concentration, closeness)
+    return PositionalChain(p, q[:num_draft])
+
+
+def _random_law_pairs(
+    rng: np.random.Generator, rows: int, vocab_size: int, kind: ChainKind, concentration: float, closeness: float
+) -> tuple[np.ndarray, np.ndarray]:
+    alpha = np.full(vocab_size, concentration)
+    target = rng.dirichlet(alpha, size=rows)
+    noise = rng.dirichlet(alpha, size=rows)
+    draft = closeness * target + (1.0 - closeness) * noise
+    if kind == "sparse":
+        target = target * _random_support(rng, rows, vocab_size)
+        draft = draft * _random_support(rng, rows, vocab_size)
+    return _normalise_rows(target, rng), _normalise_rows(draft, rng)
+
+
+def _random_support(rng: np.random.Generator, rows: int, vocab_size: int) -> np.ndarray:
+    keep = rng.random((rows, vocab_size)) < 0.5
+    forced = rng.integers(0, vocab_size, size=rows)
+    keep[np.arange(rows), forced] = True
+    return keep.astype(np.float64)
+
+
+def _normalise_rows(table: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Rows divided by their sums; a row that underflowed to all zeros becomes a random point mass."""
+    sums = table.sum(axis=1)
+    for row in np.flatnonzero(sums <= 0):
+        table[row] = 0.0
+        table[row, rng.integers(0, table.shape[1])] = 1.0
+        sums[row] = 1.0
+    return table / sums[:, None]
+
+
+def _check_random_arguments(vocab_size: int, concentration: float, closeness: float, kind: str) -> None:
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size: expected at least 1, got {vocab_size}")
+    if not concentration > 0:
+        raise ValueError(f"concentration: expected a positive Dirichlet concentration, got {concentration}")
+    if not 0.0 <= closeness <= 1.0:
+        raise ValueError(f"closeness: expected a weight in [0, 1] (1 = draft equals target), got {closeness}")
+    if kind not in ("mixture", "sparse"):
+        raise ValueError(f"kind: expected 'mixture' or 'sparse', got {kind!r}")
+
+
+def _as_probability_table(table: np.ndarray, name: str, *, allow_empty: bool = False) -> np.ndarray:
+    """Validate a ``[rows, V]`` table of probability rows and return it as read-only float64."""
+    array = np.array(table, dtype=np.float64)
+    if array.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array [rows, V], got {array.ndim} dimensions")
+    if array.shape[0] == 0 and allow_empty:
+        array.setflags(write=False)
+        return array
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"{name}: expected at least one row and one token, got shape {list(array.shape)}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name}: contains NaN or infinite entries")
+    if np.any(array < 0):
+        raise ValueError(f"{name}: probabilities must be non-negative, found {array.min()}")
+    row_sums = array.sum(axis=1)
+    worst = int(np.argmax(np.abs(row_sums - 1.0)))
+    if abs(row_sums[worst] - 1.0) > ROW_SUM_TOLERANCE:
+        raise ValueError(
+            f"{name}: every row must sum to 1 (tolerance {ROW_SUM_TOLERANCE}); row {worst} sums to "
+            f"{row_sums[worst]!r} — normalise it"
+        )
+    array.setflags(write=False)
+    return array
+
+
+def _check_tokens(tokens: Sequence[int], vocab_size: int, name: str) -> None:
+    for token in tokens:
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"{name}: token {token} is outside the vocabulary 0..{vocab_size - 1}")

@@ -1,0 +1,550 @@
+"""Verification rules of speculative decoding: one step, vectorised over a batch of requests.
+
+Shapes (docs/ARCHITECTURE.md): ``target_probs [B, K+1, V]``, ``draft_probs [B, K, V]``,
+``draft_tokens [B, K]`` int64; every rule returns ``VerifyResult(emitted [B, K+1] int64 padded
+with -1, num_accepted [B] int64)``.
+
+The lossless rule is modified rejection sampling (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding", Algorithm 1 and Theorem 1; Chen et al. 2023,
+"Accelerating Large Language Model Decoding with Speculative Sampling", Algorithm 2):
+
+    accept draft x_i  with probability  min(1, p_i(x_i) / q_i(x_i));
+    at the first rejected position n emit  t ~ (p_n - q_n)+ / sum((p_n - q_n)+);
+    if all drafts are accepted emit the bonus token  t ~ p_K.
+
+Uniform convention (shared by every rule here, by ``specverify.core.exact`` and by the tests): the
+randomness of one step is a float tensor ``u [B, K+1]`` with values in ``[0, 1)``.
+- column ``i < K``: draft ``i`` is accepted iff ``u_i * q_i(x_i) < p_i(x_i)``;
+- column ``K``: the correction-or-bonus token is the first ``t`` with
+  ``cumsum(r)[t] > u_K * sum(r)`` where ``r`` is the (unnormalised) final distribution of the row.
+With a ``generator`` instead of ``uniforms`` a rule draws exactly
+``torch.rand(B, K+1, generator=generator, dtype=torch.float64, device=target_probs.device)``.
+
+Ragged rows: ``num_draft`` (int64 ``[B]``, entries ``0..K``) gives row b ``n_b`` drafts; its
+positions ``i >= n_b`` of ``draft_tokens``/``draft_probs`` and ``i > n_b`` of ``target_probs``
+are ignored (they may hold padding such as ``-1`` tokens or zero rows), and its bonus
+distribution is ``target_probs[b, n_b]``.
+
+Numerics: only the gathered scalars ``p_i(x_i)``, ``q_i(x_i)`` and the one final distribution per
+row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a mass of 1e-8 in a
+128k vocabulary keeps its probability, and it can never land on a token of zero mass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+# --------------------------------------------------------------------------------------------
+# Row-sum tolerance.
+#
+# A probability row is accepted when |sum - 1| <= row_sum_tolerance(dtype, V).  The tolerance has
+# three parts:
+# - SUM_TOLERANCE_FLOOR = 1e-4: the producer of the probabilities (a softmax in fp32, top-k/top-p
+#   renormalisation) accumulates its normaliser over V terms; with fp32 and V = 128k that error is
+#   ~1e-6 typical and ~1e-2 only for a naive worst case.  1e-4 admits every real engine's fp32
+#   output while still rejecting logits, unnormalised scores or a forgotten renormalisation.
+#   It also applies to float64 input: a tighter check would buy nothing, since the rules
+#   normalise the final distribution themselves and an error of 1e-4 in the input is an error of
+#   at most 1e-4 in total variation of the step.
+# - RELATIVE_ROUNDING_SLACK * eps(dtype): casting each entry of an exact distribution to the dtype
+#   moves it by at most eps/2 relative, so the sum by at most eps/2; the factor 4 leaves room for
+#   a normaliser that was itself computed in that dtype, and for the rounding of the check's own
+#   sum, which is taken in the input dtype.  fp16: 3.9e-3, bf16: 3.1e-2.
+# - V * smallest_subnormal(dtype) / 2: entries below the dtype's subnormal spacing are flushed
+#   or rounded in absolute terms, at most half a subnormal ulp each.  Only fp16 is affected
+#   (2^-25 ≈ 3e-8 per entry: 3.9e-3 at V = 128k).
+# --------------------------------------------------------------------------------------------
+SUM_TOLERANCE_FLOOR = 1e-4
+RELATIVE_ROUNDING_SLACK = 4.0
+
+
+def row_sum_tolerance(dtype: torch.dtype, vocab_size: int) -> float:
+    """Largest accepted ``|sum(row) - 1|`` for a probability row of ``dtype`` and ``vocab_size``.
+
+    ``max(SUM_TOLERANCE_FLOOR, RELATIVE_ROUNDING_SLACK * eps) + vocab_size * smallest_subnormal / 2``
+    (see the comment above this function for the derivation).  Values: float64 and float32 1e-4
+    (+ nothing measurable), float16 3.9e-3 + V * 3.0e-8, bfloat16 3.1e-2.
+    """
+    info = torch.finfo(dtype)
+    smallest_subnormal = info.tiny * info.eps
+    return max(SUM_TOLERANCE_FLOOR, RELATIVE_ROUNDING_SLACK * info.eps) + vocab_size * smallest_subnormal / 2
+
+
+class VerifyResult(NamedTuple):
+    """Outcome of one verification step.
+
+    emitted: int64 ``[B, K+1]``: the accepted drafts, then one correction-or-bonus token, then -1.
+    num_accepted: int64 ``[B]``: accepted draft tokens per row (``0..n_b``).
+    """
+
+    emitted: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def validate_verify_inputs(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+    num_draft: torch.Tensor | None = None,
+    needs_randomness: bool = True,
+) -> None:
+    """Raise ``ValueError`` naming the argument when the inputs of a verification step are invalid.
+
+    Checks: tensor types and dtypes (float probabilities, int64 tokens and ``num_draft``), shapes
+    (``[B, K+1, V]``, ``[B, K, V]``, ``[B, K]``, ``[B]``, ``[B, K+1]``) with ``K >= 1``, one device
+    for everything (the generator's too), ``num_draft`` in ``0..K``; on the positions in use
+    (target ``i <= n_b``, drafts ``i < n_b``): no NaN/Inf, no negative entry, rows summing to 1
+    within :func:`row_sum_tolerance`, draft tokens in ``[0, V)``, and a positive draft probability
+    at each draft token (a token of draft probability 0 could not have been drawn).
+    ``draft_probs=None`` skips the draft-distribution checks (point-mass, greedy, typical rules).
+    With ``needs_randomness`` exactly one of ``generator`` and ``uniforms`` must be given, and
+    ``uniforms`` must be finite, in ``[0, 1)``, of shape ``[B, K+1]``.
+
+    All value checks are reduced on the device and read back with a single host sync.
+    """
+    _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, needs_randomness)
+    _, positions, vocab = target_probs.shape
+    num_draft_tokens = positions - 1
+    drafts, draft_used = _draft_layout(target_probs, draft_tokens, num_draft)
+    target_used = torch.arange(positions, device=target_probs.device) <= drafts[:, None]
+
+    problems: list[tuple[str, torch.Tensor]] = []
+    if num_draft is not None:
+        problems.append(
+            (f"num_draft: entries must lie in 0..K = 0..{num_draft_tokens}; pass the number of real "
+             "draft tokens of each row", (num_draft < 0) | (num_draft > num_draft_tokens))
+        )
+    problems += _distribution_problems("target_probs", target_probs, target_used)
+    tokens_in_range = (draft_tokens >= 0) & (draft_tokens < vocab)
+    problems.append(
+        (f"draft_tokens: token ids must lie in [0, V) = [0, {vocab}) within num_draft; "
+         "map the draft's ids into the target vocabulary", draft_used & ~tokens_in_range)
+    )
+    if draft_probs is not None:
+        problems += _distribution_problems("draft_probs", draft_probs, draft_used)
+        safe_tokens = torch.where(tokens_in_range, draft_tokens, 0)
+        q_at_token = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
+        problems.append(
+            ("draft_probs: a draft token has draft probability 0, so it could not have been drawn "
+             "from draft_probs; pass the distribution each draft token was actually sampled from",
+             draft_used & tokens_in_range & (q_at_token <= 0))
+        )
+    if uniforms is not None:
+        problems.append(
+            ("uniforms: values must be finite and lie in [0, 1); draw them with torch.rand",
+             ~((uniforms >= 0) & (uniforms < 1)))
+        )
+
+    flags = torch.stack([mask.any() for _, mask in problems]).tolist() if problems else []
+    for (message, mask), flagged in zip(problems, flags):
+        if flagged:
+            first = tuple(int(i) for i in mask.nonzero()[0].tolist())
+            raise ValueError(f"{message} (first offending index {first})")
+
+
+def _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, needs_randomness):
+    """Types, dtypes, shapes, devices and the generator/uniforms choice (no device reads)."""
+    for name, tensor in (("target_probs", target_probs), ("draft_tokens", draft_tokens)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if not target_probs.is_floating_point():
+        raise ValueError(f"target_probs: expected a floating-point tensor of probabilities, got {target_probs.dtype}")
+    if target_probs.dim() != 3:
+        raise ValueError(f"target_probs: expected shape [B, K+1, V], got {tuple(target_probs.shape)}")
+    batch, positions, vocab = target_probs.shape
+    if positions < 2:
+        raise ValueError(
+            f"target_probs: K = {positions - 1} draft positions; speculative verification needs K >= 1 "
+            "(target_probs [B, K+1, V] with K+1 >= 2)"
+        )
+    if vocab < 1:
+        raise ValueError("target_probs: the vocabulary dimension V is empty")
+    num_draft_tokens = positions - 1
+    device = target_probs.device
+    if draft_tokens.dtype != torch.int64:
+        raise ValueError(f"draft_tokens: expected dtype torch.int64, got {draft_tokens.dtype}; use .long()")
+    if tuple(draft_tokens.shape) != (batch, num_draft_tokens):
+        raise ValueError(
+            f"draft_tokens: expected shape [B, K] = {[batch, num_draft_tokens]} to match target_probs "
+            f"{list(target_probs.shape)}, got {list(draft_tokens.shape)}"
+        )
+    _check_device("draft_tokens", draft_tokens.device, device)
+    if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor) or not draft_probs.is_floating_point():
+            raise ValueError("draft_probs: expected a floating-point torch.Tensor of probabilities")
+        if draft_probs.dim() != 3 or draft_probs.shape[0] != batch:
+            raise ValueError(
+                f"draft_probs: expected shape [B, K, V] with B = {batch}, got {list(draft_probs.shape)}"
+            )
+        if draft_probs.shape[1] != num_draft_tokens:
+            raise ValueError(
+                f"draft_probs: K = {draft_probs.shape[1]} positions but target_probs has K+1 = {positions}; "
+                "target_probs needs one more position (the bonus) than draft_probs"
+            )
+        if draft_probs.shape[2] != vocab:
+            raise ValueError(
+                f"draft_probs: vocabulary size {draft_probs.shape[2]} differs from target_probs' {vocab}; "
+                "draft and target must share one vocabulary"
+            )
+        _check_device("draft_probs", draft_probs.device, device)
+    if num_draft is not None:
+        if not isinstance(num_draft, torch.Tensor) or num_draft.dtype != torch.int64:
+            raise ValueError("num_draft: expected an int64 torch.Tensor of shape [B]")
+        if tuple(num_draft.shape) != (batch,):
+            raise ValueError(f"num_draft: expected shape [B] = [{batch}], got {list(num_draft.shape)}")
+        _check_device("num_draft", num_draft.device, device)
+    if not needs_randomness:
+        return
+    if (generator is None) == (uniforms is None):
+        raise ValueError(
+            "generator/uniforms: pass exactly one source of randomness: a torch.Generator, or "
+            "uniforms [B, K+1] (to drive the rule exactly)"
+        )
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
+        _check_device("generator", generator.device, device)
+    if uniforms is not None:
+        if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point():
+            raise ValueError("uniforms: expected a floating-point torch.Tensor of shape [B, K+1]")
+        if tuple(uniforms.shape) != (batch, positions):
+            raise ValueError(f"uniforms: expected shape [B, K+1] = {[batch, positions]}, got {list(uniforms.shape)}")
+        _check_device("uniforms", uniforms.device, device)
+
+
+def _check_device(name: str, actual: torch.device, expected: torch.device) -> None:
+    same = actual.type == expected.type and (
+        actual.index is None or expected.index is None or actual.index == expected.index
+    )
+    if not same:
+        raise ValueError(f"{name}: on device {actual} but target_probs is on {expected}; move it with .to({str(expected)!r})")
+
+
+def _distribution_problems(name: str, probs: torch.Tensor, used: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Masks of rows (in use) that are not finite, have a negative entry, or do not sum to 1."""
+    # Summed in the input dtype (torch accumulates in float32 or wider; a float64 sum would copy the
+    # whole tensor); its rounding, at most eps/2 at 1, is inside the slack of row_sum_tolerance.
+    # The sum is not finite iff some entry is NaN or ±Inf.
+    sums = probs.sum(-1).to(torch.float64)
+    finite = torch.isfinite(sums)
+    tolerance = row_sum_tolerance(probs.dtype, probs.shape[-1])
+    return [
+        (f"{name}: contains NaN or Inf; pass probabilities, not logits", used & ~finite),
+        (f"{name}: contains negative entries; pass probabilities (e.g. softmax of the logits)",
+         used & finite & (probs.amin(-1) < 0)),
+        (f"{name}: a row does not sum to 1 (tolerance {tolerance:.3g} for {probs.dtype}, V={probs.shape[-1]}); "
+         "normalise each row after temperature/top-k/top-p", used & finite & ((sums - 1).abs() > tolerance)),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Shared steps of every rule
+# --------------------------------------------------------------------------------------------
+
+
+def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int, device: torch.device) -> torch.Tensor:
+    """``n_b`` per row: ``num_draft`` when given, else ``K`` for every row."""
+    if num_draft is None:
+        return torch.full((batch,), num_draft_tokens, dtype=torch.int64, device=device)
+    return num_draft
+
+
+def _step_uniforms(
+    target_probs: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None
+) -> torch.Tensor:
+    """The step's uniforms ``u [B, K+1]`` in float64: the injected ones, or exactly one draw."""
+    if uniforms is not None:
+        return uniforms.to(torch.float64)
+    batch, positions, _ = target_probs.shape
+    return torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=target_probs.device)
+
+
+def _draft_layout(
+    target_probs: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n_b`` per row (int64 ``[B]``) and the bool ``[B, K]`` mask of real draft positions (``i < n_b``)."""
+    batch, positions, _ = target_probs.shape
+    drafts = _num_drafts(num_draft, batch, positions - 1, target_probs.device)
+    in_draft = torch.arange(draft_tokens.shape[1], device=draft_tokens.device) < drafts[:, None]
+    return drafts, in_draft
+
+
+def _prob_at_tokens(probs: torch.Tensor, tokens: torch.Tensor, in_draft: torch.Tensor) -> torch.Tensor:
+    """``probs[b, i, tokens[b, i]]`` as float64 ``[B, K]`` (padding positions read token 0)."""
+    safe_tokens = torch.where(in_draft, tokens, 0)
+    return probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+
+
+def _leading_accepts(accept: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of ``True`` per row: the number of accepted drafts, int64 ``[B]``."""
+    return accept.to(torch.int64).cumprod(-1).sum(-1)
+
+
+def _rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``probs[b, positions[b]]`` for every row: ``[B, V]`` (positions beyond the end are clamped)."""
+    rows = torch.arange(probs.shape[0], device=probs.device)
+    return probs[rows, positions.clamp(max=probs.shape[1] - 1)]
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """First token ``t`` with ``cumsum(w)[t] > u * sum(w)``, per row; float64 ``weights [B, V] >= 0``.
+
+    ``sum(w)`` is the last cumulative sum.  For ``u < 1`` and a normal ``sum(w)``, ``u * sum(w)``
+    rounds below ``sum(w)``; for a subnormal total (masses ~1e-320) it can round up to it, so the
+    threshold is capped one ulp below the total and a token is always found.  Because the
+    cumulative sum strictly increases at ``t``, ``w[t] > 0``: a token of zero mass is never
+    returned (rows must have positive total mass).  ``weights`` is overwritten with its cumulative
+    sums (callers pass a temporary; no new ``[B, V]`` buffer).
+    """
+    cumulative = weights.cumsum_(-1)
+    total = cumulative[:, -1]
+    threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, threshold.unsqueeze(-1), right=True).squeeze(-1)
+
+
+def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final_token: torch.Tensor) -> torch.Tensor:
+    """``emitted [B, K+1]``: accepted drafts, the final token at column ``num_accepted``, then -1."""
+    batch, num_draft_tokens = draft_tokens.shape
+    columns = torch.arange(num_draft_tokens + 1, device=draft_tokens.device)
+    drafts = torch.cat([draft_tokens, draft_tokens.new_zeros(batch, 1)], dim=1)
+    emitted = torch.where(columns < num_accepted[:, None], drafts, -1)
+    return torch.where(columns == num_accepted[:, None], final_token[:, None], emitted)
+
+
+# --------------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------------
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+    num_draft: torch.Tensor | None = None,
+    validate: bool = True,
+) -> VerifyResult:
+    """Modified rejection sampling, the lossless rule (Leviathan et al. 2023 Algorithm 1; Chen et
+    al. 2023 Algorithm 2).
+
+    For each row, with ``p_i = target_probs[b, i]``, ``q_i = draft_probs[b, i]``, ``x_i = draft_tokens[b, i]``:
+    accept ``x_i`` iff ``u_i * q_i(x_i) < p_i(x_i)`` (probability ``min(1, p_i(x_i)/q_i(x_i))``),
+    stopping at the first rejection ``n``; then emit one token from
+    ``r = (p_n - q_n)+ / sum((p_n - q_n)+)`` (Chen et al. eq. for the residual; Leviathan et al.
+    ``p'(x) = norm(max(0, p(x) - q(x)))``), or from ``r = p_K`` (``p_{n_b}`` for ragged rows) when all
+    drafts were accepted, by inverse CDF with ``u_K``.  By Leviathan et al. Theorem 1 every emitted
+    token is distributed exactly as ``p`` at its position.
+
+    Rounding fallback: a rejection implies ``q_n(x_n) > p_n(x_n)``, so the exact residual has
+    positive mass; if the float64 residual nevertheless has none (``p_n`` and ``q_n`` sum to values
+    that differ by rounding, e.g. ``p_n = (1 - 1e-9) q_n``) the token is drawn from ``p_n`` instead.
+    That event has probability at most the rounding error of the rows, so it changes the step's
+    law by no more than that in total variation.
+
+    Vectorised: no loop over rows or positions, no host sync (besides validation's one), and only
+    ``[B, K]`` scalars and one ``[B, V]`` row per request are upcast to float64.
+    """
+    if validate:
+        validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
+    u = _step_uniforms(target_probs, generator, uniforms)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
+
+    p_at_draft = _prob_at_tokens(target_probs[:, :-1], draft_tokens, in_draft)
+    q_at_draft = _prob_at_tokens(draft_probs, draft_tokens, in_draft)
+    accept = in_draft & (u[:, :-1] * q_at_draft < p_at_draft)
+    num_accepted = _leading_accepts(accept)
+
+    rejected = num_accepted < drafts
+    # Few fresh [B, V] buffers (the first touch of new memory costs more than the arithmetic): the
+    # two gathered rows in the input dtype and two float64 rows, all later updates in place.
+    # Rejected rows: (p - q)+ in float64; accepted rows: p - 0 = p exactly (the clamp is then a
+    # no-op); rows whose residual rounds to all zeros (the fallback) get p added back: 0 + p = p.
+    p_final = _rows_at(target_probs, num_accepted)
+    q_final = _rows_at(draft_probs, num_accepted)
+    weights = p_final.to(torch.float64, copy=True)  # p_final is read again below
+    scratch = q_final.to(torch.float64)
+    weights.sub_(scratch.mul_(rejected[:, None])).clamp_(min=0)
+    fallback = rejected & (weights.sum(-1) <= 0)
+    weights.add_(scratch.copy_(p_final).mul_(fallback[:, None]))
+    final_token = _inverse_cdf(weights, u[:, -1])
+    return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
+
+
+def point_mass_verify(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+    num_draft: torch.Tensor | None = None,
+    validate: bool = True,
+) -> VerifyResult:
+    """Rejection sampling for deterministic drafts (n-gram / prompt lookup, draft top-1): lossless.
+
+    A deterministic draft is a draw from the point mass ``q_i = onehot(x_i)``; modified rejection
+    sampling (Leviathan et al. 2023 Algorithm 1) with that ``q`` accepts ``x_i`` iff
+    ``u_i < p_i(x_i)`` and, at the first rejection ``n``, samples from
+    ``(p_n - onehot(x_n))+ / sum(...)``, i.e. ``p_n`` with ``x_n`` zeroed and renormalised; the bonus
+    is drawn from ``p_K``.  Then ``P(first token = t) = p(x)[t = x] + (1 - p(x)) p(t)/(1 - p(x))[t != x]
+    = p(t)``.  The law is exact conditionally on every draft path, so the rule is lossless for any
+    drafts chosen independently of the step's uniforms (sampled ones too, at a lower acceptance
+    rate than :func:`rejection_sample`).  Same uniform convention, ragged rows and numerics as
+    :func:`rejection_sample`; the rounding fallback (residual with no mass while ``p_n(x_n) < 1``
+    by rounding) draws from ``p_n``.
+    """
+    if validate:
+        validate_verify_inputs(target_probs, None, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
+    u = _step_uniforms(target_probs, generator, uniforms)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
+
+    p_at_draft = _prob_at_tokens(target_probs[:, :-1], draft_tokens, in_draft)
+    accept = in_draft & (u[:, :-1] < p_at_draft)
+    num_accepted = _leading_accepts(accept)
+
+    rejected = num_accepted < drafts
+    p_final = _rows_at(target_probs, num_accepted).to(torch.float64)
+    safe_tokens = torch.where(in_draft, draft_tokens, 0)
+    rejected_token = safe_tokens.gather(-1, num_accepted.clamp(max=draft_tokens.shape[1] - 1).unsqueeze(-1))
+    residual = p_final.scatter(-1, rejected_token, 0.0)
+    use_residual = rejected & (residual.sum(-1) > 0)
+    final_weights = torch.where(use_residual[:, None], residual, p_final)
+    final_token = _inverse_cdf(final_weights, u[:, -1])
+    return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
+
+
+def greedy_verify(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    num_draft: torch.Tensor | None = None,
+    validate: bool = True,
+) -> VerifyResult:
+    """Greedy verification: accept ``x_i`` while ``x_i == argmax p_i``, then emit ``argmax p_n``.
+
+    ``argmax`` is ``torch.argmax`` (the first maximal index on ties).  The emitted tokens are
+    always a prefix of the target's own greedy decoding (the temperature-0 limit of Leviathan et
+    al. 2023 Algorithm 1, where ``p`` is a point mass).  Uses no randomness.
+    """
+    if validate:
+        validate_verify_inputs(target_probs, None, draft_tokens, num_draft=num_draft, needs_randomness=False)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
+
+    greedy_tokens = target_probs.argmax(-1)  # [B, K+1]
+    accept = in_draft & (draft_tokens == greedy_tokens[:, :-1])
+    num_accepted = _leading_accepts(accept)
+    final_token = greedy_tokens.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)
+    return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
+
+
+def typical_acceptance_verify(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+    threshold: float = 0.09,
+    alpha: float = 0.3,
+    num_draft: torch.Tensor | None = None,
+    validate: bool = True,
+) -> VerifyResult:
+    """Medusa typical acceptance (Cai et al. 2024, "Medusa", §2.3.1). **LOSSY: it does not sample
+    from the target.**  It exists so that users and tests can watch a lossy rule being caught.
+
+    Accept ``x_i`` while ``p_i(x_i) > min(threshold, alpha * exp(-H(p_i)))`` with
+    ``H(p) = -sum p log p`` (natural log, ``0 log 0 = 0``); the acceptance is deterministic, so the
+    uniform columns ``i < K`` are unused.  At the first rejection ``n`` emit a token drawn from
+    ``p_n`` (not from a residual), or the bonus from ``p_{n_b}`` when all drafts pass, by inverse
+    CDF with ``u_K``.  With ``A`` the set of tokens that pass, the first token has the law
+    ``P(t) = q(t) [t in A] + q(not A) p(t)``, not ``p``: e.g. ``p = [0.5, 0.5]``, ``q = [0.9, 0.1]``
+    passes both tokens and emits token 0 with probability 0.9 (total variation 0.4).
+    """
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"threshold: expected a finite number >= 0 (Medusa uses 0.09), got {threshold!r}")
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha: expected a finite number >= 0 (Medusa uses 0.3), got {alpha!r}")
+    if validate:
+        validate_verify_inputs(target_probs, None, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
+    u = _step_uniforms(target_probs, generator, uniforms)
+    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
+
+    draft_positions = target_probs[:, :-1]
+    entropy_input = draft_positions if draft_positions.dtype in (torch.float32, torch.float64) else draft_positions.float()
+    entropy = torch.special.entr(entropy_input).sum(-1, dtype=torch.float64)  # [B, K]
+    bar = torch.clamp(alpha * torch.exp(-entropy), max=threshold)
+    p_at_draft = _prob_at_tokens(draft_positions, draft_tokens, in_draft)
+    accept = in_draft & (p_at_draft > bar)
+    num_accepted = _leading_accepts(accept)
+
+    p_final = _rows_at(target_probs, num_accepted).to(torch.float64)
+    final_token = _inverse_cdf(p_final, u[:, -1])
+    return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
+
+
+# --------------------------------------------------------------------------------------------
+# SPEC §1 adapters: (target_probs, draft_probs, draft_tokens, generator) -> emitted [B, K+1].
+# Each also takes ``uniforms=`` so that specverify.core.exact can drive it exactly.
+# --------------------------------------------------------------------------------------------
+
+
+def verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The built-in ``reference`` sampler (SPEC §1): :func:`rejection_sample`'s emitted tokens."""
+    return rejection_sample(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms).emitted
+
+
+def point_mass_as_verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SPEC §1 adapter of :func:`point_mass_verify`; ``draft_probs`` is ignored (each draft is
+    treated as a point mass; lossless for any drafts independent of the step's randomness)."""
+    return point_mass_verify(target_probs, draft_tokens, generator, uniforms=uniforms).emitted
+
+
+def greedy_as_verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SPEC §1 adapter of :func:`greedy_verify`; ``draft_probs``, ``generator`` and ``uniforms`` are
+    accepted and ignored (greedy verification uses no randomness)."""
+    return greedy_verify(target_probs, draft_tokens).emitted
+
+
+def typical_acceptance_as_verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SPEC §1 adapter of :func:`typical_acceptance_verify` (LOSSY, Medusa defaults
+    ``threshold=0.09``, ``alpha=0.3``); ``draft_probs`` is ignored."""
+    return typical_acceptance_verify(target_probs, draft_tokens, generator, uniforms=uniforms).emitted

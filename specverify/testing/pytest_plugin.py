@@ -1,0 +1,122 @@
+"""pytest plugin for specverify (registered through the ``pytest11`` entry point).
+
+Options:
+- ``--impl TARGET``: the implementation under test for the property suite and the
+  ``specverify_impl`` fixture (``path.py:function``, ``package.module:function`` or a built-in
+  name; default ``reference``);
+- ``--specverify-seed N|random``: the base seed every statistical check derives its own seed
+  from (default 0, reproducible); ``random`` draws a fresh one and prints it;
+- ``--specverify-alpha A``: the family-wise false-positive budget of the whole run's
+  statistical checks (default 1e-3), split across the checks by Bonferroni;
+- ``--specverify-budget quick|standard|thorough|N``: the sample budget of audits run through the
+  ``lossless_audit`` / ``assert_lossless`` fixtures (default ``standard``).
+
+Fixtures for engine test suites (one line each)::
+
+    def test_my_sampler_is_lossless(assert_lossless):
+        assert_lossless(my_verify)            # or assert_lossless() for the --impl target
+
+    def test_report(lossless_audit):
+        report = lossless_audit(my_verify)    # the AuditReport, without asserting
+
+Both audit with the run's seed, α and budget (keyword arguments override them); nothing is kept
+between tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from specverify.auditing.loading import load_target
+from specverify.core.seeding import parse_base_seed
+
+DEFAULT_SUITE_ALPHA = 1e-3
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("specverify", "specverify: speculative decoding verification")
+    group.addoption("--impl", default="reference", help="implementation under test (file.py:fn, pkg.mod:fn or built-in)")
+    group.addoption("--specverify-seed", default="0", help="base seed for statistical checks: an integer or 'random'")
+    group.addoption(
+        "--specverify-alpha", type=float, default=DEFAULT_SUITE_ALPHA,
+        help="family-wise false-positive budget of the run's statistical checks (default 1e-3)",
+    )
+    group.addoption(
+        "--specverify-budget", default="standard",
+        help="sample budget of the lossless_audit/assert_lossless fixtures: quick, standard, thorough or N",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (
+        "gpu: needs CUDA; skips with a reason where CUDA is absent",
+        "slow: long checks kept out of the default run",
+        "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
+    ):
+        config.addinivalue_line("markers", line)
+    config._specverify_base_seed = parse_base_seed(config.getoption("--specverify-seed"))  # type: ignore[attr-defined]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (
+        f"specverify: impl={config.getoption('--impl')} base-seed={config._specverify_base_seed} "  # type: ignore[attr-defined]
+        f"suite-alpha={config.getoption('--specverify-alpha')}"
+    )
+
+
+@pytest.fixture(scope="session")
+def specverify_base_seed(pytestconfig: pytest.Config) -> int:
+    """The run's base seed (0 unless ``--specverify-seed`` says otherwise)."""
+    return pytestconfig._specverify_base_seed  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def specverify_suite_alpha(pytestconfig: pytest.Config) -> float:
+    """The run's family-wise false-positive budget for statistical checks."""
+    return float(pytestconfig.getoption("--specverify-alpha"))
+
+
+@pytest.fixture(scope="session")
+def specverify_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """The implementation under test, resolved from ``--impl``."""
+    return load_target(pytestconfig.getoption("--impl"))
+
+
+@pytest.fixture
+def lossless_audit(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """``lossless_audit(fn=None, **options) -> AuditReport``: audit ``fn`` (default: the ``--impl``
+    target) with the run's seed, α and budget; ``options`` override any :func:`specverify.audit` argument."""
+    from specverify.auditing.runner import audit
+
+    def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
+        settings = _audit_settings(pytestconfig)
+        settings.update(options)
+        return audit(pytestconfig.getoption("--impl") if fn is None else fn, **settings)
+
+    return run
+
+
+@pytest.fixture
+def assert_lossless(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """``assert_lossless(fn=None, **options)``: like ``lossless_audit`` but fails the test with the
+    audit's explanation (which check, inputs, observed vs expected, p-value, TV) unless no loss was
+    detected; returns the report."""
+    from specverify.auditing.runner import assert_lossless as assert_lossless_function
+
+    def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
+        settings = _audit_settings(pytestconfig)
+        settings.update(options)
+        return assert_lossless_function(pytestconfig.getoption("--impl") if fn is None else fn, **settings)
+
+    return run
+
+
+def _audit_settings(config: pytest.Config) -> dict[str, Any]:
+    return {
+        "seed": config._specverify_base_seed,  # type: ignore[attr-defined]
+        "alpha": float(config.getoption("--specverify-alpha")),
+        "budget": config.getoption("--specverify-budget"),
+    }

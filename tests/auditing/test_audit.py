@@ -1,0 +1,189 @@
+"""The sampler-level audit: verdicts, budgets and power, the catalog of known bugs, assert_lossless."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specverify
+from specverify.core import stats
+from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, assert_lossless, audit, plan_checks
+from specverify.auditing.sampler import POWER, SamplerBattery, resolve_budget
+from specverify.auditing.catalog import CATALOG
+from specverify.core.rules import verify as reference
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+VECTORIZED = f"{EXAMPLES / 'vectorized_verify.py'}:verify"
+BUGGY_BONUS = f"{EXAMPLES / 'buggy_bonus.py'}:verify"
+
+
+def battery_checks(fn=reference):
+    battery = SamplerBattery()
+    return battery.checks(battery.open_session(fn, device="cpu", timeout_s=10))
+
+
+STATISTICAL_SMALL_VOCAB = [c.name for c in battery_checks() if c.statistical and c.name != "large-vocabulary"]
+CONTRACT = ["randomness-source", "inputs-unchanged"]
+
+
+@pytest.fixture(scope="module")
+def reference_quick():
+    return audit("reference", budget="quick")
+
+
+@pytest.mark.statistical
+def test_reference_passes_at_quick(reference_quick):
+    report = reference_quick
+    assert report.exit_code == EXIT_PASS and report.verdict == "no loss detected", report.explain()
+    assert all(c.verdict == "pass" for c in report.checks)
+    exact_check = next(c for c in report.checks if c.name == "exact-step")
+    assert exact_check.empirical_tv < 1e-9
+    assert "α = 0.001" in report.summary and "power 0.99" in report.summary and "TV ≥ 0.05" in report.summary
+
+
+def test_battery_covers_the_required_cases():
+    checks = {c.name: c for c in battery_checks()}
+    ks = {c.parameters["K"] for c in checks.values() if "K" in c.parameters}
+    assert {1, 2, 4, 8} <= ks
+    assert {"bonus-position", "correction-position", "disjoint-supports", "zeros-both-sides", "near-one-hot",
+            "near-uniform", "tiny-masses", "large-vocabulary", "acceptance-rate", "exact-step",
+            "randomness-source", "inputs-unchanged"} <= set(checks)
+    assert checks["large-vocabulary"].parameters["V"] >= 32_000
+    loops = [c for c in checks.values() if c.name.startswith("decoding-loop")]
+    assert loops and all(c.parameters["L"] >= 3 for c in loops)
+    assert all(c.parameters["chains"] >= 2 for c in checks.values() if c.kind == "goodness-of-fit"
+               and c.name != "large-vocabulary")
+
+
+def test_functions_without_uniforms_get_no_exact_check():
+    def no_uniforms(target_probs, draft_probs, draft_tokens, generator):
+        return reference(target_probs, draft_probs, draft_tokens, generator)
+
+    assert "exact-step" not in {c.name for c in battery_checks(no_uniforms)}
+
+
+@pytest.mark.parametrize("budget, epsilon", [("quick", 0.05), ("standard", 0.02), ("thorough", 0.01)])
+def test_named_budgets_size_every_check_for_their_tv(budget, epsilon):
+    checks = battery_checks()
+    plans, share = plan_checks(checks, resolve_budget(budget), 1e-3, 0, "sampler")
+    statistical = [(c, p) for c, p in zip(checks, plans) if c.statistical]
+    assert share == pytest.approx(1e-3 / len(statistical))
+    for check, plan in statistical:
+        assert plan.n == plan.n_required == check.required_samples(epsilon, alpha=share, power=POWER)
+        assert plan.detectable_tv <= epsilon
+        if check.kind == "goodness-of-fit":  # n is the power calculation's minimum: used/minimum = 1.0
+            assert plan.n == stats.sample_size_for_tv(epsilon, alpha=share, power=POWER, num_cells=check.num_cells)
+            assert stats.power_at(plan.n, epsilon, alpha=share, num_cells=check.num_cells) >= POWER
+
+
+def test_fixed_budget_reports_the_tv_it_can_detect():
+    checks = battery_checks()
+    plans, share = plan_checks(checks, resolve_budget(5000), 1e-3, 0, "sampler")
+    for check, plan in zip(checks, plans):
+        if check.statistical:
+            assert plan.n == 5000 and 0.02 < plan.detectable_tv < 1
+
+
+def test_seeds_depend_on_the_base_seed_and_the_check():
+    checks = battery_checks()
+    first, _ = plan_checks(checks, resolve_budget("quick"), 1e-3, 0, "sampler")
+    again, _ = plan_checks(checks, resolve_budget("quick"), 1e-3, 0, "sampler")
+    other, _ = plan_checks(checks, resolve_budget("quick"), 1e-3, 1, "sampler")
+    assert [p.seed for p in first] == [p.seed for p in again]
+    assert len({p.seed for p in first}) == len(first)
+    assert all(a.seed != b.seed for a, b in zip(first, other))
+
+
+@pytest.mark.parametrize("bad", ["fast", "3", 0, -5, True, "1e3"])
+def test_bad_budgets_are_value_errors(bad):
+    with pytest.raises(ValueError, match="budget"):
+        resolve_budget(bad)
+
+
+def test_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="alpha"):
+        audit(reference, alpha=2.0)
+    with pytest.raises(ValueError, match="level"):
+        audit(reference, level="kernel")
+    with pytest.raises(ValueError, match="checks"):
+        audit(reference, checks=["no-such-check"])
+    with pytest.raises(ValueError, match="timeout_s"):
+        audit(reference, timeout_s=0)
+    with pytest.raises(ValueError, match="device"):
+        audit(reference, device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where CUDA is absent")
+def test_cuda_without_cuda_is_a_value_error():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        audit(reference, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.statistical
+def test_audit_on_cuda_tensors():
+    report = audit(VECTORIZED, device="cuda", budget=3000,
+                   checks=["randomness-source", "exact-step", "step-K8-tail", "large-vocabulary", "inputs-unchanged"])
+    assert report.exit_code == EXIT_PASS, report.explain()
+
+
+def test_unloadable_target_could_not_be_audited():
+    report = audit("no/such/file.py:verify", budget="quick")
+    assert report.exit_code == EXIT_ERROR and "does not exist" in report.summary
+
+
+def test_package_exports_the_audit_functions():
+    assert specverify.audit is audit and specverify.assert_lossless is assert_lossless
+
+
+# --------------------------------------------------------------------------------------------
+# Known bugs
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_catalog_entry_is_caught_by_the_statistical_and_contract_checks(name):
+    """Reduced default-run budget (3000 samples per check, small vocabularies, no exact check: what a
+    third-party function without uniforms= gets)."""
+    report = audit(f"catalog:{name}", budget=3000, checks=STATISTICAL_SMALL_VOCAB + CONTRACT)
+    assert report.exit_code == EXIT_FAIL, report.explain()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CATALOG if n not in ("global_torch_rng", "reseeded_every_call",
+                                                                        "batch_rows_rolled")))
+def test_exact_check_measures_the_loss_of_catalog_entries(name):
+    report = audit(f"catalog:{name}", checks=["exact-step"])
+    assert report.exit_code == EXIT_FAIL and report.checks[0].empirical_tv > 1e-6, report.explain()
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_catalog_entry_is_caught_at_standard(name):
+    report = audit(f"catalog:{name}", budget="standard")
+    assert report.exit_code == EXIT_FAIL, report.explain()
+
+
+@pytest.mark.statistical
+def test_buggy_bonus_example_is_caught_at_the_bonus_position():
+    report = audit(BUGGY_BONUS, budget="quick", checks=["bonus-position", "step-K8-head"])
+    verdicts = {c.name: c.verdict for c in report.checks}
+    assert report.exit_code == EXIT_FAIL and verdicts["bonus-position"] == "fail"
+
+
+def test_assert_lossless_explains_the_failure():
+    with pytest.raises(AssertionError) as caught:
+        assert_lossless(BUGGY_BONUS, budget="quick", checks=["bonus-position"])
+    text = str(caught.value)
+    for fragment in ("LOSS DETECTED", "bonus-position", "what it checks", "inputs: ", "family=identical",
+                     "observed", "expected", "p-value", "estimated TV", "--seed 0"):
+        assert fragment in text, text
+
+
+@pytest.mark.statistical
+def test_assert_lossless_returns_the_report_of_a_lossless_function():
+    report = assert_lossless(VECTORIZED, budget=2000, checks=["step-K2", "decoding-loop-order1"])
+    assert report.exit_code == EXIT_PASS
