@@ -67,22 +67,30 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from specverify.core import stats
-from specverify.auditing.sampler import (
+from specverify.auditing.checks import (
+    Check,
+    CheckKind,
     CheckResult,
     InputsUnchangedCheck,
     Plan,
     SampleBudget,
+    Verdict,
     goodness_of_fit_result,
     resolve_budget,
-    skipped_result,
 )
-from specverify.auditing.faults import Fault, call_with_deadline, preserved_global_rng, seed_global_rng
+from specverify.auditing.faults import (
+    FaultKind,
+    call_with_deadline,
+    preserved_global_rng,
+    seed_global_rng,
+    validate_new_tokens,
+)
 from specverify.testing.harness import CallLog
 from specverify.core.seeding import derive_seed
 
@@ -204,30 +212,6 @@ class DecoderModels:
 # --------------------------------------------------------------------------------------------
 
 
-def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:
-    """Check one output against SPEC §2 and return it on the CPU: an int64 tensor
-    ``[max_new_tokens]`` of ids in ``[0, V)``; raises :class:`Fault` (``malformed``) otherwise."""
-    if not isinstance(result, torch.Tensor):
-        raise Fault("malformed", f"returned a {type(result).__name__}, expected an int64 tensor [max_new_tokens]")
-    tokens = result.detach()
-    if tokens.is_floating_point() and bool(torch.isnan(tokens).any()):
-        raise Fault("malformed", f"returned NaN token ids: {tokens.tolist()}")
-    if tokens.dtype != torch.int64:
-        raise Fault("malformed", f"returned dtype {tokens.dtype}, expected torch.int64 token ids (convert with .long())")
-    if tuple(tokens.shape) != (max_new_tokens,):
-        hint = " (return only the new tokens, without the prompt or a batch dimension)" if tokens.dim() != 1 or \
-            tokens.numel() != max_new_tokens else ""
-        raise Fault("malformed", f"returned shape {tuple(tokens.shape)}, expected [max_new_tokens] = "
-                                 f"[{max_new_tokens}]{hint}")
-    tokens = tokens.cpu()
-    outside = (tokens < 0) | (tokens >= vocab_size)
-    if bool(outside.any()):
-        position = int(outside.nonzero()[0, 0])
-        raise Fault("malformed", f"returned token id {int(tokens[position])} at position {position}, outside the "
-                                 f"vocabulary [0, {vocab_size})")
-    return tokens
-
-
 class GuardedGenerate:
     """Calls the SPEC §2 function with every guard of :mod:`specverify.auditing.faults`: a per-call
     deadline, exception capture, output validation and input-mutation detection (``input_ids``
@@ -287,7 +271,7 @@ def _tokens_label(index: int, vocab_size: int, length: int) -> str:
 
 
 @dataclass
-class DeterminismCheck:
+class DeterminismCheck(Check):
     """Same seed, different global RNG states → the same tokens; same seed and states twice → the
     same tokens.  Randomness from anywhere but ``seed`` is a contract violation (exit 1)."""
 
@@ -295,10 +279,8 @@ class DeterminismCheck:
     description: str
     strata: tuple[Stratum, ...]
     length: int
-    kind: str = "contract"
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-    statistical = False
 
     def __post_init__(self) -> None:
         self.parameters = {"strata": [stratum_label(s) for s in self.strata], "max_new_tokens": self.length}
@@ -310,27 +292,26 @@ class DeterminismCheck:
                 first, repeat, other = (self._call(session, stratum, seed, derive_seed(plan.seed, "global", number, g))
                                         for g in (1, 1, 2))
             if not torch.equal(first, repeat):
-                return self._failed(f"two calls with the same seed and the same global RNG states returned different "
+                return self._failed(plan, f"two calls with the same seed and the same global RNG states returned different "
                                     f"tokens ({stratum_label(stratum)}): the decoder draws randomness from outside "
                                     "both (OS entropy, time, threads); derive everything from `seed`")
             if not torch.equal(first, other):
-                return self._failed(f"the tokens changed when only the global RNG seeds changed (same `seed`, "
+                return self._failed(plan, f"the tokens changed when only the global RNG seeds changed (same `seed`, "
                                     f"{stratum_label(stratum)}): the decoder samples from the global torch/numpy/"
                                     "random RNG instead of deriving its randomness from `seed`")
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "pass",
+        return self.report(plan, Verdict.PASS,
                            f"same seed, same tokens, whatever the global RNG states ({len(self.strata)} prompts)")
 
     def _call(self, session: DecoderSession, stratum: Stratum, seed: int, global_seed: int) -> torch.Tensor:
         seed_global_rng(global_seed)
         return session.function(stratum, self.length, seed, where=f"{self.name}, {stratum_label(stratum)}")
 
-    def _failed(self, message: str) -> CheckResult:
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail", message,
-                           fault="global-rng")
+    def _failed(self, plan: Plan, message: str) -> CheckResult:
+        return self.report(plan, Verdict.FAIL, message, fault=FaultKind.GLOBAL_RNG)
 
 
 @dataclass
-class SeedSensitivityCheck:
+class SeedSensitivityCheck(Check):
     """k calls with k different seeds at temperature > 0 must not all return the same tokens.
 
     Under the target law P a lossless decoder returns k identical continuations with probability
@@ -342,10 +323,8 @@ class SeedSensitivityCheck:
     stratum: Stratum
     length: int
     law: np.ndarray
-    kind: str = "exact"
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-    statistical = False
 
     def __post_init__(self) -> None:
         self.calls = MAX_SEED_CALLS
@@ -365,13 +344,13 @@ class SeedSensitivityCheck:
             message = (f"{self.calls} different seeds all gave {next(iter(outputs))} ({stratum_label(self.stratum)}); a "
                        f"lossless decoder does so with probability {self.false_alarm:.2g}: the output ignores `seed`, "
                        "so it cannot follow the target's law")
-            return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail", message)
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "pass",
+            return self.report(plan, Verdict.FAIL, message)
+        return self.report(plan, Verdict.PASS,
                            f"{len(outputs)} distinct continuations from {self.calls} seeds")
 
 
 @dataclass
-class GreedyIdentityCheck:
+class GreedyIdentityCheck(Check):
     """Temperature 0: the new tokens must equal the target's own greedy continuation exactly."""
 
     name: str
@@ -379,10 +358,8 @@ class GreedyIdentityCheck:
     cases: tuple[Stratum, ...]
     length: int
     models: DecoderModels
-    kind: str = "exact"
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-    statistical = False
 
     def __post_init__(self) -> None:
         self.expected = [self.models.greedy(prompt, self.length) for _, prompt in self.cases]
@@ -398,31 +375,29 @@ class GreedyIdentityCheck:
                 position = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
                 message = (f"{stratum_label(case)}: generated {got}, but the target's greedy continuation is "
                            f"{expected} (first difference at new token {position})")
-                return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail", message,
+                return self.report(plan, Verdict.FAIL, message,
                                    statistic=float(position))
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "pass",
+        return self.report(plan, Verdict.PASS,
                            f"identical to the target's greedy decoding in all {len(self.cases)} cases")
 
 
 @dataclass
-class ModelsUnchangedCheck:
+class ModelsUnchangedCheck(Check):
     """After all other checks: the target's and the draft's parameters are unchanged."""
 
     name: str
     description: str
-    kind: str = "contract"
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
     parameters: dict[str, Any] = field(default_factory=dict)
-    num_cells: int = 0
-    statistical = False
 
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
         if session.function.log.calls == 0:
-            return skipped_result(self, plan, "no call of the function completed")
+            return self.skipped(plan, "no call of the function completed")
         changed = session.models.changed()
         if changed:
-            return CheckResult(self.name, self.description, self.kind, {}, "fail",
-                               f"the decoder modified the parameters of the {' and '.join(changed)} model", fault="mutation")
-        return CheckResult(self.name, self.description, self.kind, {}, "pass",
+            return self.report(plan, Verdict.FAIL,
+                               f"the decoder modified the parameters of the {' and '.join(changed)} model", fault=FaultKind.MUTATION)
+        return self.report(plan, Verdict.PASS,
                            f"the models' parameters are unchanged after {session.function.log.calls} calls")
 
 
@@ -446,7 +421,7 @@ class CellMap:
 
 
 @dataclass
-class SequenceLawCheck:
+class SequenceLawCheck(Check):
     """The joint law of the L new tokens over strata (setting, prompt), against the exact law."""
 
     name: str
@@ -454,9 +429,9 @@ class SequenceLawCheck:
     strata: tuple[Stratum, ...]
     length: int
     laws: np.ndarray  # [S, V**L]
-    kind: str = "goodness-of-fit"
     parameters: dict[str, Any] = field(init=False)
-    statistical = True
+    kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+    statistical: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.vocab_size = round(self.laws.shape[1] ** (1 / self.length))

@@ -35,21 +35,38 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import torch
 
-FAULT_KINDS = ("exception", "timeout", "malformed", "mutation", "global-rng")
-COULD_NOT_AUDIT_KINDS = ("exception", "timeout", "malformed")
+from specverify.core import outputs
+
+class FaultKind(StrEnum):
+    """What went wrong in one call (the module table).  The first three leave nothing to judge
+    ("could not audit"); the last two are contract violations judged as failures."""
+
+    EXCEPTION = "exception"
+    TIMEOUT = "timeout"
+    MALFORMED = "malformed"
+    MUTATION = "mutation"
+    GLOBAL_RNG = "global-rng"
+
+    @property
+    def violates_contract(self) -> bool:
+        """True when the function did produce output, and that output breaks the contract."""
+        return self in (FaultKind.MUTATION, FaultKind.GLOBAL_RNG)
 
 
 class Fault(Exception):
     """Something the implementation under audit did wrong in one call (see the module table)."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"kind: expected one of {FAULT_KINDS}, got {kind!r}")
+    def __init__(self, kind: FaultKind | str, message: str) -> None:
+        try:
+            kind = FaultKind(kind)
+        except ValueError:
+            raise ValueError(f"kind: expected one of {[k.value for k in FaultKind]}, got {kind!r}") from None
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -140,62 +157,26 @@ def _call_in_thread(fn: Callable[..., Any], args: tuple, timeout_s: float, what:
 
 
 # --------------------------------------------------------------------------------------------
-# Output validation (SPEC §1)
+# Output validation (SPEC §1, §2): specverify.core.outputs, as faults
 # --------------------------------------------------------------------------------------------
 
 
-def emitted_tensor(result: Any) -> torch.Tensor:
-    """The ``emitted`` tensor of a function's return value: the tensor itself, or the ``emitted``
-    field of a result object such as :class:`specverify.core.rules.VerifyResult`."""
-    if isinstance(result, torch.Tensor):
-        return result
-    emitted = getattr(result, "emitted", None)
-    if isinstance(emitted, torch.Tensor):
-        return emitted
-    raise Fault("malformed", f"returned a {type(result).__name__}, expected an int64 tensor [B, K+1] of emitted tokens")
+def _malformed_as_fault(validate: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return validate(*args)
+    except outputs.MalformedOutput as error:
+        raise Fault(FaultKind.MALFORMED, str(error)) from None
 
 
 def validate_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check one call's output against SPEC §1 and return ``(emitted, lengths)`` on the CPU.
+    """:func:`specverify.core.outputs.validate_emitted` for a guarded call: the violations of the
+    output become one :class:`Fault` of kind ``malformed``."""
+    return _malformed_as_fault(outputs.validate_emitted, result, draft_tokens, vocab_size)
 
-    ``emitted`` must be an int64 tensor ``[B, K+1]``; row b holds ``m_b ≥ 1`` tokens in
-    ``[0, V)`` followed only by ``-1``; its first ``m_b − 1`` tokens (the accepted slots) equal
-    the draft tokens.  ``lengths[b] = m_b``.  Raises :class:`Fault` (``malformed``) naming the
-    first offending row.
-    """
-    emitted = emitted_tensor(result).detach()
-    batch, num_draft = draft_tokens.shape
-    if emitted.is_floating_point() and bool(torch.isnan(emitted).any()):
-        row = int(torch.isnan(emitted).any(dim=-1).nonzero()[0, 0])
-        raise Fault("malformed", f"returned NaN token ids (row {row}: {emitted[row].tolist()})")
-    if emitted.dtype != torch.int64:
-        raise Fault("malformed", f"returned dtype {emitted.dtype}, expected torch.int64 token ids (convert with .long())")
-    if tuple(emitted.shape) != (batch, num_draft + 1):
-        raise Fault("malformed", f"returned shape {tuple(emitted.shape)}, expected [B, K+1] = [{batch}, {num_draft + 1}]")
-    emitted = emitted.cpu()
-    padding = emitted == -1
-    out_of_range = ~padding & ((emitted < 0) | (emitted >= vocab_size))
-    if bool(out_of_range.any()):
-        row, col = (int(i) for i in out_of_range.nonzero()[0])
-        raise Fault("malformed", f"returned token id {int(emitted[row, col])} outside [0, {vocab_size}) "
-                                 f"(row {row}, slot {col}; -1 is the only allowed padding)")
-    lengths = (~padding).long().cumprod(dim=-1).sum(dim=-1)
-    after_padding = ~padding & (torch.arange(num_draft + 1) >= lengths[:, None])
-    if bool(after_padding.any()):
-        row = int(after_padding.any(dim=-1).nonzero()[0, 0])
-        raise Fault("malformed", f"emitted a token after -1 padding (row {row}: {emitted[row].tolist()})")
-    if bool((lengths == 0).any()):
-        row = int((lengths == 0).nonzero()[0, 0])
-        raise Fault("malformed", f"emitted no token in row {row} (every step emits at least the "
-                                 "correction-or-bonus token)")
-    accepted_slot = torch.arange(num_draft)[None, :] < (lengths[:, None] - 1)
-    wrong_slot = accepted_slot & (emitted[:, :num_draft] != draft_tokens.cpu())
-    if bool(wrong_slot.any()):
-        row, col = (int(i) for i in wrong_slot.nonzero()[0])
-        raise Fault("malformed", f"emitted {int(emitted[row, col])} in accepted slot {col} of row {row}, but the "
-                                 f"draft token there is {int(draft_tokens[row, col])}: only accepted draft tokens "
-                                 "may precede the one correction-or-bonus token")
-    return emitted, lengths
+
+def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:
+    """:func:`specverify.core.outputs.validate_new_tokens` for a guarded call (SPEC §2)."""
+    return _malformed_as_fault(outputs.validate_new_tokens, result, max_new_tokens, vocab_size)
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specverify.core import stats
-from specverify.auditing.sampler import POWER, CheckResult, Plan, SampleBudget, resolve_budget, result_from_fault, skipped_result
-from specverify.auditing.faults import Fault, preserved_global_rng, seed_global_rng
+from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
+from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
 
@@ -50,7 +50,6 @@ DEFAULT_BUDGET = "standard"
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 _FILE_MODULE_PREFIX = "_specverify_target_"  # the private module names specverify.auditing.loading gives .py files
-_LOSS_KINDS = ("goodness-of-fit", "binomial", "exact")
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to
@@ -85,11 +84,11 @@ class AuditReport:
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
-        return tuple(c for c in self.checks if c.verdict == "fail")
+        return tuple(c for c in self.checks if c.verdict is Verdict.FAIL)
 
     @property
     def errors(self) -> tuple[CheckResult, ...]:
-        return tuple(c for c in self.checks if c.verdict == "error")
+        return tuple(c for c in self.checks if c.verdict is Verdict.ERROR)
 
     def explain(self) -> str:
         """A readable account of the verdict: the headline, then each failing or erroring check
@@ -255,7 +254,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                     result = check.run(session, plan)
                 except Fault as fault:
                     result = result_from_fault(check, plan, fault)
-                    if fault.kind == "timeout":
+                    if fault.kind is FaultKind.TIMEOUT:
                         hung = check.name
             extra = {"seconds": time.perf_counter() - started}
             if log is not None:
@@ -269,18 +268,18 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
 def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) -> tuple[str, int, str, float | None]:
     statistical = [r for r in results if r.alpha is not None]
     detectable = max((r.detectable_tv for r in statistical if r.detectable_tv is not None), default=None)
-    failed = [r for r in results if r.verdict == "fail"]
-    errors = [r for r in results if r.verdict == "error"]
+    failed = [r for r in results if r.verdict is Verdict.FAIL]
+    errors = [r for r in results if r.verdict is Verdict.ERROR]
     if failed:
         names = ", ".join(r.name for r in failed)
-        if any(r.kind in _LOSS_KINDS for r in failed):
+        if any(r.kind.detects_loss for r in failed):
             return "loss detected", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
         return "contract violated", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
     if errors:
         reasons = "; ".join(f"{r.name}: {r.message}" for r in errors[:3])
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         return "could not audit", EXIT_ERROR, reasons + more, detectable
-    if not statistical or any(r.verdict != "pass" for r in statistical):
+    if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
         return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable
     summary = (f"no loss detected at α = {alpha:g} (family-wise; Bonferroni over {len(statistical)} checks, "
                f"{share:.3g} each) with power {POWER:g} against TV ≥ {detectable:.3g} in any check's cells")

@@ -1,17 +1,6 @@
-"""The audit's battery of checks: the generic check and budget types, and the sampler level (SPEC §1).
+"""The sampler level of the audit (SPEC §1): test distributions, checks and the battery.
 
-A *battery* is the list of checks of one audit level.  :func:`specverify.auditing.runner.audit` plans each
-check's sample size from the budget, runs the checks in order with a guarded session of the
-function, and aggregates their verdicts; a level only has to provide a :class:`Battery`
-(``open_session`` + ``checks``) and register it in :data:`specverify.auditing.runner.LEVELS`.
-
-Statistical honesty.  Every statistical check is a level-α test with its own share of the
-audit's family-wise α (Bonferroni: α_share = α / #statistical checks, valid under any dependence).
-Its sample size is the smallest n at which it detects a deviation of total variation ε in the law
-of its cells with power ≥ :data:`POWER` (:func:`specverify.core.stats.sample_size_for_tv`, a
-noncentral-χ² bound using χ² ≥ 4·TV², so it holds for every alternative at distance ε), or, under
-a fixed budget of N samples, it reports the ε it can detect (:func:`specverify.core.stats.detectable_tv`).
-The exact check and the contract checks are deterministic and take no share of α.
+The check framework (budgets, plans, results, power sizing) is :mod:`specverify.auditing.checks`.
 
 The sampler battery (:class:`SamplerBattery`, in run order):
 
@@ -35,18 +24,42 @@ the same laws in every audit; the audit's seed only drives the sampling.
 
 from __future__ import annotations
 
-import functools
 import inspect
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from specverify.auditing.checks import (  # the framework names are re-exported for the 0.1 path specverify.battery
+    BUDGETS,
+    POWER,
+    Battery,
+    Check,
+    CheckKind,
+    CheckResult,
+    ChiSquareCheck,
+    InputsUnchangedCheck,
+    Plan,
+    Verdict,
+    binomial_detectable_rate,
+    binomial_sample_size,
+    SampleBudget,
+    goodness_of_fit_result,
+    resolve_budget,
+    result_from_fault,
+    skipped_result,
+)
+from specverify.auditing.faults import (
+    Fault,
+    FaultKind,
+    call_with_deadline,
+    probe_randomness,
+    seed_global_rng,
+    validate_emitted,
+)
 from specverify.core import stats
-from specverify.auditing.faults import Fault, call_with_deadline, probe_randomness, seed_global_rng, validate_emitted
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
     ChainBank,
@@ -62,229 +75,8 @@ from specverify.testing.harness import (
 )
 from specverify.core.seeding import derive_seed
 
-POWER = 0.99
-"""Power every statistical check is sized for (β = 0.01)."""
-
 EXACT_TOLERANCE = 1e-9
 """An exact TV above this fails the exact check (integration rounding is ~1e-13)."""
-
-BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
-"""Named budgets: the TV deviation every statistical check detects with power ≥ POWER."""
-
-VERDICTS = ("pass", "fail", "error", "skipped")
-
-
-# --------------------------------------------------------------------------------------------
-# Budgets, plans and results
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SampleBudget:
-    """How many samples each statistical check draws.
-
-    Named budgets fix the deviation ``epsilon`` (TV) every check must detect with power ≥ POWER
-    and derive each check's n from it; a fixed budget gives every check ``samples`` draws and
-    reports the deviation each can then detect.
-    """
-
-    name: str
-    epsilon: float | None = None
-    samples: int | None = None
-
-    def describe(self) -> str:
-        if self.epsilon is not None:
-            return f"{self.name} (each check sized to detect TV ≥ {self.epsilon:g} with power {POWER:g})"
-        return f"{self.samples} samples per check"
-
-
-def resolve_budget(budget: str | int | SampleBudget) -> SampleBudget:
-    """``quick`` (TV 0.05), ``standard`` (0.02), ``thorough`` (0.01), or N samples per check."""
-    if isinstance(budget, SampleBudget):
-        return budget
-    if isinstance(budget, bool):
-        raise ValueError(f"budget: expected quick, standard, thorough or a positive integer, got {budget!r}")
-    if isinstance(budget, int) or (isinstance(budget, str) and budget.strip().isdigit()):
-        samples = int(budget)
-        if samples < 10:
-            raise ValueError(f"budget: a fixed budget needs at least 10 samples per check, got {samples}")
-        return SampleBudget(str(samples), samples=samples)
-    if isinstance(budget, str) and budget.strip().lower() in BUDGETS:
-        name = budget.strip().lower()
-        return SampleBudget(name, epsilon=BUDGETS[name])
-    raise ValueError(f"budget: expected quick, standard, thorough or a positive integer N, got {budget!r}")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the audit gives one check: its sample size, level and seed.
-
-    n: samples to draw (0 for deterministic checks); n_required: the theoretical minimum for the
-    budget's ε (equal to n for named budgets); alpha: the check's share of the family-wise α
-    (None for deterministic checks); detectable_tv: the TV it detects with power ≥ POWER at n;
-    seed: the check's own seed, derived from its name and parameters and the audit's base seed.
-    """
-
-    n: int
-    n_required: int
-    alpha: float | None
-    detectable_tv: float | None
-    seed: int
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """Outcome of one check (the rows of the report).
-
-    verdict: ``pass`` | ``fail`` (loss or contract violation) | ``error`` (the function could not be
-    audited on this check: it raised, hung or returned malformed output) | ``skipped`` (not
-    applicable, or not run after a timeout).  ``statistic``/``pvalue`` come from the check's test;
-    ``empirical_tv`` is the plug-in TV of the observed cell frequencies (for the exact check: the
-    exact TV of one step); ``observed``/``expected`` are per-cell counts and probabilities with
-    ``cell_labels``; ``acceptance`` holds ``{"observed": counts of 0..K accepted, "expected":
-    probabilities}`` where the theory is known; ``fault`` the fault kind that stopped or failed the
-    check; ``calls``/``rows`` the function calls and rows it evaluated; ``seconds`` is wall time
-    (the only non-deterministic field).
-    """
-
-    name: str
-    description: str
-    kind: str
-    parameters: Mapping[str, Any]
-    verdict: str
-    message: str
-    n: int = 0
-    n_required: int = 0
-    num_cells: int = 0
-    statistic: float | None = None
-    pvalue: float | None = None
-    alpha: float | None = None
-    empirical_tv: float | None = None
-    detectable_tv: float | None = None
-    observed: tuple[int, ...] | None = None
-    expected: tuple[float, ...] | None = None
-    cell_labels: tuple[str, ...] | None = None
-    acceptance: Mapping[str, tuple[float, ...]] | None = None
-    fault: str | None = None
-    calls: int = 0
-    rows: int = 0
-    seconds: float = 0.0
-
-
-class Check(Protocol):
-    """One check of a battery.
-
-    ``statistical`` checks take a share of α and a sample size: the audit calls
-    ``required_samples`` (named budgets) and ``detectable_tv`` (every budget) to plan them; the
-    others (exact, contract) get ``Plan(n=0, alpha=None)``.  ``run`` returns the check's result
-    (build it with :func:`goodness_of_fit_result` for cell-count tests) or raises a
-    :class:`~specverify.auditing.faults.Fault` that the audit turns into an ``error``/``fail`` result.
-    """
-
-    name: str
-    description: str  # one sentence for readers of the report
-    kind: str  # "goodness-of-fit" | "binomial" | "exact" | "contract"
-    parameters: Mapping[str, Any]  # JSON-able; part of the check's seed
-    num_cells: int
-
-    @property
-    def statistical(self) -> bool: ...
-
-    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int: ...
-
-    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float: ...
-
-    def run(self, session: Any, plan: Plan) -> CheckResult: ...
-
-
-class Battery(Protocol):
-    """The checks of one audit level: ``open_session`` wraps the function under audit (guards,
-    call log), ``checks`` lists the checks to run, in order, against that session.  A level whose
-    named budgets mean other TVs may also define ``resolve_budget(budget) -> SampleBudget``
-    (the audit uses it instead of :func:`resolve_budget`)."""
-
-    level: str
-
-    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> Any: ...
-
-    def checks(self, session: Any) -> list[Check]: ...
-
-
-def result_from_fault(check: Check, plan: Plan, fault: Fault) -> CheckResult:
-    """The result of a check whose run was stopped by a fault: ``fail`` for contract violations
-    (mutation, global RNG), ``error`` for everything that leaves nothing to judge."""
-    verdict = "fail" if fault.kind in ("mutation", "global-rng") else "error"
-    return CheckResult(check.name, check.description, check.kind, dict(check.parameters), verdict, fault.message,
-                       n=0, n_required=plan.n_required, num_cells=check.num_cells, alpha=plan.alpha,
-                       detectable_tv=plan.detectable_tv, fault=fault.kind)
-
-
-def skipped_result(check: Check, plan: Plan, reason: str) -> CheckResult:
-    return CheckResult(check.name, check.description, check.kind, dict(check.parameters), "skipped", reason,
-                       n_required=plan.n_required, num_cells=check.num_cells, alpha=plan.alpha,
-                       detectable_tv=plan.detectable_tv)
-
-
-# --------------------------------------------------------------------------------------------
-# Goodness-of-fit and binomial verdicts
-# --------------------------------------------------------------------------------------------
-
-
-def _top_deviations(counts: np.ndarray, expected: np.ndarray, labels: tuple[str, ...], limit: int = 3) -> str:
-    frequency = counts / max(1, counts.sum())
-    order = np.argsort(-np.abs(frequency - expected), kind="stable")[:limit]
-    return "; ".join(f"{labels[i]}: observed {frequency[i]:.4f} vs expected {expected[i]:.4f}" for i in order)
-
-
-def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expected: np.ndarray,
-                           labels: tuple[str, ...], acceptance: Mapping[str, tuple[float, ...]] | None) -> CheckResult:
-    """Pearson goodness of fit of the observed cell counts against the target law (stats module:
-    cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
-    a sample fell in a cell of probability 0)."""
-    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/α draws it could never
-    # fall below the check's α share, and the check could not fail.
-    draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
-    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=draws)
-    failed = fit.pvalue <= plan.alpha
-    if fit.impossible_count:
-        impossible = [labels[i] for i in np.flatnonzero((expected == 0) & (counts > 0))[:3]]
-        message = (f"emitted {fit.impossible_count} sample(s) of target probability 0 "
-                   f"({', '.join(impossible)}): certain loss")
-    elif failed:
-        message = (f"the emitted tokens do not follow the target's law: p-value {fit.pvalue:.3g} ≤ α share "
-                   f"{plan.alpha:.3g}; estimated TV {fit.empirical_tv:.4f}; largest deviations: "
-                   f"{_top_deviations(counts, expected, labels)}")
-    else:
-        message = f"consistent with the target's law (p-value {fit.pvalue:.3g} > α share {plan.alpha:.3g})"
-    return CheckResult(
-        check.name, check.description, check.kind, dict(check.parameters), "fail" if failed else "pass", message,
-        n=int(counts.sum()), n_required=plan.n_required, num_cells=len(expected), statistic=float(fit.statistic),
-        pvalue=float(fit.pvalue), alpha=plan.alpha, empirical_tv=float(fit.empirical_tv),
-        detectable_tv=plan.detectable_tv, observed=tuple(int(c) for c in counts),
-        expected=tuple(float(e) for e in expected), cell_labels=labels, acceptance=acceptance,
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _binomial_sample_size(delta: float, p0: float, alpha: float, power: float) -> int:
-    return stats.binomial_sample_size(delta, p0=p0, alpha=alpha, power=power)
-
-
-@functools.lru_cache(maxsize=1024)
-def _binomial_detectable_rate(n: int, p0: float, alpha: float, power: float) -> float:
-    """Smallest rate excess δ that the one-sided exact binomial test with n trials detects with
-    ``power`` (bisection on :func:`specverify.core.stats.binomial_power`, increasing in δ)."""
-    low, high = 0.0, 1.0 - p0
-    if stats.binomial_power(n, high, p0=p0, alpha=alpha) < power:
-        return math.inf
-    for _ in range(50):
-        middle = (low + high) / 2
-        if stats.binomial_power(n, middle, p0=p0, alpha=alpha) >= power:
-            high = middle
-        else:
-            low = middle
-    return high
-
 
 # --------------------------------------------------------------------------------------------
 # Test distributions (fixed: derived from each check's name, not from the audit's seed)
@@ -412,28 +204,8 @@ class SamplerSession:
     batch_rows: int = DEFAULT_BATCH_ROWS
 
 
-# Power calculations are pure functions of their arguments and cost ~0.1 s each; audits in one
-# process (test suites) repeat them with the same arguments.
-_sample_size_for_tv = functools.lru_cache(maxsize=4096)(stats.sample_size_for_tv)
-_detectable_tv = functools.lru_cache(maxsize=4096)(stats.detectable_tv)
-
-
-class _ChiSquareSized:
-    """Planning of a Pearson test on ``num_cells`` cells: the n that detects TV ε with the given
-    power at level α, and the TV detectable at a given n (noncentral χ², :mod:`specverify.core.stats`)."""
-
-    num_cells: int
-    statistical = True
-
-    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        return _sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self.num_cells)
-
-    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        return _detectable_tv(n, alpha=alpha, power=power, num_cells=self.num_cells)
-
-
 @dataclass
-class StepLawCheck(_ChiSquareSized):
+class StepLawCheck(ChiSquareCheck):
     """One verification step per row; the law of a window of the completed tokens, jointly.
 
     Cells: (chain of the row, cell of each window position); ``top_cells`` > 0 pools each
@@ -450,7 +222,6 @@ class StepLawCheck(_ChiSquareSized):
     window: tuple[int, int]
     family: str
     top_cells: int = 0
-    kind: str = "goodness-of-fit"
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -530,7 +301,7 @@ class StepLawCheck(_ChiSquareSized):
 
 
 @dataclass
-class DecodingLoopCheck(_ChiSquareSized):
+class DecodingLoopCheck(ChiSquareCheck):
     """Whole decoding loops (continuous batching, K varying per call) on Markov chains; the joint
     law of the first L tokens of every sequence against the target's (cells: chain × V^L)."""
 
@@ -539,7 +310,6 @@ class DecodingLoopCheck(_ChiSquareSized):
     bank: ChainBank
     length: int
     draft_schedule: tuple[int, ...]
-    kind: str = "goodness-of-fit"
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -563,7 +333,7 @@ class DecodingLoopCheck(_ChiSquareSized):
 
 
 @dataclass
-class AcceptanceRateCheck:
+class AcceptanceRateCheck(Check):
     """Single-draft steps: P(first emitted token == draft token) must not exceed Σ_x min(p(x), q(x)).
 
     Coupling inequality: if the output y ~ p and the draft x ~ q, then P(y = x) ≤ 1 − TV(p, q) =
@@ -575,7 +345,7 @@ class AcceptanceRateCheck:
     name: str
     description: str
     bank: ChainBank
-    kind: str = "binomial"
+    kind: ClassVar[CheckKind] = CheckKind.BINOMIAL
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = 2
 
@@ -584,13 +354,13 @@ class AcceptanceRateCheck:
         self.parameters = {"chain": "positional", "family": "random", "K": 1, "V": self.bank.vocab_size,
                            "chains": self.bank.num_chains, "acceptance bound": round(self.bound, 12)}
 
-    statistical = True
+    statistical: ClassVar[bool] = True
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        return _binomial_sample_size(epsilon, self.bound, alpha, power)
+        return binomial_sample_size(epsilon, self.bound, alpha, power)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        return _binomial_detectable_rate(n, self.bound, alpha, power)
+        return binomial_detectable_rate(n, self.bound, alpha, power)
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         sample = sample_steps(session.function, Tables(self.bank), num_draft=1, window=(0, 1), n=plan.n,
@@ -606,11 +376,10 @@ class AcceptanceRateCheck:
         else:
             message = f"acceptance {rate:.4f} within the bound Σ min(p, q) = {self.bound:.4f} (p-value {test.pvalue:.3g})"
         n_rejected = plan.n - sample.first_is_draft
-        return CheckResult(
-            self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass", message,
-            n=plan.n, n_required=plan.n_required, num_cells=2, statistic=float(sample.first_is_draft),
-            pvalue=float(test.pvalue), alpha=plan.alpha, empirical_tv=max(0.0, rate - self.bound),
-            detectable_tv=plan.detectable_tv, observed=(sample.first_is_draft, n_rejected),
+        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message,
+            n=plan.n, num_cells=2, statistic=float(sample.first_is_draft),
+            pvalue=float(test.pvalue), empirical_tv=max(0.0, rate - self.bound),
+            observed=(sample.first_is_draft, n_rejected),
             expected=(self.bound, 1.0 - self.bound), cell_labels=("first token = draft", "first token ≠ draft"),
         )
 
@@ -624,21 +393,20 @@ def accepts_uniforms(fn: Callable[..., Any]) -> bool:
 
 
 @dataclass
-class ExactStepCheck:
+class ExactStepCheck(Check):
     """Exact integration over the uniforms (specverify.core.exact) of one step on small chains; cannot
     flake.  Only for functions that take ``uniforms=`` (docs/ARCHITECTURE.md convention)."""
 
     name: str
     description: str
     cases: tuple[tuple[str, ChainBank, int], ...]
-    kind: str = "exact"
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = 0
 
     def __post_init__(self) -> None:
         self.parameters = {"cases": [f"{label} (V={bank.vocab_size}, K={k})" for label, bank, k in self.cases]}
 
-    statistical = False
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         from specverify.core import exact
@@ -667,18 +435,18 @@ class ExactStepCheck:
 
         outcome = call_with_deadline(integrate, (), 10 * session.timeout_s, what=f"exact integration ({self.name})")
         if isinstance(outcome, str):
-            return skipped_result(self, plan, f"exact integration not possible: {outcome}")
+            return self.skipped(plan, f"exact integration not possible: {outcome}")
         worst = max(range(len(outcome)), key=lambda i: outcome[i])
         failed = outcome[worst] > EXACT_TOLERANCE
         summary = ", ".join(f"{label}: {tv:.3g}" for (label, _, _), tv in zip(self.cases, outcome))
         message = (f"exact TV of one step = {outcome[worst]:.6g} on {self.cases[worst][0]} (> {EXACT_TOLERANCE:g}): "
                    f"lossy; per case {summary}" if failed else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass",
+        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS,
                            message, empirical_tv=float(outcome[worst]), statistic=float(outcome[worst]))
 
 
 @dataclass
-class RandomnessSourceCheck:
+class RandomnessSourceCheck(Check):
     """All randomness must come from ``generator`` (SPEC §1): same generator seed under different
     global seeds (torch, numpy, random) → same output; the same run twice → same output; a second
     call with the advanced generator → a different output.  A violation is a contract failure
@@ -689,14 +457,13 @@ class RandomnessSourceCheck:
     bank: ChainBank
     num_draft: int
     rows: int
-    kind: str = "contract"
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = 0
 
     def __post_init__(self) -> None:
         self.parameters = {"K": self.num_draft, "V": self.bank.vocab_size, "rows": self.rows}
 
-    statistical = False
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         tables = Tables(self.bank)
@@ -713,7 +480,7 @@ class RandomnessSourceCheck:
         probe = probe_randomness(run_twice, derive_seed(plan.seed, "function"),
                                  (derive_seed(plan.seed, "global", 1), derive_seed(plan.seed, "global", 2)))
         if probe.uses_only_generator:
-            return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "pass",
+            return self.report(plan, Verdict.PASS,
                                "the output depends on the generator's stream only")
         if not probe.repeatable:
             message = ("the output changed between two runs with the same generator seed and the same global "
@@ -727,34 +494,8 @@ class RandomnessSourceCheck:
             message = ("two successive calls with the same generator gave identical outputs on inputs that "
                        "need randomness: the function reseeds or ignores `generator`, so successive steps reuse "
                        "the same random numbers")
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail", message,
-                           fault="global-rng")
-
-
-@dataclass
-class InputsUnchangedCheck:
-    """After all other checks: no call may have modified its input tensors (every call received
-    fresh copies, compared with the harness's own afterwards)."""
-
-    name: str
-    description: str
-    kind: str = "contract"
-    parameters: dict[str, Any] = field(default_factory=dict)
-    num_cells: int = 0
-
-    statistical = False
-
-    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        log = session.function.log
-        if log.calls == 0:
-            return skipped_result(self, plan, "no call of the function completed")
-        if log.mutations:
-            shown = "; ".join(log.mutations[:3]) + (f"; … {len(log.mutations) - 3} more" if len(log.mutations) > 3 else "")
-            return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "fail",
-                               f"the function modified its inputs in {len(log.mutations)} of {log.calls} calls ({shown}); "
-                               "engines reuse these buffers, so work on copies", fault="mutation")
-        return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "pass",
-                           f"no input tensor changed in {log.calls} calls")
+        return self.report(plan, Verdict.FAIL, message,
+                           fault=FaultKind.GLOBAL_RNG)
 
 
 # --------------------------------------------------------------------------------------------
@@ -856,3 +597,13 @@ _STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
                          "sampling (the target's 7 most likely tokens and one cell for the rest).",
      "zipf", 32768, 1, 1, (0, 1), 7),
 )
+
+
+__all__ = [
+    "SamplerBattery", "SamplerSession", "StepLawCheck", "DecodingLoopCheck", "AcceptanceRateCheck", "ExactStepCheck",
+    "RandomnessSourceCheck", "step_laws", "positional_family_bank", "markov_family_bank", "accepts_uniforms",
+    "EXACT_TOLERANCE",
+    # re-exported from specverify.auditing.checks (0.1 path specverify.battery)
+    "BUDGETS", "POWER", "Battery", "Check", "CheckResult", "InputsUnchangedCheck", "Plan", "SampleBudget",
+    "goodness_of_fit_result", "resolve_budget", "result_from_fault", "skipped_result",
+]

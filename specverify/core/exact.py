@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specverify.core import outputs
 from specverify.core.chains import Chain
 
 Distribution = dict[tuple[int, ...], float]
@@ -519,26 +520,15 @@ def _call_rule(
                 "add `uniforms=None` following the convention of docs/ARCHITECTURE.md, or audit it statistically"
             ) from error
         raise
-    emitted = result.emitted if hasattr(result, "emitted") else result
-    if not isinstance(emitted, torch.Tensor):
-        raise ValueError(f"rule: expected the emitted tokens as a torch tensor, got {type(emitted).__name__}")
-    expected_shape = [target_probs.shape[0], target_probs.shape[1]]
-    if list(emitted.shape) != expected_shape:
-        raise ValueError(f"rule: expected emitted of shape [B, K+1] = {expected_shape}, got {list(emitted.shape)}")
-    if emitted.dtype.is_floating_point or emitted.dtype.is_complex or emitted.dtype == torch.bool:
-        raise ValueError(f"rule: expected integer emitted tokens, got dtype {emitted.dtype}")
-    return emitted.detach().cpu().to(torch.int64).numpy()
+    try:
+        emitted, _ = outputs.validate_emitted(result, draft_tokens, target_probs.shape[-1])
+    except outputs.MalformedOutput as error:
+        raise outputs.MalformedOutput([f"rule: {problem}" for problem in error.violations]) from None
+    return emitted.numpy()
 
 
 def _encode_emitted(emitted: np.ndarray, vocab_size: int) -> np.ndarray:
-    """One integer per row: ``Σ_j (e_j + 1) (V+1)^j``, after checking the ``-1`` padding format."""
-    if emitted.size and (emitted.min() < -1 or emitted.max() >= vocab_size):
-        raise ValueError(f"rule: emitted tokens must lie in 0..{vocab_size - 1}, or be -1 padding")
-    present = emitted >= 0
-    if emitted.shape[1] and not present[:, 0].all():
-        raise ValueError("rule: a row emitted no token; every step must emit at least the correction-or-bonus token")
-    if (present[:, 1:] & ~present[:, :-1]).any():
-        raise ValueError("rule: a row has a token after -1 padding; emitted must be tokens, then -1 padding")
+    """One integer per row: ``Σ_j (e_j + 1) (V+1)^j`` (emitted already validated, -1 padded)."""
     place_values = (vocab_size + 1) ** np.arange(emitted.shape[1], dtype=np.int64)
     return (emitted + 1) @ place_values
 

@@ -1,0 +1,341 @@
+"""The check framework shared by every audit level: verdicts, budgets, plans, results, checks.
+
+A *battery* is the list of checks of one audit level.  :func:`specverify.auditing.runner.audit`
+plans each check's sample size from the budget, runs the checks in order with a guarded session
+of the function, and aggregates their verdicts; a level only has to provide a :class:`Battery`
+(``open_session`` + ``checks``) and register it in :data:`specverify.auditing.runner.LEVELS`.
+
+Statistical honesty.  Every statistical check is a level-α test with its own share of the
+audit's family-wise α (Bonferroni: α_share = α / #statistical checks, valid under any dependence).
+Its sample size is the smallest n at which it detects a deviation of total variation ε in the law
+of its cells with power ≥ :data:`POWER` (:func:`specverify.core.stats.sample_size_for_tv`, a
+noncentral-χ² bound using χ² ≥ 4·TV², so it holds for every alternative at distance ε), or, under
+a fixed budget of N samples, it reports the ε it can detect (:func:`specverify.core.stats.detectable_tv`).
+Exact and contract checks are deterministic and take no share of α.
+
+Every check derives from :class:`Check` (deterministic) or :class:`ChiSquareCheck` (a Pearson
+test on ``num_cells`` cells) and reports through :meth:`Check.report`, the one place a
+:class:`CheckResult` is built.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from specverify.auditing.faults import Fault, FaultKind
+from specverify.core import stats
+
+POWER = 0.99
+"""Power every statistical check is sized for (β = 0.01)."""
+
+BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
+"""Named budgets: the TV deviation every statistical check detects with power ≥ POWER."""
+
+
+class Verdict(StrEnum):
+    """Outcome of one check.  ``fail``: loss or contract violation; ``error``: the function could
+    not be judged on this check (it raised, hung, crashed or returned malformed output);
+    ``skipped``: not applicable, or not run."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+class CheckKind(StrEnum):
+    """What a check tests.  A failure of a loss-detecting kind is "loss detected"; a failure of a
+    ``contract`` check is "contract violated"."""
+
+    GOODNESS_OF_FIT = "goodness-of-fit"
+    BINOMIAL = "binomial"
+    EXACT = "exact"
+    CONTRACT = "contract"
+
+    @property
+    def detects_loss(self) -> bool:
+        return self is not CheckKind.CONTRACT
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets, plans and results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleBudget:
+    """How many samples each statistical check draws.
+
+    Named budgets fix the deviation ``epsilon`` (TV) every check must detect with power ≥ POWER
+    and derive each check's n from it; a fixed budget gives every check ``samples`` draws and
+    reports the deviation each can then detect.
+    """
+
+    name: str
+    epsilon: float | None = None
+    samples: int | None = None
+
+    def describe(self) -> str:
+        if self.epsilon is not None:
+            return f"{self.name} (each check sized to detect TV ≥ {self.epsilon:g} with power {POWER:g})"
+        return f"{self.samples} samples per check"
+
+
+def resolve_budget(budget: str | int | SampleBudget) -> SampleBudget:
+    """``quick`` (TV 0.05), ``standard`` (0.02), ``thorough`` (0.01), or N samples per check."""
+    if isinstance(budget, SampleBudget):
+        return budget
+    if isinstance(budget, bool):
+        raise ValueError(f"budget: expected quick, standard, thorough or a positive integer, got {budget!r}")
+    if isinstance(budget, int) or (isinstance(budget, str) and budget.strip().isdigit()):
+        samples = int(budget)
+        if samples < 10:
+            raise ValueError(f"budget: a fixed budget needs at least 10 samples per check, got {samples}")
+        return SampleBudget(str(samples), samples=samples)
+    if isinstance(budget, str) and budget.strip().lower() in BUDGETS:
+        name = budget.strip().lower()
+        return SampleBudget(name, epsilon=BUDGETS[name])
+    raise ValueError(f"budget: expected quick, standard, thorough or a positive integer N, got {budget!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the audit gives one check: its sample size, level and seed.
+
+    n: samples to draw (0 for deterministic checks); n_required: the theoretical minimum for the
+    budget's ε (equal to n for named budgets); alpha: the check's share of the family-wise α
+    (None for deterministic checks); detectable_tv: the TV it detects with power ≥ POWER at n;
+    seed: the check's own seed, derived from its name and parameters and the audit's base seed.
+    """
+
+    n: int
+    n_required: int
+    alpha: float | None
+    detectable_tv: float | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one check (the rows of the report).
+
+    verdict: ``pass`` | ``fail`` (loss or contract violation) | ``error`` (the function could not be
+    audited on this check: it raised, hung or returned malformed output) | ``skipped`` (not
+    applicable, or not run after a timeout).  ``statistic``/``pvalue`` come from the check's test;
+    ``empirical_tv`` is the plug-in TV of the observed cell frequencies (for the exact check: the
+    exact TV of one step); ``observed``/``expected`` are per-cell counts and probabilities with
+    ``cell_labels``; ``acceptance`` holds ``{"observed": counts of 0..K accepted, "expected":
+    probabilities}`` where the theory is known; ``fault`` the fault kind that stopped or failed the
+    check; ``calls``/``rows`` the function calls and rows it evaluated; ``seconds`` is wall time
+    (the only non-deterministic field).
+    """
+
+    name: str
+    description: str
+    kind: CheckKind
+    parameters: Mapping[str, Any]
+    verdict: Verdict
+    message: str
+    n: int = 0
+    n_required: int = 0
+    num_cells: int = 0
+    statistic: float | None = None
+    pvalue: float | None = None
+    alpha: float | None = None
+    empirical_tv: float | None = None
+    detectable_tv: float | None = None
+    observed: tuple[int, ...] | None = None
+    expected: tuple[float, ...] | None = None
+    cell_labels: tuple[str, ...] | None = None
+    acceptance: Mapping[str, tuple[float, ...]] | None = None
+    fault: str | None = None
+    calls: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+
+class Check:
+    """Base of every check: identity, planning hooks and the one way to report.
+
+    Subclasses (dataclasses) set ``name``, ``description``, ``parameters`` (JSON-able; part of the
+    check's seed) and the class attribute ``kind``, and implement ``run(session, plan)``, which
+    returns :meth:`report` (or raises a :class:`~specverify.auditing.faults.Fault` that the audit
+    turns into a result with :meth:`from_fault`).  ``statistical`` checks take a share of α and a
+    sample size: the audit calls ``required_samples`` (named budgets) and ``detectable_tv`` (every
+    budget) to plan them; the others get ``Plan(n=0, alpha=None)``.
+    """
+
+    name: str
+    description: str  # one sentence for readers of the report
+    parameters: Mapping[str, Any]
+    kind: ClassVar[CheckKind]
+    statistical: ClassVar[bool] = False
+    num_cells: int = 0
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        raise NotImplementedError(f"{type(self).__name__} is not a statistical check")
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__} is not a statistical check")
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        raise NotImplementedError
+
+    def report(self, plan: Plan, verdict: Verdict | str, message: str, **measured: Any) -> CheckResult:
+        """:func:`check_report` of this check."""
+        return check_report(self, plan, verdict, message, **measured)
+
+    def skipped(self, plan: Plan, reason: str) -> CheckResult:
+        return check_report(self, plan, Verdict.SKIPPED, reason)
+
+    def from_fault(self, plan: Plan, fault: Fault) -> CheckResult:
+        return result_from_fault(self, plan, fault)
+
+
+class Battery(Protocol):
+    """The checks of one audit level: ``open_session`` wraps the function under audit (guards,
+    call log), ``checks`` lists the checks to run, in order, against that session.  A level whose
+    named budgets mean other TVs may also define ``resolve_budget(budget) -> SampleBudget``
+    (the audit uses it instead of :func:`resolve_budget`)."""
+
+    level: str
+
+    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> Any: ...
+
+    def checks(self, session: Any) -> list[Check]: ...
+
+
+def check_report(check: Any, plan: Plan, verdict: Verdict | str, message: str, **measured: Any) -> CheckResult:
+    """The one place a :class:`CheckResult` is built: the identity of ``check`` (its ``name``,
+    ``description``, ``kind``, ``parameters``, ``num_cells``), its ``plan`` (``n_required``, α share,
+    detectable TV), the verdict and message, and whatever the check measured (``n``, ``pvalue``,
+    ``observed``, ...; a measured ``parameters`` or ``num_cells`` replaces the check's own)."""
+    fields: dict[str, Any] = {"n_required": plan.n_required, "num_cells": getattr(check, "num_cells", 0),
+                              "alpha": plan.alpha, "detectable_tv": plan.detectable_tv}
+    fields.update(measured)
+    parameters = fields.pop("parameters", check.parameters)
+    return CheckResult(check.name, check.description, CheckKind(check.kind), dict(parameters), Verdict(verdict),
+                       message, **fields)
+
+
+def result_from_fault(check: Any, plan: Plan, fault: Fault) -> CheckResult:
+    """The result of a run stopped by ``fault``: ``fail`` for contract violations (the function
+    produced output that breaks the contract), ``error`` for faults that leave nothing to judge."""
+    verdict = Verdict.FAIL if fault.kind.violates_contract else Verdict.ERROR
+    return check_report(check, plan, verdict, fault.message, fault=fault.kind)
+
+
+def skipped_result(check: Any, plan: Plan, reason: str) -> CheckResult:
+    return check_report(check, plan, Verdict.SKIPPED, reason)
+
+
+# --------------------------------------------------------------------------------------------
+# Pearson, binomial and contract checks
+# --------------------------------------------------------------------------------------------
+
+
+def _top_deviations(counts: np.ndarray, expected: np.ndarray, labels: tuple[str, ...], limit: int = 3) -> str:
+    frequency = counts / max(1, counts.sum())
+    order = np.argsort(-np.abs(frequency - expected), kind="stable")[:limit]
+    return "; ".join(f"{labels[i]}: observed {frequency[i]:.4f} vs expected {expected[i]:.4f}" for i in order)
+
+
+def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expected: np.ndarray,
+                           labels: tuple[str, ...], acceptance: Mapping[str, tuple[float, ...]] | None) -> CheckResult:
+    """Pearson goodness of fit of the observed cell counts against the target law (stats module:
+    cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
+    a sample fell in a cell of probability 0)."""
+    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/α draws it could never
+    # fall below the check's α share, and the check could not fail.
+    draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
+    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=draws)
+    failed = fit.pvalue <= plan.alpha
+    if fit.impossible_count:
+        impossible = [labels[i] for i in np.flatnonzero((expected == 0) & (counts > 0))[:3]]
+        message = (f"emitted {fit.impossible_count} sample(s) of target probability 0 "
+                   f"({', '.join(impossible)}): certain loss")
+    elif failed:
+        message = (f"the emitted tokens do not follow the target's law: p-value {fit.pvalue:.3g} ≤ α share "
+                   f"{plan.alpha:.3g}; estimated TV {fit.empirical_tv:.4f}; largest deviations: "
+                   f"{_top_deviations(counts, expected, labels)}")
+    else:
+        message = f"consistent with the target's law (p-value {fit.pvalue:.3g} > α share {plan.alpha:.3g})"
+    return check_report(
+        check, plan, Verdict.FAIL if failed else Verdict.PASS, message, n=int(counts.sum()), num_cells=len(expected),
+        statistic=float(fit.statistic), pvalue=float(fit.pvalue), empirical_tv=float(fit.empirical_tv),
+        observed=tuple(int(c) for c in counts), expected=tuple(float(e) for e in expected), cell_labels=labels,
+        acceptance=acceptance,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def binomial_sample_size(delta: float, p0: float, alpha: float, power: float) -> int:
+    return stats.binomial_sample_size(delta, p0=p0, alpha=alpha, power=power)
+
+
+@functools.lru_cache(maxsize=1024)
+def binomial_detectable_rate(n: int, p0: float, alpha: float, power: float) -> float:
+    """Smallest rate excess δ that the one-sided exact binomial test with n trials detects with
+    ``power`` (bisection on :func:`specverify.core.stats.binomial_power`, increasing in δ)."""
+    low, high = 0.0, 1.0 - p0
+    if stats.binomial_power(n, high, p0=p0, alpha=alpha) < power:
+        return math.inf
+    for _ in range(50):
+        middle = (low + high) / 2
+        if stats.binomial_power(n, middle, p0=p0, alpha=alpha) >= power:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+# Power calculations are pure functions of their arguments and cost ~0.1 s each; audits in one
+# process (test suites) repeat them with the same arguments.
+_sample_size_for_tv = functools.lru_cache(maxsize=4096)(stats.sample_size_for_tv)
+_detectable_tv = functools.lru_cache(maxsize=4096)(stats.detectable_tv)
+
+
+class ChiSquareCheck(Check):
+    """A Pearson goodness-of-fit check; its planning on ``num_cells`` cells: the n that detects TV ε with the given
+    power at level α, and the TV detectable at a given n (noncentral χ², :mod:`specverify.core.stats`)."""
+
+    kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+    statistical: ClassVar[bool] = True
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        return _sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self.num_cells)
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        return _detectable_tv(n, alpha=alpha, power=power, num_cells=self.num_cells)
+
+
+@dataclass
+class InputsUnchangedCheck(Check):
+    """After all other checks: no call may have modified its input tensors (every call received
+    fresh copies, compared with the harness's own afterwards).  Any level whose session's
+    ``function.log`` records ``calls`` and ``mutations``."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        log = session.function.log
+        if log.calls == 0:
+            return self.skipped(plan, "no call of the function completed")
+        if log.mutations:
+            shown = "; ".join(log.mutations[:3]) + (f"; … {len(log.mutations) - 3} more" if len(log.mutations) > 3 else "")
+            return self.report(plan, Verdict.FAIL,
+                               f"the function modified its inputs in {len(log.mutations)} of {log.calls} calls ({shown}); "
+                               "engines reuse these buffers, so work on copies", parameters={"calls": log.calls},
+                               fault=FaultKind.MUTATION)
+        return self.report(plan, Verdict.PASS, f"no input tensor changed in {log.calls} calls",
+                           parameters={"calls": log.calls})

@@ -1,0 +1,140 @@
+"""The one validator of what a verification step or a decoder returns (SPEC §1, §3 and §2).
+
+Every consumer of emitted tokens (the audit's guarded calls, the exact integrator, the property
+suite) validates through this module and gets one exception type, :class:`MalformedOutput`,
+which lists *every* violation of one output at once (a float tensor of the wrong shape reports
+both its dtype and its shape).
+
+SPEC §1 layout of ``emitted [B, K+1]``: row b holds ``m_b ≥ 1`` tokens in ``[0, V)``, then only
+``-1``; its first ``m_b − 1`` tokens (the accepted slots) are the row's draft tokens, the last one
+the correction-or-bonus token.  ``m_b`` is the row's emitted length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class MalformedOutput(ValueError):
+    """An output that breaks the SPEC layout; ``violations`` lists every problem found."""
+
+    def __init__(self, violations: list[str]) -> None:
+        self.violations = tuple(violations)
+        super().__init__("; ".join(violations))
+
+
+def emitted_tensor(result: Any) -> torch.Tensor:
+    """The ``emitted`` tensor of a return value: the tensor itself, or the ``emitted`` field of a
+    result object such as :class:`specverify.core.rules.VerifyResult`."""
+    if isinstance(result, torch.Tensor):
+        return result
+    emitted = getattr(result, "emitted", None)
+    if isinstance(emitted, torch.Tensor):
+        return emitted
+    raise MalformedOutput([f"returned a {type(result).__name__}, expected an int64 tensor [B, K+1] of emitted tokens"])
+
+
+def _tensor_format(tensor: torch.Tensor, shape: tuple[int, ...], shape_name: str) -> list[str]:
+    """Violations of the tensor's storage (layout, device), dtype and shape, all at once."""
+    problems = []
+    if tensor.layout != torch.strided:
+        problems.append(f"returned a tensor in layout {tensor.layout}, expected a dense (strided) tensor "
+                        "(call .to_dense())")
+    if tensor.device.type == "meta":
+        problems.append("returned a meta tensor, which holds no values (compute the tokens on a real device)")
+    if tensor.dtype != torch.int64:
+        problems.append(f"returned dtype {tensor.dtype}, expected torch.int64 (integer) token ids (convert with .long())")
+    if tuple(tensor.shape) != shape:
+        problems.append(f"returned shape {tuple(tensor.shape)}, expected {shape_name} = {list(shape)}")
+    return problems
+
+
+def _integral_values(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor as int64 on the CPU when its values are whole numbers, else None."""
+    values = tensor.detach().cpu()
+    if values.is_floating_point():
+        if not bool(torch.isfinite(values).all()) or not bool((values == values.round()).all()):
+            return None
+    elif values.is_complex() or values.dtype == torch.bool:
+        return None
+    return values.to(torch.int64)
+
+
+def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size: int,
+                     *, num_positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check one step's output against the SPEC §1 layout and return ``(emitted, lengths)`` on the CPU.
+
+    ``draft_tokens [B, K]``: the row's draft tokens, which the accepted slots must repeat (None
+    skips that check, for tree steps whose accepted slots are path tokens checked elsewhere; then
+    ``num_positions`` gives K+1 and B is taken from the output).  Raises :class:`MalformedOutput`
+    with every violation found, each naming the first offending row.
+    """
+    tensor = emitted_tensor(result)
+    if draft_tokens is not None:
+        batch, num_draft = draft_tokens.shape
+        width = num_draft + 1
+    else:
+        if num_positions is None:
+            raise ValueError("num_positions: required when draft_tokens is None")
+        batch, width = (tensor.shape[0] if tensor.dim() else 0), num_positions
+    problems = _tensor_format(tensor, (batch, width), "[B, K+1]")
+    if tensor.layout != torch.strided or tensor.device.type == "meta":
+        raise MalformedOutput(problems)
+    if tensor.is_floating_point() and bool(torch.isnan(tensor).any()):
+        first = tuple(torch.isnan(tensor).nonzero()[0].tolist())
+        problems.append(f"returned NaN token ids (first at index {first})")
+    emitted = _integral_values(tensor) if tuple(tensor.shape) == (batch, width) else None
+    if emitted is None:
+        raise MalformedOutput(problems)
+    padding = emitted == -1
+    out_of_range = ~padding & ((emitted < 0) | (emitted >= vocab_size))
+    if bool(out_of_range.any()):
+        row, col = (int(i) for i in out_of_range.nonzero()[0])
+        problems.append(f"returned token id {int(emitted[row, col])} outside [0, {vocab_size}) (row {row}, slot "
+                        f"{col}; -1 is the only allowed padding)")
+    lengths = (~padding).long().cumprod(dim=-1).sum(dim=-1)
+    after_padding = ~padding & (torch.arange(width) >= lengths[:, None])
+    if bool(after_padding.any()):
+        row = int(after_padding.any(dim=-1).nonzero()[0, 0])
+        problems.append(f"emitted a token after -1 padding (row {row}: {emitted[row].tolist()})")
+    if bool((lengths == 0).any()):
+        row = int((lengths == 0).nonzero()[0, 0])
+        problems.append(f"emitted no token in row {row} (every step emits at least the correction-or-bonus token)")
+    if draft_tokens is not None:
+        accepted_slot = torch.arange(width - 1)[None, :] < (lengths[:, None] - 1)
+        wrong_slot = accepted_slot & (emitted[:, : width - 1] != draft_tokens.cpu())
+        if bool(wrong_slot.any()):
+            row, col = (int(i) for i in wrong_slot.nonzero()[0])
+            problems.append(f"emitted {int(emitted[row, col])} in accepted slot {col} of row {row}, but the draft "
+                            f"token there is {int(draft_tokens[row, col])}: only accepted draft tokens may precede "
+                            "the one correction-or-bonus token")
+    if problems:
+        raise MalformedOutput(problems)
+    return emitted, lengths
+
+
+def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:
+    """Check a SPEC §2 output and return it on the CPU: an int64 tensor ``[max_new_tokens]`` of
+    ids in ``[0, V)``.  Raises :class:`MalformedOutput` with every violation found."""
+    if not isinstance(result, torch.Tensor):
+        raise MalformedOutput([f"returned a {type(result).__name__}, expected an int64 tensor [max_new_tokens]"])
+    problems = _tensor_format(result, (max_new_tokens,), "[max_new_tokens]")
+    if problems and tuple(result.shape) != (max_new_tokens,) and (result.dim() != 1 or result.numel() != max_new_tokens):
+        problems[-1] += " (return only the new tokens, without the prompt or a batch dimension)"
+    if result.layout != torch.strided or result.device.type == "meta":
+        raise MalformedOutput(problems)
+    if result.is_floating_point() and bool(torch.isnan(result).any()):
+        problems.append(f"returned NaN token ids: {result.tolist()}")
+    tokens = _integral_values(result) if tuple(result.shape) == (max_new_tokens,) else None
+    if tokens is None:
+        raise MalformedOutput(problems)
+    outside = (tokens < 0) | (tokens >= vocab_size)
+    if bool(outside.any()):
+        position = int(outside.nonzero()[0, 0])
+        problems.append(f"returned token id {int(tokens[position])} at position {position}, outside the "
+                        f"vocabulary [0, {vocab_size})")
+    if problems:
+        raise MalformedOutput(problems)
+    return tokens
