@@ -1,9 +1,10 @@
-"""Root conftest: markers, Hypothesis profiles, and the CUDA skip for `gpu` tests.
+"""Root conftest: Hypothesis profiles, torch threads per xdist worker, and the CUDA skip for `gpu` tests.
 
 The default run (`pytest`, see pyproject's addopts) excludes `slow`; `pytest -m gpu` selects the
 GPU tests, which skip with a reason where CUDA is absent so that the run still exits 0.
 The seed, budget and implementation options come from the specverify plugin
-(`--specverify-seed N|random`, `--specverify-alpha`, `--impl`).
+(`--specverify-seed N|random`, `--specverify-alpha`, `--specverify-impl`), and so do the
+markers `gpu`, `slow` and `statistical` (registered once, by the plugin).
 """
 
 from __future__ import annotations
@@ -30,12 +31,6 @@ settings.load_profile(os.environ.get("SPECVERIFY_HYPOTHESIS_PROFILE", "default")
 
 def pytest_configure(config: pytest.Config) -> None:
     _share_cores_between_xdist_workers()
-    for line in (
-        "gpu: needs CUDA; skips with a reason where CUDA is absent",
-        "slow: long checks kept out of the default run",
-        "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
-    ):
-        config.addinivalue_line("markers", line)
 
 
 def _share_cores_between_xdist_workers() -> None:

@@ -46,7 +46,7 @@ def uniform_rule(request: pytest.FixtureRequest, specverify_impl: Callable[..., 
     ``uniforms=`` (skipped when it is the reference itself or takes no uniforms)."""
     if request.param == "reference":
         return UniformRule("reference (specverify.core.rules.verify)", rules.verify)
-    spec = request.config.getoption("--impl")
+    spec = request.config.getoption("specverify_impl")
     if specverify_impl is rules.verify:
         pytest.skip(f"--impl {spec} is the built-in reference, checked as [reference]")
     if not accepts_uniforms(specverify_impl):

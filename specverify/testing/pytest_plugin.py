@@ -1,7 +1,7 @@
 """pytest plugin for specverify (registered through the ``pytest11`` entry point).
 
 Options:
-- ``--impl TARGET``: the implementation under test for the property suite and the
+- ``--specverify-impl TARGET`` (alias ``--impl``): the implementation under test for the property suite and the
   ``specverify_impl`` fixture (``path.py:function``, ``package.module:function`` or a built-in
   name; default ``reference``);
 - ``--specverify-seed N|random``: the base seed every statistical check derives its own seed
@@ -38,7 +38,8 @@ DEFAULT_SUITE_ALPHA = 1e-3
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specverify", "specverify: speculative decoding verification")
-    group.addoption("--impl", default="reference", help="implementation under test (file.py:fn, pkg.mod:fn or built-in)")
+    group.addoption("--specverify-impl", "--impl", dest="specverify_impl", default="reference",
+                    help="implementation under test: file.py:fn, pkg.mod:fn or a built-in name (--impl is an alias)")
     group.addoption("--specverify-seed", default="0", help="base seed for statistical checks: an integer or 'random'")
     group.addoption(
         "--specverify-alpha", type=float, default=DEFAULT_SUITE_ALPHA,
@@ -50,19 +51,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+MARKERS = (
+    "gpu: needs CUDA; skips with a reason where CUDA is absent (`pytest -m gpu`)",
+    "slow: long checks kept out of the default run (`pytest -m slow`)",
+    "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
+)
+"""The markers the plugin registers (the only place they are registered)."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    for line in (
-        "gpu: needs CUDA; skips with a reason where CUDA is absent",
-        "slow: long checks kept out of the default run",
-        "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
-    ):
+    for line in MARKERS:
         config.addinivalue_line("markers", line)
     config._specverify_base_seed = parse_base_seed(config.getoption("--specverify-seed"))  # type: ignore[attr-defined]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     return (
-        f"specverify: impl={config.getoption('--impl')} base-seed={config._specverify_base_seed} "  # type: ignore[attr-defined]
+        f"specverify: impl={config.getoption('specverify_impl')} base-seed={config._specverify_base_seed} "  # type: ignore[attr-defined]
         f"suite-alpha={config.getoption('--specverify-alpha')}"
     )
 
@@ -82,7 +87,7 @@ def specverify_suite_alpha(pytestconfig: pytest.Config) -> float:
 @pytest.fixture(scope="session")
 def specverify_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
     """The implementation under test, resolved from ``--impl``."""
-    return load_target(pytestconfig.getoption("--impl"))
+    return load_target(pytestconfig.getoption("specverify_impl"))
 
 
 @pytest.fixture
@@ -94,7 +99,7 @@ def lossless_audit(pytestconfig: pytest.Config) -> Callable[..., Any]:
     def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
         settings = _audit_settings(pytestconfig)
         settings.update(options)
-        return audit(pytestconfig.getoption("--impl") if fn is None else fn, **settings)
+        return audit(pytestconfig.getoption("specverify_impl") if fn is None else fn, **settings)
 
     return run
 
@@ -109,7 +114,7 @@ def assert_lossless(pytestconfig: pytest.Config) -> Callable[..., Any]:
     def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
         settings = _audit_settings(pytestconfig)
         settings.update(options)
-        return assert_lossless_function(pytestconfig.getoption("--impl") if fn is None else fn, **settings)
+        return assert_lossless_function(pytestconfig.getoption("specverify_impl") if fn is None else fn, **settings)
 
     return run
 

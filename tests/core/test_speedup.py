@@ -166,3 +166,23 @@ def test_wired_into_the_main_cli(capsys):
 
     assert specverify_main(["speedup", "--alpha", "0.9", "--max-gamma", "3", "--draft-cost", "0.0"]) == 0
     assert "best gamma: 3" in capsys.readouterr().out
+
+
+def test_cli_with_one_gamma_says_what_was_compared_and_the_best_over_1_to_16(capsys):
+    args = parse(["speedup", "--alpha", "0.8", "--gamma", "4", "--draft-cost", "0.05"])
+    assert args.handler(args) == 0
+    output = capsys.readouterr().out
+    assert "best gamma: 4 of the gamma asked (4)" in output
+    assert "best gamma: 8 over gamma = 1..16" in output
+
+
+def test_cli_plot_with_one_gamma_draws_the_whole_curve(tmp_path, monkeypatch):
+    drawn = {}
+
+    def capture(curve, alpha, draft_cost, verify_cost, path, *, asked=None):
+        drawn.update(curve=[e.gamma for e in curve.table], asked=[e.gamma for e in asked.table])
+
+    monkeypatch.setattr("specverify.cli.speedup.save_plot", capture)
+    args = parse(["speedup", "--alpha", "0.8", "--gamma", "4", "--draft-cost", "0.05", "--plot", str(tmp_path / "p.png")])
+    assert args.handler(args) == 0
+    assert drawn == {"curve": list(range(1, 17)), "asked": [4]}

@@ -33,3 +33,19 @@ def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester):
                                           "--specverify-alpha", "0.01", "--specverify-budget", "2000")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*LOSS DETECTED*bonus-position*", "*what it checks*", "*p-value*"])
+
+
+@pytest.mark.parametrize("option", ["--specverify-impl", "--impl"])
+def test_impl_option_has_the_plugin_prefix_and_the_short_alias(pytester, option):
+    pytester.makepyfile(test_impl="""
+        def test_impl(specverify_impl, pytestconfig):
+            assert pytestconfig.getoption("specverify_impl") == "point-mass"
+            assert specverify_impl.__name__ == "point_mass_as_verify"
+    """)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark", option, "point-mass")
+    result.assert_outcomes(passed=1)
+
+
+def test_markers_are_registered_by_the_plugin(pytester):
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--markers")
+    result.stdout.fnmatch_lines(["*@pytest.mark.gpu*", "*@pytest.mark.slow*", "*@pytest.mark.statistical*"])

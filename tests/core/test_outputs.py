@@ -1,0 +1,50 @@
+"""specverify.core.outputs: the one validator of emitted tokens reports every violation at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specverify.core.outputs import MalformedOutput, validate_emitted, validate_new_tokens
+
+DRAFTS = torch.tensor([[1, 2], [3, 0]])
+
+
+def test_valid_output_gives_emitted_and_lengths():
+    emitted, lengths = validate_emitted(torch.tensor([[1, 2, 3], [0, -1, -1]]), DRAFTS, 4)
+    assert emitted.tolist() == [[1, 2, 3], [0, -1, -1]] and lengths.tolist() == [3, 1]
+
+
+def test_wrong_dtype_and_wrong_shape_are_reported_together():
+    with pytest.raises(MalformedOutput) as error:
+        validate_emitted(torch.zeros(2, 5), DRAFTS, 4)
+    assert len(error.value.violations) == 2
+    assert "dtype torch.float32" in str(error.value) and "shape (2, 5)" in str(error.value)
+
+
+def test_every_content_violation_is_listed():
+    with pytest.raises(MalformedOutput) as error:
+        validate_emitted(torch.tensor([[9, 2, 3], [-1, 1, -1]]), DRAFTS, 4)
+    text = str(error.value)
+    assert "outside [0, 4)" in text and "after -1 padding" in text and "no token in row 1" in text
+
+
+def test_a_non_draft_token_in_an_accepted_slot_is_malformed():
+    with pytest.raises(MalformedOutput, match="accepted slot 0 of row 0"):
+        validate_emitted(torch.tensor([[2, 2, -1], [3, -1, -1]]), DRAFTS, 4)
+
+
+@pytest.mark.parametrize(("output", "message"), [
+    (torch.zeros(2, 3, device="meta", dtype=torch.int64), "meta tensor"),
+    (torch.tensor([[1, 2, 3], [0, -1, -1]]).to_sparse(), "layout"),
+    ([[1, 2, 3]], "returned a list"),
+])
+def test_outputs_without_values_are_malformed(output, message):
+    with pytest.raises(MalformedOutput, match=message):
+        validate_emitted(output, DRAFTS, 4)
+
+
+def test_new_tokens_report_dtype_and_shape_together():
+    with pytest.raises(MalformedOutput) as error:
+        validate_new_tokens(torch.zeros(1, 3), 3, 8)
+    assert len(error.value.violations) == 2 and "batch dimension" in str(error.value)
