@@ -155,10 +155,18 @@ class CheckResult:
     expected: tuple[float, ...] | None = None
     cell_labels: tuple[str, ...] | None = None
     acceptance: Mapping[str, tuple[float, ...]] | None = None
-    fault: str | None = None
+    fault: FaultKind | None = None
     calls: int = 0
     rows: int = 0
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Results built from plain strings ("fail", "goodness-of-fit") get the enums, so that every
+        # consumer compares enums and an unknown kind or verdict is an error here, not a silent miss.
+        object.__setattr__(self, "kind", CheckKind(self.kind))
+        object.__setattr__(self, "verdict", Verdict(self.verdict))
+        if self.fault is not None:
+            object.__setattr__(self, "fault", FaultKind(self.fault))
 
 
 class Check:
@@ -221,8 +229,7 @@ def check_report(check: Any, plan: Plan, verdict: Verdict | str, message: str, *
                               "alpha": plan.alpha, "detectable_tv": plan.detectable_tv}
     fields.update(measured)
     parameters = fields.pop("parameters", check.parameters)
-    return CheckResult(check.name, check.description, CheckKind(check.kind), dict(parameters), Verdict(verdict),
-                       message, **fields)
+    return CheckResult(check.name, check.description, check.kind, dict(parameters), verdict, message, **fields)
 
 
 def result_from_fault(check: Any, plan: Plan, fault: Fault) -> CheckResult:
