@@ -36,7 +36,6 @@ the same laws in every audit; the audit's seed only drives the sampling.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 
 from specverify.core import stats
+from specverify.core.rules import accepts_uniforms
 from specverify.auditing.faults import Fault, call_with_deadline, probe_randomness, seed_global_rng, validate_emitted
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
@@ -613,14 +613,6 @@ class AcceptanceRateCheck:
             detectable_tv=plan.detectable_tv, observed=(sample.first_is_draft, n_rejected),
             expected=(self.bound, 1.0 - self.bound), cell_labels=("first token = draft", "first token ≠ draft"),
         )
-
-
-def accepts_uniforms(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` takes a ``uniforms`` keyword (the convention that allows exact integration)."""
-    try:
-        return "uniforms" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass
