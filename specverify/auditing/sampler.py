@@ -47,14 +47,11 @@ import torch
 from specverify.core import stats
 from specverify.core.rules import accepts_uniforms
 from specverify.auditing.faults import Fault, call_with_deadline, probe_randomness, seed_global_rng, validate_emitted
+from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
-    ChainBank,
     GuardedFunction,
-    Tables,
-    markov_bank,
     markov_prefix_law,
-    positional_bank,
     positional_window_law,
     propose,
     sample_runs,
@@ -383,7 +380,7 @@ def _zipf_laws(rng: np.random.Generator, vocab_size: int, num_draft: int) -> tup
 def positional_family_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> ChainBank:
     rng = np.random.default_rng(derive_seed("test-distributions", name, family, vocab_size, num_draft, num_chains))
     laws = [step_laws(rng, family, vocab_size, num_draft) for _ in range(num_chains)]
-    return positional_bank(np.stack([p for p, _ in laws]), np.stack([q for _, q in laws]))
+    return PositionalBank(np.stack([p for p, _ in laws]), np.stack([q for _, q in laws]))
 
 
 def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) -> ChainBank:
@@ -394,7 +391,7 @@ def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) 
     target = rng.dirichlet(np.ones(vocab_size), size=(num_chains, states))
     draft = 0.5 * target + 0.5 * rng.dirichlet(np.ones(vocab_size), size=(num_chains, states))
     prompts = rng.integers(0, vocab_size, size=(num_chains, order))
-    return markov_bank(target, draft, order, prompts)
+    return MarkovBank(target, draft, order, prompts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,7 +515,7 @@ class StepLawCheck(_ChiSquareSized):
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         maps = self._cell_maps()
-        sample = sample_steps(session.function, Tables(self.bank), num_draft=self.num_draft, window=self.window,
+        sample = sample_steps(session.function, self.bank, num_draft=self.num_draft, window=self.window,
                               n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
                               function_seed=derive_seed(plan.seed, "function"), where=self.name)
         cells = torch.from_numpy(maps)[sample.chain[:, None], torch.arange(self.window[1]), sample.window]
@@ -550,7 +547,7 @@ class DecodingLoopCheck(_ChiSquareSized):
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         bank, v, length = self.bank, self.bank.vocab_size, self.length
-        sample = sample_runs(session.function, Tables(bank), length=length, draft_schedule=self.draft_schedule,
+        sample = sample_runs(session.function, bank, length=length, draft_schedule=self.draft_schedule,
                              n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
                              function_seed=derive_seed(plan.seed, "function"), where=self.name)
         weights = v ** torch.arange(length - 1, -1, -1)
@@ -593,7 +590,7 @@ class AcceptanceRateCheck:
         return _binomial_detectable_rate(n, self.bound, alpha, power)
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        sample = sample_steps(session.function, Tables(self.bank), num_draft=1, window=(0, 1), n=plan.n,
+        sample = sample_steps(session.function, self.bank, num_draft=1, window=(0, 1), n=plan.n,
                               batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
                               function_seed=derive_seed(plan.seed, "function"), where=self.name)
         test = stats.binomial_test(sample.first_is_draft, plan.n, self.bound, "greater")
@@ -691,10 +688,9 @@ class RandomnessSourceCheck:
     statistical = False
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        tables = Tables(self.bank)
         generator = torch.Generator().manual_seed(derive_seed(plan.seed, "harness"))
         chain = torch.arange(self.rows) % self.bank.num_chains
-        proposal = propose(tables, tables.initial_state(chain), self.num_draft, generator)
+        proposal = propose(self.bank, self.bank.initial_state(chain), self.num_draft, generator)
 
         def run_twice(generator_seed: int, global_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
             seed_global_rng(global_seed)
