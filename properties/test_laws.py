@@ -39,7 +39,7 @@ from specverify.core.chains import PositionalChain
 from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
 from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
-from test_statistical import call_impl
+from sampled_checks import call_impl
 
 EXACT_TOLERANCE = 1e-9
 LAW_SETTINGS = dict(
