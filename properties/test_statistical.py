@@ -13,6 +13,9 @@ target probability 0 is a certain failure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -74,7 +77,13 @@ def long_draft_cases(draw: st.DrawFn) -> StepCase:
     return StepCase((chain,), tuple(range(num_draft + 1)))
 
 
-def _run_and_assert(outcome: CheckOutcome) -> None:
+def assert_check_passes(run: Callable[..., CheckOutcome], impl: Any, case: StepCase | LoopCase, *, test: str,
+                        base_seed: int, suite_alpha: float, **name: str) -> None:
+    """Run one check at the budget's per-execution level, seeded by the test's name and the drawn
+    case; print its outcome and fail when it rejects."""
+    alpha = budget.alpha_per_execution(suite_alpha)
+    seed = derive_seed(test, case.key(), base=base_seed)
+    outcome = run(impl, case, alpha=alpha, seed=seed, **name)
     print(outcome)
     assert not outcome.rejected, f"loss detected: {outcome}"
 
@@ -90,9 +99,8 @@ def _run_and_assert(outcome: CheckOutcome) -> None:
 def test_first_token_marginal(chain, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """The first emitted token is distributed as p_0."""
     case = StepCase((chain,), (0,))
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_first_token_marginal", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_step_check(specverify_impl, case, alpha=alpha, seed=seed, name="first_token_marginal"))
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_first_token_marginal", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha, name="first_token_marginal")
 
 
 @pytest.mark.statistical
@@ -102,9 +110,8 @@ def test_step_joint_with_frequent_rejection(chain, specverify_impl, specverify_b
     """The completed K+1 tokens of one step are distributed as target sampling, with rejections (and
     so corrections) frequent at every position."""
     case = StepCase((chain,), tuple(range(chain.num_draft + 1)))
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_step_joint_with_frequent_rejection", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_step_check(specverify_impl, case, alpha=alpha, seed=seed, name="step_joint"))
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_step_joint_with_frequent_rejection", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha, name="step_joint")
 
 
 @pytest.mark.statistical
@@ -113,9 +120,8 @@ def test_step_joint_with_frequent_rejection(chain, specverify_impl, specverify_b
 def test_bonus_position(chain, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """With q_i = p_i every draft is accepted, so the token at position K is the bonus: law p_K."""
     case = StepCase((chain,), (chain.num_draft,))
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_bonus_position", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_step_check(specverify_impl, case, alpha=alpha, seed=seed, name="bonus_position"))
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_bonus_position", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha, name="bonus_position")
 
 
 @pytest.mark.statistical
@@ -124,9 +130,8 @@ def test_bonus_position(chain, specverify_impl, specverify_base_seed, specverify
 def test_decoding_loop_joint(case, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """The first L tokens of whole decoding loops (context-dependent targets, per-row state) are
     distributed as L tokens of target sampling."""
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_decoding_loop_joint", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_loop_check(specverify_impl, case, alpha=alpha, seed=seed))
+    assert_check_passes(run_loop_check, specverify_impl, case, test="test_decoding_loop_joint", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha)
 
 
 @pytest.mark.statistical
@@ -135,9 +140,8 @@ def test_decoding_loop_joint(case, specverify_impl, specverify_base_seed, specve
 def test_batched_rows_that_differ(case, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """In batches that interleave different requests every request's completed step has its own
     target law (no row reads another row's laws or randomness)."""
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_batched_rows_that_differ", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_step_check(specverify_impl, case, alpha=alpha, seed=seed, name="batched_rows"))
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_batched_rows_that_differ", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha, name="batched_rows")
 
 
 @pytest.mark.statistical
@@ -145,9 +149,8 @@ def test_batched_rows_that_differ(case, specverify_impl, specverify_base_seed, s
 @given(case=long_draft_cases())
 def test_long_drafts(case, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """K = 4..8 drafts: the completed K+1 tokens are distributed as target sampling."""
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_long_drafts", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_step_check(specverify_impl, case, alpha=alpha, seed=seed, name="long_drafts"))
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_long_drafts", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha, name="long_drafts")
 
 
 @pytest.mark.statistical
@@ -156,6 +159,5 @@ def test_long_drafts(case, specverify_impl, specverify_base_seed, specverify_sui
 def test_acceptance_rate_is_one_minus_tv(chain, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """A single draft x ~ q is accepted with probability Σ min(p, q) = 1 − TV(p, q)."""
     case = StepCase((chain,), (0,))
-    alpha = budget.alpha_per_execution(specverify_suite_alpha)
-    seed = derive_seed("test_acceptance_rate_is_one_minus_tv", case.key(), base=specverify_base_seed)
-    _run_and_assert(run_acceptance_check(specverify_impl, case, alpha=alpha, seed=seed))
+    assert_check_passes(run_acceptance_check, specverify_impl, case, test="test_acceptance_rate_is_one_minus_tv", base_seed=specverify_base_seed,
+                        suite_alpha=specverify_suite_alpha)
