@@ -12,7 +12,6 @@ The header of the run states the statistical budget (``budget.py``), and collect
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,16 +20,9 @@ import pytest
 
 import budget
 from specverify.core import rules
+from specverify.core.rules import accepts_uniforms
 
 HERE = Path(__file__).resolve().parent
-
-
-def accepts_uniforms(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn``'s signature has a ``uniforms`` parameter (so it can be integrated exactly)."""
-    try:
-        return "uniforms" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class UniformRule(NamedTuple):

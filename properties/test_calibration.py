@@ -1,6 +1,6 @@
 """Calibration: the statistical checks' false-positive rate on the correct rule matches their α.
 
-Every check of ``test_statistical.all_checks()`` runs on its probe case against the reference rule
+Every check of ``sampled_checks.all_checks()`` runs on its probe case against the reference rule
 (``specverify.core.rules.verify``, lossless) at level :data:`CALIBRATION_ALPHA` = 0.05, once for each of
 many seeds derived from the run's base seed, with the sample size the budget gives at that level.
 Under a calibrated test every run rejects with probability at most 0.05, so the number of
@@ -19,7 +19,7 @@ import pytest
 import budget
 from specverify.core import rules, stats
 from specverify.core.seeding import derive_seed
-from test_statistical import all_checks
+from sampled_checks import all_checks
 
 CALIBRATION_ALPHA = 0.05
 

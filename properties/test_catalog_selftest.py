@@ -7,7 +7,7 @@ For each entry of ``specverify.auditing.catalog.CATALOG``:
     ``specverify.core.exact``, on two fixed cases: MAIN (one request, V = 4, K = 2, partial acceptance,
     residuals on several tokens, a token with p = 0 < q, different laws per position) and PAIR
     (B = 2: a MAIN row next to a row of the mirrored chain, the batched probe of
-    ``test_statistical``); the larger is reported.  Bugs with classes not seen by these cases
+    ``sampled_checks``); the larger is reported.  Bugs with classes not seen by these cases
     (position, batching, zero-probability) are covered by the choice of the cases.
 (b) statistical kill: the suite's statistical checks run against the entry on their probe cases at
     the suite's per-execution level α.  First at the sample size the suite uses (detectable TV of
@@ -40,9 +40,10 @@ import torch
 import budget
 from specverify.core import exact
 from specverify.auditing.catalog import CATALOG, BuggyRule
+from specverify.auditing.faults import Fault
 from specverify.core.seeding import derive_seed
 from test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
-from test_statistical import (
+from sampled_checks import (
     MAIN_P, MAIN_Q, Check, CheckOutcome, all_checks, probe_cases, step_rule_law, step_target_law, total_variation,
 )
 
@@ -131,7 +132,7 @@ def violated_laws(entry: BuggyRule, base_seed: int) -> list[str]:
         generator = torch.Generator().manual_seed(seed)
         if zero_probability_emissions(entry.fn, target_probs, draft_probs, draft_tokens, generator):
             violated.append("token of target probability 0 never emitted")
-    except AssertionError as error:  # malformed output: the format law of test_laws
+    except (AssertionError, Fault) as error:  # malformed output: the format law of test_laws
         violated.append(f"output format ({error})")
     return violated
 

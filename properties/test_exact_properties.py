@@ -14,7 +14,7 @@ one-hot drafts, and ``--impl`` when it takes ``uniforms=`` (the ``uniform_rule``
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from specverify.core import exact, rules
@@ -42,6 +42,26 @@ SMALL_RUNS = [(2, 1, 1), (2, 1, 2), (2, 1, 3), (3, 1, 1), (3, 1, 2), (2, 2, 1), 
 """(V, Markov order, K) of the whole-run checks."""
 
 
+NARROW_TOP_CELL_STEP = PositionalChain(
+    [
+        [1.0, 0.0],
+        [0.9415530584364511, 0.05844694156354893],
+        [0.09152243225885004, 0.90847756774115],
+        [0.5022159443300198, 0.49778405566998013],
+    ],
+    [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893], [0.09152243225885004, 0.90847756774115]],
+)
+"""Hypothesis 6.170.17's failing example (issue 9): p_1 and q_1 differ by 1e-14, so column 1 has a
+cell of width ~1e-13 just below 1, where a scan point rounded up to the uniform 1.0."""
+
+NEAR_ONE_POINT_MASS_STEP = PositionalChain(
+    [[0.0, 0.4139739726860432, 0.5860260273139569], [1.4022777344283394e-13, 0.999999999999, 8.59772226557166e-13]],
+    [[0.0, 0.0, 1.0]],
+)
+"""Hypothesis 6.170.17's failing example (issue 9): bonus masses near 1e-13 put a cumulative edge
+within ~1e-12 of 1, the same rounding to a uniform of 1.0 in the bonus column."""
+
+
 def small_positional_chains() -> st.SearchStrategy[PositionalChain]:
     return st.sampled_from(SMALL_STEPS).flatmap(lambda shape: positional_chains(shape[0], shape[1]))
 
@@ -56,6 +76,7 @@ def assert_same_law(actual: dict, expected: dict, what: str) -> None:
 
 @settings(max_examples=60, **EXACT_SETTINGS)
 @given(chain=small_positional_chains())
+@example(chain=NARROW_TOP_CELL_STEP)
 def test_completed_step_law_is_the_target_law(uniform_rule, chain):
     """Completed by target sampling, one step's tokens have the law of K+1 target tokens."""
     num_draft = chain.num_draft
@@ -89,6 +110,7 @@ def point_mass_chains(draw: st.DrawFn) -> PositionalChain:
 
 @settings(max_examples=30, **EXACT_SETTINGS)
 @given(chain=point_mass_chains())
+@example(chain=NEAR_ONE_POINT_MASS_STEP)
 def test_point_mass_rule_with_one_hot_drafts_is_lossless(chain):
     """``point_mass_verify`` (n-gram / prompt-lookup drafts, q = one-hot): completed step law = target."""
     num_draft = chain.num_draft

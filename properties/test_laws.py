@@ -36,9 +36,10 @@ from hypothesis import strategies as st
 import budget
 from specverify.core import exact, rules
 from specverify.core.chains import PositionalChain
+from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
 from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
-from test_statistical import call_impl
+from sampled_checks import call_impl
 
 EXACT_TOLERANCE = 1e-9
 LAW_SETTINGS = dict(
@@ -169,12 +170,6 @@ def test_builtin_rules_batched_equal_row_by_row(name, inputs, specverify_base_se
 # --------------------------------------------------------------------------------------------
 
 
-def _first_token_by_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> int:
-    """The uniform convention's final draw: first t with cumsum(p)[t] > u · sum(p) (float64)."""
-    cumulative = probs.to(torch.float64).cumsum(-1)
-    return int(torch.searchsorted(cumulative, (u * cumulative[-1]).reshape(1), right=True))
-
-
 @pytest.mark.parametrize("name", list(BUILTIN_UNIFORM_RULES))
 @settings(max_examples=10, **LAW_SETTINGS)
 @given(inputs=verify_inputs(batch_size=st.integers(1, 4), num_draft=st.integers(1, 4), vocab_size=st.integers(2, 5), ragged=True))
@@ -195,7 +190,7 @@ def test_ragged_row_equals_its_unragged_step(name, inputs, specverify_base_seed)
     for row, n in enumerate(num_draft.tolist()):
         if n == 0:
             p_0 = target_probs[row, 0]
-            token = int(p_0.argmax()) if name == "greedy_verify" else _first_token_by_inverse_cdf(p_0, uniforms[row, -1])
+            token = int(p_0.argmax()) if name == "greedy_verify" else int(inverse_cdf(p_0[None], uniforms[row, -1:])[0])
             expected = [token] + [-1] * (positions - 1)
         else:
             u = torch.cat([uniforms[row : row + 1, :n], uniforms[row : row + 1, -1:]], dim=1)

@@ -38,6 +38,7 @@ import torch
 from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
+from specverify.core.sampling import sample as sample_from
 
 
 @dataclass(frozen=True)
@@ -77,17 +78,6 @@ def vocab_size(model: torch.nn.Module) -> int:
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of the model's first parameter."""
     return next(model.parameters()).device
-
-
-def sample_from(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of ``probs [N, V]`` by inverse CDF in float64: the first ``t`` with
-    ``cumsum(p)[t] > u * sum(p)``, ``u ~ U[0, 1)`` from ``generator``.  A token of zero probability is
-    never returned; a one-hot row (temperature 0) returns its argmax."""
-    cumulative = probs.to(torch.float64).cumsum(-1)
-    total = cumulative[:, -1]
-    u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device)
-    threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, threshold[:, None], right=True).squeeze(1)
 
 
 def sample_each_row(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:

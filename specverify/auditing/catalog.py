@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from specverify.core.rules import validate_verify_inputs
+from specverify.core.sampling import inverse_cdf
 
 __all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE"]
 
@@ -114,17 +115,6 @@ def _row(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table[torch.arange(table.shape[0], device=table.device), index]
 
 
-def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """First token ``t`` with ``cumsum(w)[t] > u * sum(w)``, per row (``w >= 0`` with positive sum).
-
-    The threshold is capped just below ``sum(w)`` so that rounding can never push it past the end.
-    """
-    cumulative = weights.cumsum(-1)
-    total = cumulative[:, -1:]
-    threshold = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
-    return (cumulative <= threshold).sum(-1)
-
-
 def _finish(
     p: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -139,7 +129,7 @@ def _finish(
     """
     fallback = _row(p, num_accepted)
     weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, fallback)
-    final_token = _inverse_cdf(weights, u_final)
+    final_token = inverse_cdf(weights, u_final)
     batch, num_draft = draft_tokens.shape
     columns = torch.arange(num_draft + 1, device=draft_tokens.device)
     drafts = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)

@@ -24,7 +24,6 @@ the same laws in every audit; the audit's seed only drives the sampling.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -60,14 +59,12 @@ from specverify.auditing.faults import (
     validate_emitted,
 )
 from specverify.core import stats
+from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
+from specverify.core.rules import accepts_uniforms
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
-    ChainBank,
     GuardedFunction,
-    Tables,
-    markov_bank,
     markov_prefix_law,
-    positional_bank,
     positional_window_law,
     propose,
     sample_runs,
@@ -175,7 +172,7 @@ def _zipf_laws(rng: np.random.Generator, vocab_size: int, num_draft: int) -> tup
 def positional_family_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> ChainBank:
     rng = np.random.default_rng(derive_seed("test-distributions", name, family, vocab_size, num_draft, num_chains))
     laws = [step_laws(rng, family, vocab_size, num_draft) for _ in range(num_chains)]
-    return positional_bank(np.stack([p for p, _ in laws]), np.stack([q for _, q in laws]))
+    return PositionalBank(np.stack([p for p, _ in laws]), np.stack([q for _, q in laws]))
 
 
 def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) -> ChainBank:
@@ -186,7 +183,7 @@ def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) 
     target = rng.dirichlet(np.ones(vocab_size), size=(num_chains, states))
     draft = 0.5 * target + 0.5 * rng.dirichlet(np.ones(vocab_size), size=(num_chains, states))
     prompts = rng.integers(0, vocab_size, size=(num_chains, order))
-    return markov_bank(target, draft, order, prompts)
+    return MarkovBank(target, draft, order, prompts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,7 +286,7 @@ class StepLawCheck(ChiSquareCheck):
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         maps = self._cell_maps()
-        sample = sample_steps(session.function, Tables(self.bank), num_draft=self.num_draft, window=self.window,
+        sample = sample_steps(session.function, self.bank, num_draft=self.num_draft, window=self.window,
                               n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
                               function_seed=derive_seed(plan.seed, "function"), where=self.name)
         cells = torch.from_numpy(maps)[sample.chain[:, None], torch.arange(self.window[1]), sample.window]
@@ -320,7 +317,7 @@ class DecodingLoopCheck(ChiSquareCheck):
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
         bank, v, length = self.bank, self.bank.vocab_size, self.length
-        sample = sample_runs(session.function, Tables(bank), length=length, draft_schedule=self.draft_schedule,
+        sample = sample_runs(session.function, bank, length=length, draft_schedule=self.draft_schedule,
                              n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
                              function_seed=derive_seed(plan.seed, "function"), where=self.name)
         weights = v ** torch.arange(length - 1, -1, -1)
@@ -363,7 +360,7 @@ class AcceptanceRateCheck(Check):
         return binomial_detectable_rate(n, self.bound, alpha, power)
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        sample = sample_steps(session.function, Tables(self.bank), num_draft=1, window=(0, 1), n=plan.n,
+        sample = sample_steps(session.function, self.bank, num_draft=1, window=(0, 1), n=plan.n,
                               batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
                               function_seed=derive_seed(plan.seed, "function"), where=self.name)
         test = stats.binomial_test(sample.first_is_draft, plan.n, self.bound, "greater")
@@ -382,14 +379,6 @@ class AcceptanceRateCheck(Check):
             observed=(sample.first_is_draft, n_rejected),
             expected=(self.bound, 1.0 - self.bound), cell_labels=("first token = draft", "first token ≠ draft"),
         )
-
-
-def accepts_uniforms(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` takes a ``uniforms`` keyword (the convention that allows exact integration)."""
-    try:
-        return "uniforms" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass
@@ -466,10 +455,9 @@ class RandomnessSourceCheck(Check):
 
 
     def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        tables = Tables(self.bank)
         generator = torch.Generator().manual_seed(derive_seed(plan.seed, "harness"))
         chain = torch.arange(self.rows) % self.bank.num_chains
-        proposal = propose(tables, tables.initial_state(chain), self.num_draft, generator)
+        proposal = propose(self.bank, self.bank.initial_state(chain), self.num_draft, generator)
 
         def run_twice(generator_seed: int, global_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
             seed_global_rng(global_seed)

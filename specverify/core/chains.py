@@ -11,15 +11,24 @@ the target chain, whatever the draft chain is; ``specverify.core.exact`` compute
 - :class:`MarkovChain` keys both laws on the last ``order`` tokens of ``prompt + prefix``, so the
   target's distribution at draft position ``i`` depends on the draft tokens before it, as in a
   real model.  ``order == 0`` gives a context-free chain.
+
+Both have a vectorised table view for samplers that run thousands of rows at once:
+:class:`PositionalBank` and :class:`MarkovBank` hold ``R`` chains of one family as stacked tables
+``target, draft [R, S, V]`` (``S`` states per chain), and move a batch of rows (:class:`RowState`)
+through them with ``rows_of`` (the table row each batch row reads) and ``advance`` (append a
+token).  ``bank.chain(r)`` is chain ``r`` as a scalar object and ``Bank.of(chains)`` stacks scalar
+chains into a bank, so both views describe the same laws.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from specverify.core.sampling import TableSampler
 
 ROW_SUM_TOLERANCE = 1e-9
 """Largest accepted ``|sum(row) - 1|`` for a probability row of a chain's tables."""
@@ -135,7 +144,6 @@ class MarkovChain:
         self.vocab_size = vocab_size
         self._target_tensor = torch.from_numpy(target_table.copy())
         self._draft_tensor = torch.from_numpy(draft_table.copy())
-        self._digit_weights = vocab_size ** torch.arange(order - 1, -1, -1, dtype=torch.int64)
 
     def context_after(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
         """The last ``order`` tokens of ``prompt + prefix`` (oldest first)."""
@@ -154,8 +162,7 @@ class MarkovChain:
     def state_index(self, contexts: torch.Tensor) -> torch.Tensor:
         """int64 ``[N]``: the table rows of a batch of contexts ``[N, order]`` (oldest token first)."""
         self._check_contexts(contexts)
-        weights = self._digit_weights.to(contexts.device)
-        return (contexts.to(torch.int64) * weights).sum(dim=1)
+        return _context_states(contexts, self.vocab_size)
 
     def target(self, prefix: tuple[int, ...]) -> np.ndarray:
         """The target's next-token law after ``prompt + prefix`` (a read-only float64 row)."""
@@ -185,6 +192,161 @@ class MarkovChain:
 
     def __repr__(self) -> str:
         return f"MarkovChain(V={self.vocab_size}, order={self.order}, prompt={self.prompt})"
+
+
+def _context_states(contexts: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int64 ``[N]``: the base-``V`` number of each context ``[N, order]`` (oldest token most significant)."""
+    order = contexts.shape[1]
+    weights = vocab_size ** torch.arange(order - 1, -1, -1, dtype=torch.int64, device=contexts.device)
+    return (contexts.to(torch.int64) * weights).sum(dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Banks: R chains of one family as tables, for vectorised samplers
+# --------------------------------------------------------------------------------------------
+
+
+class RowState(NamedTuple):
+    """Where each row of a batch is: its chain, the tokens generated so far, and the last ``order``
+    tokens (oldest first; ``[N, 0]`` for context-free chains)."""
+
+    chain: torch.Tensor     # int64 [N]
+    position: torch.Tensor  # int64 [N]
+    context: torch.Tensor   # int64 [N, order]
+
+    def take(self, rows: torch.Tensor) -> RowState:
+        """The state of the listed rows (an index or a boolean mask)."""
+        return RowState(self.chain[rows], self.position[rows], self.context[rows])
+
+    def cat(self, other: RowState) -> RowState:
+        """This batch's rows followed by ``other``'s."""
+        return RowState(*(torch.cat([a, b]) for a, b in zip(self, other)))
+
+
+class ChainBank:
+    """``R`` chains of one family over one vocabulary as float64 tables ``target, draft [R, S, V]``:
+    row ``s`` of chain ``r`` is the next-token law in state ``s``.  A batch of rows moves through the
+    tables by :meth:`rows_of` and :meth:`advance`; :attr:`target_sampler` / :attr:`draft_sampler`
+    draw from chosen rows by inverse CDF (:class:`specverify.core.sampling.TableSampler`).
+
+    Subclasses say what a state is (:meth:`local_state`) and which scalar chain a bank row is
+    (:meth:`chain`); ``kind`` names the family in reports.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, target: np.ndarray, draft: np.ndarray, order: int, prompts: np.ndarray) -> None:
+        target, draft = np.asarray(target, dtype=np.float64), np.asarray(draft, dtype=np.float64)
+        if target.ndim != 3 or draft.shape != target.shape:
+            raise ValueError(f"draft: expected the target's shape [R, S, V] = {list(target.shape)}, got {list(draft.shape)}")
+        self.target, self.draft, self.order = target, draft, order
+        self.prompts = np.asarray(prompts, dtype=np.int64).reshape(target.shape[0], order)
+        flat_shape = (self.num_chains * self.num_states, self.vocab_size)
+        self.target_rows = torch.from_numpy(np.ascontiguousarray(target.reshape(flat_shape)))
+        self.draft_rows = torch.from_numpy(np.ascontiguousarray(draft.reshape(flat_shape)))
+        self.target_sampler = TableSampler(target)
+        self.draft_sampler = TableSampler(draft)
+        self._prompt_tensor = torch.from_numpy(self.prompts)
+        self._rows_in: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def num_chains(self) -> int:
+        return self.target.shape[0]
+
+    @property
+    def num_states(self) -> int:
+        return self.target.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.shape[2]
+
+    def rows_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The flattened target and draft tables ``[R·S, V]`` in ``dtype`` (converted once)."""
+        if dtype not in self._rows_in:
+            self._rows_in[dtype] = (self.target_rows.to(dtype), self.draft_rows.to(dtype))
+        return self._rows_in[dtype]
+
+    def initial_state(self, chain: torch.Tensor) -> RowState:
+        """Rows of the given chains ``[N]`` before any token is generated."""
+        return RowState(chain, torch.zeros_like(chain), self._prompt_tensor[chain].reshape(chain.shape[0], self.order))
+
+    def local_state(self, state: RowState) -> torch.Tensor:
+        """int64 ``[N]``: each row's state within its chain's table."""
+        raise NotImplementedError
+
+    def rows_of(self, state: RowState) -> torch.Tensor:
+        """int64 ``[N]``: each row's index into the flattened tables, ``chain·S + local state``."""
+        return state.chain * self.num_states + self.local_state(state)
+
+    def advance(self, state: RowState, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> RowState:
+        """The state after appending ``tokens [N]`` (only to the rows where ``mask`` is true)."""
+        if mask is None:
+            mask = torch.ones_like(tokens, dtype=torch.bool)
+        context = state.context
+        if self.order:
+            shifted = torch.cat([context[:, 1:], tokens.clamp(min=0)[:, None]], dim=1)
+            context = torch.where(mask[:, None], shifted, context)
+        return RowState(state.chain, state.position + mask.long(), context)
+
+    def chain(self, index: int) -> Chain:
+        """Chain ``index`` as a scalar object (for :mod:`specverify.core.exact`)."""
+        raise NotImplementedError
+
+
+class PositionalBank(ChainBank):
+    """``R`` context-free steps (:class:`PositionalChain`): the state of a row is its position ``i``
+    in the step.  ``p [R, K+1, V]`` target laws, ``q [R, K, V]`` draft laws; ``draft`` is stored
+    ``[R, K+1, V]`` with the unused bonus row equal to ``p[:, K]``."""
+
+    kind = "positional"
+
+    def __init__(self, p: np.ndarray, q: np.ndarray) -> None:
+        p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+        padded_q = np.concatenate([q, p[:, -1:]], axis=1)  # the bonus position has no draft law
+        super().__init__(p, padded_q, 0, np.zeros((p.shape[0], 0), dtype=np.int64))
+
+    @classmethod
+    def of(cls, chains: Sequence[PositionalChain]) -> PositionalBank:
+        """The bank of scalar chains with equal ``K`` and ``V``."""
+        shapes = {(chain.num_draft, chain.vocab_size) for chain in chains}
+        if len(shapes) != 1:
+            raise ValueError(f"chains: expected equal K and V for every chain, got {sorted(shapes)}")
+        return cls(np.stack([chain.p for chain in chains]), np.stack([chain.q for chain in chains]))
+
+    @property
+    def num_draft(self) -> int:
+        return self.num_states - 1
+
+    def local_state(self, state: RowState) -> torch.Tensor:
+        return state.position
+
+    def chain(self, index: int) -> PositionalChain:
+        return PositionalChain(self.target[index], self.draft[index, :-1])
+
+
+class MarkovBank(ChainBank):
+    """``R`` Markov chains (:class:`MarkovChain`) of one ``order``: tables ``[R, V**order, V]``, the
+    state of a row is its last ``order`` tokens read as a base-``V`` number, ``prompts [R, order]``
+    the context before the first generated token."""
+
+    kind = "markov"
+
+    @classmethod
+    def of(cls, chains: Sequence[MarkovChain]) -> MarkovBank:
+        """The bank of scalar chains with equal ``V`` and ``order``."""
+        shapes = {(chain.vocab_size, chain.order) for chain in chains}
+        if len(shapes) != 1:
+            raise ValueError(f"chains: expected equal V and order for every chain, got {sorted(shapes)}")
+        order = chains[0].order
+        prompts = np.array([chain.prompt for chain in chains], dtype=np.int64).reshape(len(chains), order)
+        return cls(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order, prompts)
+
+    def local_state(self, state: RowState) -> torch.Tensor:
+        return _context_states(state.context, self.vocab_size)
+
+    def chain(self, index: int) -> MarkovChain:
+        return MarkovChain(self.target[index], self.draft[index], self.order, tuple(int(t) for t in self.prompts[index]))
 
 
 def random_markov_chain(

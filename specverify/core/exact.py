@@ -320,8 +320,21 @@ class _Grid:
 
     path: np.ndarray  # int64 [N]: index of the cell's draft path
     interval: np.ndarray  # int64 [N, K+1]: index of the cell's interval in each column
-    low: np.ndarray  # float64 [N, K+1]: lower corner
-    width: np.ndarray  # float64 [N, K+1]: side lengths
+    low: np.ndarray  # float64 [N, K+1]: lower corner (inclusive)
+    high: np.ndarray  # float64 [N, K+1]: upper corner (exclusive), at most 1
+    width: np.ndarray  # float64 [N, K+1]: side lengths ``high - low``
+
+    def points(self, fractions: np.ndarray, cells: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """``low + width * fractions`` of the ``cells`` (fractions in ``[0, 1)``, broadcast against
+        ``[len(cells), K+1]``), kept inside ``[low, high)`` and so inside ``[0, 1)``.
+
+        In float64 ``low + width * f`` rounds up to ``high`` when the gap ``width * (1 - f)`` is
+        below half an ulp of ``high`` (a 1e-13-wide top cell with ``f = 1 - 8**-7`` gives exactly
+        1.0, which no rule accepts as a uniform), so every point is clamped to the largest float
+        below ``high``; edges are at least :data:`MIN_CELL_WIDTH` apart, so that float is ``>= low``.
+        """
+        low, high = self.low[cells], self.high[cells]
+        return np.clip(low + (high - low) * fractions, low, np.nextafter(high, -np.inf))
 
 
 def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[int, ...] = ()) -> Distribution:
@@ -361,8 +374,8 @@ def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[in
     for round_index in range(MAX_REFINEMENTS + 1):
         grid = _build_grid(edges, pending)
         rng = np.random.default_rng(round_index)
-        first = grid.low + grid.width * rng.uniform(0.05, 0.95, size=grid.low.shape)
-        second = grid.low + grid.width * rng.uniform(0.05, 0.95, size=grid.low.shape)
+        first = grid.points(rng.uniform(0.05, 0.95, size=grid.low.shape))
+        second = grid.points(rng.uniform(0.05, 0.95, size=grid.low.shape))
         first_codes = _evaluate(rule, paths, grid.path, first)
         second_codes = _evaluate(rule, paths, grid.path, second)
         pairs = _concatenate_pairs(
@@ -454,8 +467,10 @@ def _without(law: np.ndarray, token: int) -> np.ndarray:
 
 
 def _merge_edges(values: np.ndarray) -> np.ndarray:
-    """Sorted edges in ``[0, 1]`` including both ends, NaNs dropped, neighbours closer than
-    :data:`MIN_CELL_WIDTH` merged (the larger is kept; ``0`` and ``1`` always stay)."""
+    """Sorted edges in ``[0, 1]`` including both ends, NaNs dropped, values clipped into
+    ``[0, 1]`` (so ``±inf`` ratios become an end), neighbours closer than :data:`MIN_CELL_WIDTH`
+    merged (the smaller is kept; ``0`` and ``1`` always stay).  Cells are the half-open intervals
+    ``[edge_j, edge_{j+1})``, so every point of a cell lies in ``[0, 1)``."""
     values = np.clip(values[~np.isnan(values)], 0.0, 1.0)
     values = np.unique(np.concatenate([values, [0.0, 1.0]]))
     kept = [0.0]
@@ -468,7 +483,7 @@ def _merge_edges(values: np.ndarray) -> np.ndarray:
 
 def _build_grid(edges: list[list[np.ndarray]], path_indices: np.ndarray) -> _Grid:
     """Every product cell of every listed path's edges."""
-    paths, intervals, lows, widths = [], [], [], []
+    paths, intervals, lows, highs = [], [], [], []
     for path_index in path_indices:
         columns = edges[path_index]
         mesh = np.meshgrid(*[np.arange(len(column) - 1) for column in columns], indexing="ij")
@@ -478,8 +493,9 @@ def _build_grid(edges: list[list[np.ndarray]], path_indices: np.ndarray) -> _Gri
         paths.append(np.full(len(low), path_index, dtype=np.int64))
         intervals.append(interval)
         lows.append(low)
-        widths.append(high - low)
-    return _Grid(*(np.concatenate(parts) for parts in (paths, intervals, lows, widths)))
+        highs.append(high)
+    low, high = np.concatenate(lows), np.concatenate(highs)
+    return _Grid(np.concatenate(paths), np.concatenate(intervals), low, high, high - low)
 
 
 def _evaluate(rule: Rule, paths: _DraftPaths, path_of_row: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
@@ -604,7 +620,7 @@ def _scan_columns(rule: Rule, paths: _DraftPaths, grid: _Grid, points: np.ndarra
     fractions = np.tile(SCAN_FRACTIONS, len(cells) // num_fractions)
     scan = points[cells].copy()
     rows = np.arange(len(cells))
-    scan[rows, column_of] = grid.low[cells, column_of] + grid.width[cells, column_of] * fractions
+    scan[rows, column_of] = grid.points(fractions[:, None], cells)[rows, column_of]
     scan_codes = _evaluate(rule, paths, grid.path[cells], scan)
     differ = scan_codes != codes[cells]
     return _Pairs(cells[differ], points[cells[differ]], codes[cells[differ]], scan[differ], scan_codes[differ])

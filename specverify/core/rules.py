@@ -32,10 +32,14 @@ row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a ma
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
+
+from specverify.core.sampling import inverse_cdf
 
 # --------------------------------------------------------------------------------------------
 # Row-sum tolerance.
@@ -297,22 +301,6 @@ def _rows_at(probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return probs[rows, positions.clamp(max=probs.shape[1] - 1)]
 
 
-def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """First token ``t`` with ``cumsum(w)[t] > u * sum(w)``, per row; float64 ``weights [B, V] >= 0``.
-
-    ``sum(w)`` is the last cumulative sum.  For ``u < 1`` and a normal ``sum(w)``, ``u * sum(w)``
-    rounds below ``sum(w)``; for a subnormal total (masses ~1e-320) it can round up to it, so the
-    threshold is capped one ulp below the total and a token is always found.  Because the
-    cumulative sum strictly increases at ``t``, ``w[t] > 0``: a token of zero mass is never
-    returned (rows must have positive total mass).  ``weights`` is overwritten with its cumulative
-    sums (callers pass a temporary; no new ``[B, V]`` buffer).
-    """
-    cumulative = weights.cumsum_(-1)
-    total = cumulative[:, -1]
-    threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, threshold.unsqueeze(-1), right=True).squeeze(-1)
-
-
 def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final_token: torch.Tensor) -> torch.Tensor:
     """``emitted [B, K+1]``: accepted drafts, the final token at column ``num_accepted``, then -1."""
     batch, num_draft_tokens = draft_tokens.shape
@@ -379,7 +367,7 @@ def rejection_sample(
     weights.sub_(scratch.mul_(rejected[:, None])).clamp_(min=0)
     fallback = rejected & (weights.sum(-1) <= 0)
     weights.add_(scratch.copy_(p_final).mul_(fallback[:, None]))
-    final_token = _inverse_cdf(weights, u[:, -1])
+    final_token = inverse_cdf(weights, u[:, -1], in_place=True)
     return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
 
 
@@ -421,7 +409,7 @@ def point_mass_verify(
     residual = p_final.scatter(-1, rejected_token, 0.0)
     use_residual = rejected & (residual.sum(-1) > 0)
     final_weights = torch.where(use_residual[:, None], residual, p_final)
-    final_token = _inverse_cdf(final_weights, u[:, -1])
+    final_token = inverse_cdf(final_weights, u[:, -1], in_place=True)
     return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
 
 
@@ -489,7 +477,7 @@ def typical_acceptance_verify(
     num_accepted = _leading_accepts(accept)
 
     p_final = _rows_at(target_probs, num_accepted).to(torch.float64)
-    final_token = _inverse_cdf(p_final, u[:, -1])
+    final_token = inverse_cdf(p_final, u[:, -1], in_place=True)
     return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
 
 
@@ -548,3 +536,12 @@ def typical_acceptance_as_verify(
     """SPEC §1 adapter of :func:`typical_acceptance_verify` (LOSSY, Medusa defaults
     ``threshold=0.09``, ``alpha=0.3``); ``draft_probs`` is ignored."""
     return typical_acceptance_verify(target_probs, draft_tokens, generator, uniforms=uniforms).emitted
+
+
+def accepts_uniforms(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s signature has a ``uniforms`` parameter: the uniform convention of the rules
+    above (docs/ARCHITECTURE.md), which lets :mod:`specverify.core.exact` integrate it exactly."""
+    try:
+        return "uniforms" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

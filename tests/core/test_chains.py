@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from specverify.core.chains import Chain, MarkovChain, PositionalChain, random_markov_chain, random_positional_chain
+from specverify.core.chains import (
+    Chain,
+    MarkovBank,
+    MarkovChain,
+    PositionalBank,
+    PositionalChain,
+    random_markov_chain,
+    random_positional_chain,
+)
 from specverify.core.seeding import derive_seed
 
 
@@ -196,3 +204,44 @@ def test_random_positional_chain_shapes():
 def test_random_chain_arguments_are_validated(kwargs, argument):
     with pytest.raises(ValueError, match=rf"^{argument}:"):
         random_markov_chain(3, 1, 0, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Banks: the vectorised table view of the same chains
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_positional_bank_holds_the_same_laws_as_its_chains():
+    chains = [random_positional_chain(3, 2, seed) for seed in range(3)]
+    bank = PositionalBank.of(chains)
+    assert (bank.num_chains, bank.num_states, bank.vocab_size, bank.num_draft) == (3, 3, 3, 2)
+    state = bank.initial_state(torch.tensor([2, 0, 1]))
+    for position in range(3):
+        rows = bank.rows_of(state)
+        for row, chain_index in enumerate([2, 0, 1]):
+            np.testing.assert_array_equal(bank.target_rows[rows[row]].numpy(), chains[chain_index].p[position])
+        state = bank.advance(state, torch.tensor([0, 1, 2]))
+    np.testing.assert_array_equal(bank.chain(1).q, chains[1].q)
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_a_markov_bank_moves_rows_as_its_chains_do(order):
+    chains = [random_markov_chain(3, order, seed) for seed in range(2)]
+    bank = MarkovBank.of(chains)
+    generated = torch.tensor([[0, 2, 1, 1], [2, 2, 0, 1]])
+    state = bank.initial_state(torch.tensor([0, 1]))
+    for step in range(generated.shape[1] + 1):
+        rows = bank.rows_of(state)
+        for row in range(2):
+            prefix = tuple(generated[row, :step].tolist())
+            np.testing.assert_array_equal(bank.draft_rows[rows[row]].numpy(), chains[row].draft(prefix))
+        if step < generated.shape[1]:
+            state = bank.advance(state, generated[:, step])
+    assert bank.chain(1).prompt == chains[1].prompt
+
+
+def test_banks_refuse_chains_of_different_shapes():
+    with pytest.raises(ValueError, match="^chains:"):
+        PositionalBank.of([random_positional_chain(3, 2, 0), random_positional_chain(3, 1, 0)])
+    with pytest.raises(ValueError, match="^chains:"):
+        MarkovBank.of([random_markov_chain(3, 1, 0), random_markov_chain(3, 2, 0)])

@@ -338,6 +338,64 @@ def test_one_uniform_shared_by_all_positions_is_integrated_exactly():
     assert exact.exact_step_tv(shared, chain, 1) > 1e-3
 
 
+def test_grid_edges_and_points_stay_inside_the_unit_interval():
+    # Edges from ratios that overflow, underflow, are NaN, or sit within rounding of 0 and 1.
+    raw = np.array([np.nan, -np.inf, -0.0, 1e-17, 0.3, 0.3 + 1e-15, 1.0 - 1e-12, 1.0 - 1e-17, 1.0, 1.5, np.inf])
+    edges = exact._merge_edges(raw)
+    assert edges[0] == 0.0 and edges[-1] == 1.0
+    assert np.all(np.diff(edges) >= exact.MIN_CELL_WIDTH)
+    # The narrowest legal top cell [1 - MIN_CELL_WIDTH, 1): a scan fraction 1 - 8**-7 rounds
+    # low + width * f to exactly 1.0 without the clamp (issue 9).
+    top = np.array([0.0, 1.0 - exact.MIN_CELL_WIDTH, 1.0])
+    grid = exact._build_grid([[edges, top]], np.array([0]))
+    fractions = np.concatenate([[0.0], exact.SCAN_FRACTIONS, [np.nextafter(1.0, 0.0)]])
+    for fraction in fractions:
+        points = grid.points(np.full(grid.low.shape, fraction))
+        assert np.all(points >= grid.low) and np.all(points < grid.high), fraction
+        assert np.all(points >= 0.0) and np.all(points < 1.0), fraction
+
+
+@pytest.mark.parametrize(
+    "rule, chain",
+    [
+        (
+            _reference,
+            PositionalChain(
+                [[1.0, 0.0], [0.9415530584364511, 0.05844694156354893], [0.09152243225885004, 0.90847756774115],
+                 [0.5022159443300198, 0.49778405566998013]],
+                [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893],
+                 [0.09152243225885004, 0.90847756774115]],
+            ),
+        ),
+        (
+            None,  # the point-mass rule
+            PositionalChain(
+                [[0.0, 0.4139739726860432, 0.5860260273139569],
+                 [1.4022777344283394e-13, 0.999999999999, 8.59772226557166e-13]],
+                [[0.0, 0.0, 1.0]],
+            ),
+        ),
+    ],
+    ids=["narrow-top-cell", "bonus-masses-near-1e-13"],
+)
+def test_every_uniform_handed_to_the_rule_lies_in_the_unit_interval(rule, chain):
+    # The two fresh-machine failures of issue 9 (Hypothesis 6.170.17): cells ~1e-13 wide just below 1.
+    from specverify.core import rules
+
+    rule = rules.point_mass_as_verify if rule is None else rule
+    seen = []
+
+    def recording(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
+        seen.append(uniforms.numpy().copy())
+        return rule(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+
+    law = exact.step_distribution(recording, chain, chain.num_draft)
+    everything = np.concatenate(seen)
+    assert everything.min() >= 0.0 and everything.max() < 1.0
+    completed = exact.completed_step_distribution(law, chain, chain.num_draft)
+    assert exact.max_abs_difference(completed, exact.target_sequence_distribution(chain, chain.num_draft + 1)) < 1e-9
+
+
 def test_a_rule_that_ignores_the_uniforms_is_refused():
     def sampling_rule(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
         return _reference(target_probs, draft_probs, draft_tokens, uniforms=torch.rand(uniforms.shape, dtype=torch.float64))

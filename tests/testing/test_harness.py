@@ -23,7 +23,6 @@ from specverify.auditing.faults import (
 from specverify.testing.harness import (
     GuardedFunction,
     Proposal,
-    Tables,
     complete,
     markov_prefix_law,
     positional_window_law,
@@ -110,11 +109,10 @@ def test_markov_prefix_law_matches_exact_enumeration():
 @pytest.mark.statistical
 def test_inverse_cdf_sampler_follows_each_row_and_never_draws_zeros():
     bank = positional_family_bank("s", "zeros", 6, 2, 3)
-    tables = Tables(bank)
     n = 60_000
     generator = torch.Generator().manual_seed(derive_seed("sampler-test"))
     rows = torch.randint(0, bank.num_chains * bank.num_states, (n,), generator=generator)
-    tokens = tables.draft_sampler.sample(rows, generator)
+    tokens = bank.draft_sampler.sample(rows, generator)
     flat = bank.draft.reshape(-1, 6)
     assert (flat[rows.numpy(), tokens.numpy()] > 0).all()
     row = 1  # one row's frequencies against its law, at α = 1e-6
@@ -124,9 +122,8 @@ def test_inverse_cdf_sampler_follows_each_row_and_never_draws_zeros():
 
 def test_proposal_reads_the_target_along_each_draft_path():
     bank = markov_family_bank("p", 4, 2, 2)
-    tables = Tables(bank)
     chain = torch.tensor([0, 1, 1, 0, 1])
-    proposal = propose(tables, tables.initial_state(chain), 3, torch.Generator().manual_seed(0))
+    proposal = propose(bank, bank.initial_state(chain), 3, torch.Generator().manual_seed(0))
     assert proposal.target_probs.shape == (5, 4, 4) and proposal.draft_probs.shape == (5, 3, 4)
     for row in range(5):
         chain_object = bank.chain(int(chain[row]))
@@ -140,11 +137,10 @@ def test_proposal_reads_the_target_along_each_draft_path():
 
 def test_completion_keeps_emitted_tokens_and_fills_the_rest():
     bank = positional_family_bank("c", "random", 4, 3, 1)
-    tables = Tables(bank)
     emitted = torch.tensor([[1, 2, 3, 0], [2, -1, -1, -1], [0, 1, -1, -1]])
     lengths = torch.tensor([4, 1, 2])
-    state = tables.initial_state(torch.zeros(3, dtype=torch.int64))
-    completed = complete(tables, state, emitted, lengths, 4, torch.Generator().manual_seed(0))
+    state = bank.initial_state(torch.zeros(3, dtype=torch.int64))
+    completed = complete(bank, state, emitted, lengths, 4, torch.Generator().manual_seed(0))
     assert completed[0].tolist() == [1, 2, 3, 0]
     assert completed[1, 0] == 2 and completed[2, :2].tolist() == [0, 1]
     assert (completed >= 0).all()
@@ -158,7 +154,7 @@ def test_rows_per_call_caps_large_vocabularies():
 def test_sample_steps_counts_rows_and_acceptance():
     function = GuardedFunction(reference, timeout_s=30)
     bank = positional_family_bank("steps", "identical", 4, 3, 2)
-    sample = sample_steps(function, Tables(bank), num_draft=3, window=(2, 2), n=1000, batch_rows=300,
+    sample = sample_steps(function, bank, num_draft=3, window=(2, 2), n=1000, batch_rows=300,
                           harness_seed=1, function_seed=2, where="test")
     assert sample.window.shape == (1000, 2) and function.log.calls == 4 and function.log.rows == 1000
     assert sample.accepted.tolist() == [0, 0, 0, 1000]  # q = p: every draft accepted
@@ -173,7 +169,7 @@ def test_decoding_loop_rows_advance_by_different_amounts():
 
     function = GuardedFunction(recording, timeout_s=30)
     bank = markov_family_bank("loop", 3, 1, 2)
-    run = sample_runs(function, Tables(bank), length=4, draft_schedule=(2, 1, 3), n=500, batch_rows=128,
+    run = sample_runs(function, bank, length=4, draft_schedule=(2, 1, 3), n=500, batch_rows=128,
                       harness_seed=3, function_seed=4, where="test")
     assert run.tokens.shape == (500, 4) and (run.tokens >= 0).all()
     assert [shape[1] for shape in calls[:3]] == [2, 1, 3]
@@ -184,7 +180,7 @@ def test_decoding_loop_rows_advance_by_different_amounts():
 def test_decoding_loop_of_a_lossless_non_speculative_step_follows_the_target():
     function = GuardedFunction(_target_only, timeout_s=30)
     bank = markov_family_bank("loop-target-only", 3, 1, 1)
-    run = sample_runs(function, Tables(bank), length=3, draft_schedule=(2,), n=20_000, batch_rows=4096,
+    run = sample_runs(function, bank, length=3, draft_schedule=(2,), n=20_000, batch_rows=4096,
                       harness_seed=derive_seed("loop-test"), function_seed=derive_seed("loop-test-f"), where="test")
     index = (run.tokens * torch.tensor([9, 3, 1])).sum(dim=1)
     counts = torch.bincount(index, minlength=27).numpy()
@@ -278,8 +274,7 @@ def test_guarded_function_records_mutation_and_validates_against_its_own_copy():
         return emitted
 
     bank = positional_family_bank("mut", "random", 4, 2, 1)
-    tables = Tables(bank)
-    proposal = propose(tables, tables.initial_state(torch.zeros(8, dtype=torch.int64)), 2, torch.Generator().manual_seed(0))
+    proposal = propose(bank, bank.initial_state(torch.zeros(8, dtype=torch.int64)), 2, torch.Generator().manual_seed(0))
     kept = Proposal(*(t.clone() for t in proposal))
     function = GuardedFunction(mutating, timeout_s=5)
     function(proposal, function.generator(0), where="here")
