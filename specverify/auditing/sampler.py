@@ -770,8 +770,10 @@ class SamplerBattery:
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
         self.batch_rows = batch_rows
 
-    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> SamplerSession:
-        return SamplerSession(GuardedFunction(fn, timeout_s=timeout_s, device=device), fn, timeout_s, self.batch_rows)
+    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float,
+                     isolation: str = "none") -> SamplerSession:
+        function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+        return SamplerSession(function, function.raw, timeout_s, self.batch_rows)
 
     def checks(self, session: SamplerSession) -> list[Check]:
         steps = [self._step(*spec) for spec in _STEP_CHECKS]
