@@ -211,6 +211,7 @@ class _Session:
         self.worker: WorkerProcess | None = None
         self.info: dict[str, Any] = {}
         self.isolation = check_isolation(isolation)
+        self.life_calls = self.life_rows = 0  # calls and rows since the current worker started
         self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
         self.target: WorkerTarget | None = None
         if self.isolation == "process":
@@ -248,6 +249,7 @@ class _Session:
         if self.worker is not None:
             self.log.restarts += 1
             self.worker.kill()
+        self.life_calls = self.life_rows = 0
         self.worker = WorkerProcess(self.target, level=self.level, device=str(self.device),
                                     start_timeout_s=max(START_TIMEOUT_S, self.timeout_s), stdout=self.stdout,
                                     stderr=self.stderr)
@@ -341,6 +343,8 @@ class GuardedFunction(_Session):
             emitted = self._groups_in_worker(proposal, generator, sizes, where)
         self.log.calls += len(sizes)
         self.log.rows += batch
+        self.life_calls += len(sizes)
+        self.life_rows += batch
         return validate_emitted(emitted, proposal.draft_tokens, vocab)
 
     def _split(self, batch: int, width: int, vocab: int) -> list[int]:

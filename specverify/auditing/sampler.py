@@ -808,10 +808,12 @@ class SamplerBattery:
                 (("random positional", positional_family_bank("exact-random", "random", 3, 2, 1), 2),
                  ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
                  ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
-        checks += steps + loops + [acceptance]
+        from specverify.auditing.sampler_coverage import contract_checks, coverage_checks, late_checks
+
+        checks += steps + coverage_checks() + loops + [acceptance] + late_checks()
         checks.append(InputsUnchangedCheck("inputs-unchanged",
                                            "No call may modify the tensors it is given (engines reuse them)."))
-        return checks
+        return checks + contract_checks()
 
     def _step(self, name: str, description: str, family: str, vocab_size: int, num_draft: int, num_chains: int,
               window: tuple[int, int], top_cells: int = 0) -> StepLawCheck:

@@ -123,7 +123,8 @@ class Worker:
             seconds += time.perf_counter() - started
             aliased = self.alias_watch.after_call(result) or aliased
             try:
-                output[rows_slice] = checked_emitted(result, drafts, vocab)
+                plain = _plain(result, rows, output.shape[1])
+                output[rows_slice] = result.detach() if plain else checked_emitted(result, drafts, vocab)
             except Fault as fault:
                 return ("fault", fault.kind, fault.message, number)
             if not on_cpu:
@@ -182,6 +183,15 @@ class Worker:
         if changed:
             self.models = type(models)(self.device)  # later calls get the audit's models again
         return ("ok", tokens, seconds, mutated, changed)
+
+
+def _plain(result: Any, rows: int, width: int) -> bool:
+    """A dense int64 CPU tensor of the expected shape: copied as is (the parent validates the
+    values of the whole request at once); anything else goes through the full per-call check."""
+    import torch
+
+    return (type(result) is torch.Tensor and result.layout == torch.strided and result.device.type == "cpu"
+            and result.dtype == torch.int64 and tuple(result.shape) == (rows, width))
 
 
 def main(descriptor: int) -> None:
