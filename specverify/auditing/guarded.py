@@ -341,11 +341,14 @@ class GuardedFunction(_Session):
             emitted = self._groups_in_process(proposal, generator, sizes, where)
         else:
             emitted = self._groups_in_worker(proposal, generator, sizes, where)
-        self.log.calls += len(sizes)
-        self.log.rows += batch
-        self.life_calls += len(sizes)
-        self.life_rows += batch
         return validate_emitted(emitted, proposal.draft_tokens, vocab)
+
+    def _returned(self, calls: int, rows: int) -> None:
+        """Count calls that returned (valid output or not)."""
+        self.log.calls += calls
+        self.log.rows += rows
+        self.life_calls += calls
+        self.life_rows += rows
 
     def _split(self, batch: int, width: int, vocab: int) -> list[int]:
         per_row = (2 * width - 1) * vocab
@@ -406,6 +409,7 @@ class GuardedFunction(_Session):
             seconds = time.perf_counter() - started
             self.speed.record(1, rows * per_row, seconds)
             self.log.function_seconds += seconds
+            self._returned(1, rows)
             if self.alias_watch.after_call(result) and not self.log.aliasing:
                 self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
             outputs.append(checked_emitted(result, proposal.draft_tokens[start:start + rows], vocab))
@@ -452,9 +456,12 @@ class GuardedFunction(_Session):
             reply = self._request(dict(header), deadline, what, where)
             if reply[0] == "fault":
                 _, kind, message, number = reply
+                returned = number + (kind == "malformed")
+                self._returned(returned, sum(sizes[start:start + returned]))
                 call = f"call {start + number + 1} of {len(sizes)}, " if len(sizes) > 1 else ""
                 raise Fault(kind, message.replace("{what}", f"the function (in {call}{where})"))
             _, seconds, aliased = reply
+            self._returned(calls, rows)
             self.speed.record(calls, rows * per_row, seconds)
             self.log.function_seconds += seconds
             if aliased and not self.log.aliasing:
@@ -523,6 +530,7 @@ class GuardedGenerate(_Session):
                        "seed": seed, "global_seed": global_rng_fingerprint()}
             reply = self._request(message, deadline, what, where)
             if reply[0] == "fault":
+                self.log.calls += reply[1] == "malformed"  # it returned, but not a valid output
                 raise Fault(reply[1], reply[2].replace("{what}", what))
             _, tokens, seconds, mutated, changed = reply
             tokens = torch.tensor(tokens, dtype=torch.int64)

@@ -402,8 +402,9 @@ class WorkerProcess:
             self.connection.send_bytes(pickle.dumps(message))
             if not self.connection.poll(deadline_s):
                 self.kill()
-                raise WorkerLost(Fault("timeout", f"{what} did not return within {deadline_s:.3g} s; the worker "
-                                                  "process was killed (and is restarted for the next check)"))
+                raise WorkerLost(Fault("timeout", f"{what} did not return within the per-call timeout of "
+                                                  f"{deadline_s:.3g} s; the worker process was killed (and is "
+                                                  "restarted for the next check)"))
             return pickle.loads(self.connection.recv_bytes())
         except WorkerLost:
             raise

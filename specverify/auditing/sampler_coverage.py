@@ -197,7 +197,9 @@ def truncated_bank(name: str, vocab_size: int, top_k: int, top_p: float) -> Any:
 class TruncatedVocabularyCheck(StepLawCheck):
     """A step law check whose cells per position are the target's ``top_cells`` most likely
     tokens, one cell for the rest of the target's support, and one cell of expected count 0 for
-    every token of target probability 0 (so a single zero-probability token fails it)."""
+    every token of target probability 0 (so a single zero-probability token fails it).  Sized
+    on all its cells, the zero cells included (slightly conservative: they add no degree of
+    freedom)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -206,20 +208,6 @@ class TruncatedVocabularyCheck(StepLawCheck):
         self.parameters["cells"] = self.num_cells
         self.parameters["zero-probability cell"] = True
         self.parameters["zero-probability tokens"] = int((self.bank.target[:, self.window[0]] == 0).sum())
-
-    @property
-    def _positive_cells(self) -> int:
-        return self.bank.num_chains * (self.top_cells + 1) ** self.window[1]
-
-    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        from specverify.auditing.sampler import _sample_size_for_tv
-
-        return _sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self._positive_cells)
-
-    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        from specverify.auditing.sampler import _detectable_tv
-
-        return _detectable_tv(n, alpha=alpha, power=power, num_cells=self._positive_cells)
 
     def _cell_maps(self) -> np.ndarray:
         bank, (start, length) = self.bank, self.window
