@@ -45,7 +45,7 @@ from specverify.auditing.isolation import (
 HANG_FACTOR = 20.0
 """A call is a hang when it runs this many times longer than its expected time (and past the floor)."""
 
-TARGET_CALL_S = 4.0
+TARGET_CALL_S = 10.0
 """Calls expected to take longer than this are split into row groups."""
 
 PROBE_ELEMENTS = 1 << 18

@@ -158,3 +158,15 @@ def test_an_internal_error_of_the_audit_is_exit_2_not_1(monkeypatch, capsys):
     monkeypatch.setattr(command, "audit", broken)
     assert command.run(build_parser().parse_args(["audit", "reference"])) == EXIT_ERROR
     assert "internal error of the audit: RuntimeError: a bug in the audit" in capsys.readouterr().err
+
+
+def test_the_decoder_level_runs_in_a_worker_that_builds_its_own_models():
+    from specverify.auditing.decoder import DecoderModels
+
+    report = audit(f"{HOSTILE / 'decoder_trains_target.py'}:generate", level="decoder", budget=20,
+                   checks=["greedy-identity", "models-unchanged"])
+    assert report.isolation["mode"] == "process"
+    verdicts = {c.name: c.verdict for c in report.checks}
+    assert verdicts["models-unchanged"] == "fail" and report.exit_code == EXIT_FAIL, report.explain()
+    assert "modified the models' parameters" in report.checks[-1].message
+    assert not DecoderModels().changed()  # the audit's own models were never handed to the function
