@@ -64,7 +64,6 @@ audit"); they never end the audit.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,14 +83,8 @@ from specverify.auditing.checks import (
     goodness_of_fit_result,
     resolve_budget,
 )
-from specverify.auditing.faults import (
-    FaultKind,
-    call_with_deadline,
-    preserved_global_rng,
-    seed_global_rng,
-    validate_new_tokens,
-)
-from specverify.testing.harness import CallLog
+from specverify.auditing.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
+from specverify.auditing.guarded import GuardedGenerate
 from specverify.core.seeding import derive_seed
 
 DECODER_BUDGETS: dict[str, float] = {"quick": 0.25, "standard": 0.1, "thorough": 0.05}
@@ -212,35 +205,6 @@ class DecoderModels:
 # --------------------------------------------------------------------------------------------
 
 
-class GuardedGenerate:
-    """Calls the SPEC §2 function with every guard of :mod:`specverify.auditing.faults`: a per-call
-    deadline, exception capture, output validation and input-mutation detection (``input_ids``
-    is a fresh tensor per call, compared with its copy afterwards)."""
-
-    def __init__(self, fn: Callable[..., Any], models: DecoderModels, *, timeout_s: float) -> None:
-        self.fn = fn
-        self.models = models
-        self.timeout_s = timeout_s
-        self.log = CallLog()
-
-    def __call__(self, stratum: Stratum, max_new_tokens: int, seed: int, *, where: str) -> torch.Tensor:
-        setting, prompt = stratum
-        original = torch.tensor([prompt], dtype=torch.int64, device=self.models.device)
-        passed = original.clone()
-
-        def call() -> Any:
-            return self.fn(self.models.target, self.models.draft, passed, max_new_tokens=max_new_tokens,
-                           temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
-
-        started = time.perf_counter()
-        result = call_with_deadline(call, (), self.timeout_s, what=f"generate (in {where})")
-        self.log.function_seconds += time.perf_counter() - started
-        self.log.calls += 1
-        self.log.rows += 1
-        tokens = validate_new_tokens(result, max_new_tokens, self.models.vocab_size)
-        if not torch.equal(passed, original):
-            self.log.mutations.append(f"{where}: modified input_ids in place")
-        return tokens
 
 
 @dataclass
@@ -396,7 +360,13 @@ class ModelsUnchangedCheck(Check):
         changed = session.models.changed()
         if changed:
             return self.report(plan, Verdict.FAIL,
-                               f"the decoder modified the parameters of the {' and '.join(changed)} model", fault=FaultKind.MUTATION)
+                               f"the decoder modified the parameters of the {' and '.join(changed)} model",
+                               fault=FaultKind.MUTATION)
+        if session.function.log.model_changes:  # seen by the worker, which has its own models
+            changes = session.function.log.model_changes
+            return self.report(plan, Verdict.FAIL,
+                               f"the decoder modified the models' parameters in {len(changes)} call(s) ({changes[0]})",
+                               fault=FaultKind.MUTATION)
         return self.report(plan, Verdict.PASS,
                            f"the models' parameters are unchanged after {session.function.log.calls} calls")
 
@@ -554,9 +524,10 @@ class DecoderBattery:
     def resolve_budget(budget: str | int | SampleBudget) -> SampleBudget:
         return resolve_decoder_budget(budget)
 
-    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> DecoderSession:
+    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float,
+                     isolation: str = "none") -> DecoderSession:
         models = DecoderModels(device)
-        return DecoderSession(GuardedGenerate(fn, models, timeout_s=timeout_s), models, timeout_s)
+        return DecoderSession(GuardedGenerate(fn, models, timeout_s=timeout_s, isolation=isolation), models, timeout_s)
 
     def checks(self, session: DecoderSession) -> list[Any]:
         models, length = session.models, CONTINUATION_LENGTH

@@ -19,12 +19,16 @@ kind                meaning                                                     
 ``global-rng``      randomness not taken from ``generator``'s stream: the output changes      1
                     with the global RNG seeds (or between equal runs) while the
                     generator's seed is fixed, or repeats although the generator advanced
+``aliasing``        the output is a view of a buffer the function overwrites on its next       1
+                    call, so a caller keeping one step's output sees it change
 ==================  ===================================================================  ====
 
-The first three make the audit "could not audit" (there is no output to judge); the last two are
+An ``exception`` also covers a worker process that ended abnormally (an exit call, a signal, a
+lost pipe; :mod:`specverify.auditing.isolation` names which).  The first three make the audit
+"could not audit" (there is no output to judge); the last three are
 contract violations judged as failures, because the function did produce outputs and they break
 the contract every engine relies on (inputs are shared buffers; seeded generation must be
-reproducible).
+reproducible; outputs are kept across steps).
 """
 
 from __future__ import annotations
@@ -52,11 +56,12 @@ class FaultKind(StrEnum):
     MALFORMED = "malformed"
     MUTATION = "mutation"
     GLOBAL_RNG = "global-rng"
+    ALIASING = "aliasing"
 
     @property
     def violates_contract(self) -> bool:
         """True when the function did produce output, and that output breaks the contract."""
-        return self in (FaultKind.MUTATION, FaultKind.GLOBAL_RNG)
+        return self in (FaultKind.MUTATION, FaultKind.GLOBAL_RNG, FaultKind.ALIASING)
 
 
 class Fault(Exception):

@@ -46,6 +46,7 @@ def format_report(report: AuditReport) -> str:
         parts.append(f"{check.name} [{check.verdict}]: {check.message}")
     if report.failed or report.errors:
         parts.append("")
+    parts += _isolation_lines(report)
     parts.append(verdict_line(report))
     rows_per_s = report.timings.get("rows_per_s")
     if rows_per_s:
@@ -57,3 +58,18 @@ def format_report(report: AuditReport) -> str:
 def verdict_line(report: AuditReport) -> str:
     """``NO LOSS DETECTED: …`` / ``LOSS DETECTED: …`` / ``CONTRACT VIOLATED: …`` / ``COULD NOT AUDIT: …``."""
     return f"{report.verdict.upper()} (exit {report.exit_code}): {report.summary}"
+
+
+def _isolation_lines(report: AuditReport) -> list[str]:
+    """The isolation note and the first lines of what the function printed, if anything."""
+    isolation = report.isolation or {}
+    lines = []
+    if isolation.get("note"):
+        lines.append(f"isolation: {isolation['note']}")
+    for name in ("stdout", "stderr"):
+        captured = isolation.get(name)
+        if captured:
+            more = ", truncated" if captured["truncated"] else ""
+            lines.append(f"the function's {name} ({captured['bytes']:,} bytes{more}; first lines):")
+            lines += [f"  | {line}" for line in captured["first_lines"]]
+    return lines + [""] if lines else []

@@ -34,7 +34,8 @@ from typing import Any
 
 from specverify.core import stats
 from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
-from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
+from specverify.auditing.faults import Fault, preserved_global_rng, seed_global_rng
+from specverify.auditing.isolation import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
 
@@ -81,6 +82,7 @@ class AuditReport:
     summary: str
     detectable_tv: float | None
     timings: dict[str, Any] = field(default_factory=dict)
+    isolation: dict[str, Any] = field(default_factory=dict)
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -192,6 +194,7 @@ def audit(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: Progress | None = None,
     checks: Sequence[str] | None = None,
+    isolation: str = "process",
 ) -> AuditReport:
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
     at ``level`` and return the :class:`AuditReport`.  Deterministic for a given ``seed``.
@@ -201,68 +204,96 @@ def audit(
     its own ``resolve_budget``) or N samples per check.  ``alpha``: the family-wise
     false-positive rate of the whole audit.  ``timeout_s``: the deadline of each call.
     ``checks``: run only the checks with these names (α is then split over the statistical ones
-    among them); default all.
+    among them); default all.  ``isolation``: ``"process"`` runs the function in a worker
+    process that is killed at a deadline and restarted after it ends abnormally
+    (:mod:`specverify.auditing.isolation`); ``"none"`` calls it in this process, restoring the
+    torch default dtype, thread count and numpy error state afterwards.  A callable that cannot
+    be sent to a worker (a lambda, a closure) runs in-process, with a note in the report.
+    A Ctrl-C stops the audit at once with a partial report (exit 2 unless a check had failed).
     """
     battery = load_battery(level)
     sample_budget = getattr(battery, "resolve_budget", resolve_budget)(budget)  # a level may size its own named budgets
     _check_arguments(alpha, timeout_s, device)
+    check_isolation(isolation)
     name = target_name(fn)
     started = time.perf_counter()
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s))
-    if isinstance(fn, str):
+    with preserved_process_state():
         try:
-            fn = load_target(fn, level)
+            if isinstance(fn, str) and isolation == "none":
+                fn = load_target(fn, level)
+            session = battery.open_session(fn, device=device, timeout_s=timeout_s, isolation=isolation)
         except LoadError as error:
             return AuditReport(**settings, alpha_share=None, checks=(), verdict="could not audit",
                                exit_code=EXIT_ERROR, summary=str(error), detectable_tv=None,
                                timings={"total_s": time.perf_counter() - started})
-    session = battery.open_session(fn, device=device, timeout_s=timeout_s)
-    selected = select_checks(battery.checks(session), checks)
-    plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
-    results = _run_checks(selected, plans, session, seed, progress)
+        function = getattr(session, "function", None)
+        try:
+            selected = select_checks(battery.checks(session), checks)
+            plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
+            results, interrupted = _run_checks(selected, plans, session, seed, progress)
+        finally:
+            if hasattr(function, "close"):
+                function.close()
     total_s = time.perf_counter() - started
-    log = getattr(getattr(session, "function", None), "log", None)
+    log = getattr(function, "log", None)
+    described = function.describe() if hasattr(function, "describe") else {"mode": isolation}
     timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results}}
     if log is not None:
         timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
                        rows_per_s=log.rows / total_s if total_s > 0 else None)
     verdict, exit_code, summary, detectable = _verdict(results, alpha, share)
+    if interrupted and exit_code != EXIT_FAIL:
+        done = sum(r.verdict != "skipped" for r in results)
+        verdict, exit_code, summary = "could not audit", EXIT_ERROR, (
+            f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results above "
+            "are all that was established")
     return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict, exit_code=exit_code,
-                       summary=summary, detectable_tv=detectable, timings=timings)
+                       summary=summary, detectable_tv=detectable, timings=timings, isolation=described)
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
-                progress: Progress | None) -> list[CheckResult]:
-    """Run every check in order; a fault stops only its own check, a timeout also the ones after it
-    (the function is not called again once it has hung).  The global RNGs are reseeded per check,
-    so even a function that misuses them gives a deterministic report, and restored afterwards."""
+                progress: Progress | None) -> tuple[list[CheckResult], bool]:
+    """Run every check in order and return the results and whether the user interrupted.
+
+    A fault stops only its own check: after a deadline or an abnormal end the worker is restarted
+    and the next checks still run, until the function has hung or ended its process
+    MAX_WORKER_LOSSES times (in-process: once it has hung), after which the rest is skipped.  A
+    Ctrl-C (KeyboardInterrupt in this process) skips the check it interrupted and all later ones.
+    The global RNGs are reseeded per check, so even a function that misuses them gives a
+    deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
-    hung: str | None = None
-    log = getattr(getattr(session, "function", None), "log", None)
+    function = getattr(session, "function", None)
+    log = getattr(function, "log", None)
+    interrupted = False
     with preserved_global_rng():
         for index, (check, plan) in enumerate(zip(checks, plans)):
             if progress is not None:
                 progress(index, len(checks), check.name)
             started = time.perf_counter()
             calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
-            if hung is not None:
-                result = skipped_result(check, plan, f"not run: the function hung in {hung}")
+            stop = function.stop_reason() if hasattr(function, "stop_reason") else None
+            if interrupted:
+                result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
+            elif stop is not None:
+                result = skipped_result(check, plan, f"not run: {stop}")
             else:
                 seed_global_rng(derive_seed("global-rng-state", check.name, base=seed))
                 try:
                     result = check.run(session, plan)
                 except Fault as fault:
                     result = result_from_fault(check, plan, fault)
-                    if fault.kind is FaultKind.TIMEOUT:
-                        hung = check.name
+                except KeyboardInterrupt:
+                    interrupted = True
+                    result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
             extra = {"seconds": time.perf_counter() - started}
             if log is not None:
                 extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
             results.append(dataclasses.replace(result, **extra))
     if progress is not None:
         progress(len(checks), len(checks), "done")
-    return results
+    return results, interrupted
 
 
 def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) -> tuple[str, int, str, float | None]:

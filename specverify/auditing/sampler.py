@@ -499,8 +499,10 @@ class SamplerBattery:
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
         self.batch_rows = batch_rows
 
-    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> SamplerSession:
-        return SamplerSession(GuardedFunction(fn, timeout_s=timeout_s, device=device), fn, timeout_s, self.batch_rows)
+    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float,
+                     isolation: str = "none") -> SamplerSession:
+        function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+        return SamplerSession(function, function.raw, timeout_s, self.batch_rows)
 
     def checks(self, session: SamplerSession) -> list[Check]:
         steps = [self._step(*spec) for spec in _STEP_CHECKS]
@@ -535,10 +537,12 @@ class SamplerBattery:
                 (("random positional", positional_family_bank("exact-random", "random", 3, 2, 1), 2),
                  ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
                  ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
-        checks += steps + loops + [acceptance]
+        from specverify.auditing.sampler_coverage import contract_checks, coverage_checks, late_checks
+
+        checks += steps + coverage_checks() + loops + [acceptance] + late_checks()
         checks.append(InputsUnchangedCheck("inputs-unchanged",
                                            "No call may modify the tensors it is given (engines reuse them)."))
-        return checks
+        return checks + contract_checks()
 
     def _step(self, name: str, description: str, family: str, vocab_size: int, num_draft: int, num_chains: int,
               window: tuple[int, int], top_cells: int = 0) -> StepLawCheck:

@@ -6,8 +6,10 @@ Exit status: 0 no loss detected, 1 loss detected (or contract violated), 2 could
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from specverify.auditing.runner import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIMEOUT_S, EXIT_ERROR, LEVELS, audit
@@ -36,9 +38,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON (schema specverify.audit/1)")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"per-call timeout in seconds (default {DEFAULT_TIMEOUT_S:g})")
+                        help=f"deadline of the first call and floor of every later one, in seconds (default "
+                             f"{DEFAULT_TIMEOUT_S:g}); later calls may run 20x their expected time at the "
+                             "function's measured speed")
     parser.add_argument("--checks", metavar="NAMES",
                         help="comma-separated check names to run instead of the whole battery")
+    parser.add_argument("--isolation", choices=("process", "none"), default="process",
+                        help="process: run the function in a worker process that is killed at a deadline and "
+                             "restarted after a crash (default); none: call it in the audit's own process")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict line, no table or progress")
     parser.set_defaults(handler=run)
 
@@ -61,7 +68,37 @@ class ProgressBar:
         self.stream.flush()
 
 
+def writable(path: str) -> str | None:
+    """Why a report cannot be written to ``path`` (None when it can), checked before the audit runs."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{path!r} is a directory"
+    if target.exists():
+        return None if os.access(target, os.W_OK) else f"{path!r} is not writable"
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        return f"the directory {str(parent)!r} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the directory {str(parent)!r} is not writable"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    """The subcommand: exit 0/1/2 as the module docstring says; an error of the audit itself
+    (never of the function, which is guarded) and a Ctrl-C outside a check end in 2 with a
+    message, not a traceback."""
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("specverify audit: could not audit: interrupted by the user (Ctrl-C)", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # an internal error must not read as exit 1 ("loss detected")
+        print(f"specverify audit: could not audit: internal error of the audit: {type(error).__name__}: {error}",
+              file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _run(args: argparse.Namespace) -> int:
     from specverify.auditing.report_terminal import format_report, verdict_line
 
     try:
@@ -71,10 +108,15 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if str(args.seed).strip().lower() == "random":
         print(f"specverify audit: random seed {seed} (replay with --seed {seed})", file=sys.stderr)
+    for option, path in (("--json", args.json), ("--html", args.html)):
+        problem = writable(path) if path else None
+        if problem:
+            print(f"specverify audit: could not audit: {option}: cannot write the report: {problem}", file=sys.stderr)
+            return EXIT_ERROR
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
     try:
         report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
-                       device=args.device, timeout_s=args.timeout, progress=progress,
+                       device=args.device, timeout_s=args.timeout, progress=progress, isolation=args.isolation,
                        checks=[n.strip() for n in args.checks.split(",")] if args.checks else None)
     except ValueError as error:
         print(f"specverify audit: could not audit: {error}", file=sys.stderr)

@@ -40,7 +40,7 @@ def _tensor_format(tensor: torch.Tensor, shape: tuple[int, ...], shape_name: str
     """Violations of the tensor's storage (layout, device), dtype and shape, all at once."""
     problems = []
     if tensor.layout != torch.strided:
-        problems.append(f"returned a tensor in layout {tensor.layout}, expected a dense (strided) tensor "
+        problems.append(f"returned a tensor in the {tensor.layout} layout, expected a dense (strided) tensor "
                         "(call .to_dense())")
     if tensor.device.type == "meta":
         problems.append("returned a meta tensor, which holds no values (compute the tokens on a real device)")

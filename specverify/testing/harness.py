@@ -19,15 +19,12 @@ and tests the first L tokens jointly.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from specverify.auditing.faults import call_with_deadline, mutated_arguments, validate_emitted
+from specverify.auditing.guarded import CallLog, GuardedFunction  # noqa: F401 - re-exported
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank, RowState
 
 DEFAULT_BATCH_ROWS = 4096
@@ -93,44 +90,8 @@ def complete(bank: ChainBank, state: RowState, emitted: torch.Tensor, lengths: t
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class CallLog:
-    """What the harness saw across all calls of one audit."""
-
-    calls: int = 0
-    rows: int = 0
-    function_seconds: float = 0.0
-    mutations: list[str] = field(default_factory=list)
-
-
-class GuardedFunction:
-    """Calls the function under audit on a :class:`Proposal` with every guard of
-    :mod:`specverify.auditing.faults`: a per-call deadline, exception capture, SPEC §1 output validation and
-    input-mutation detection (each input is passed as a fresh copy and compared afterwards with the
-    harness's own)."""
-
-    def __init__(self, fn: Callable[..., Any], *, timeout_s: float, device: str = "cpu") -> None:
-        self.fn = fn
-        self.timeout_s = timeout_s
-        self.device = torch.device(device)
-        self.log = CallLog()
-
-    def generator(self, seed: int) -> torch.Generator:
-        """A fresh generator on the audit's device, seeded with ``seed``."""
-        return torch.Generator(device=self.device).manual_seed(seed)
-
-    def __call__(self, proposal: Proposal, generator: torch.Generator, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-        passed = {name: tensor.to(self.device, copy=True) for name, tensor in proposal._asdict().items()}
-        started = time.perf_counter()
-        result = call_with_deadline(self.fn, tuple(passed.values()) + (generator,), self.timeout_s,
-                                    what=f"the function (in {where})")
-        self.log.function_seconds += time.perf_counter() - started
-        self.log.calls += 1
-        self.log.rows += proposal.draft_tokens.shape[0]
-        changed = mutated_arguments(proposal._asdict(), passed)
-        if changed:
-            self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
-        return validate_emitted(result, proposal.draft_tokens, proposal.target_probs.shape[-1])
+# GuardedFunction and CallLog live in specverify.auditing.guarded (worker-process isolation); the
+# names are re-exported here for the harness's callers.
 
 
 def rows_per_call(batch_rows: int, num_draft: int, vocab_size: int) -> int:

@@ -42,8 +42,18 @@ def test_malformed_or_raising_adapters_could_not_be_audited(name, fragment):
 
 
 def test_a_hanging_adapter_times_out_and_the_rest_is_skipped():
+    # The worker is killed at the deadline and restarted, so the next check still runs; after the
+    # second hang the function is not called again.
     report = audit(faulty("hangs"), timeout_s=0.5, **SMALL)
     assert report.exit_code == EXIT_ERROR
+    first, second, *rest = report.checks
+    assert all(c.verdict == "error" and c.fault == "timeout" and "0.5 s" in c.message for c in (first, second))
+    assert all(c.verdict == "skipped" and "hung" in c.message for c in rest)
+    assert report.timings["total_s"] < 60
+
+
+def test_a_hanging_adapter_in_process_stops_the_audit_at_the_first_hang():
+    report = audit(faulty("hangs"), timeout_s=0.5, isolation="none", **SMALL)
     first, *rest = report.checks
     assert first.verdict == "error" and first.fault == "timeout" and "0.5 s" in first.message
     assert all(c.verdict == "skipped" and "hung" in c.message for c in rest)

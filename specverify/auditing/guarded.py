@@ -1,0 +1,557 @@
+"""Guarded calls of the function under audit, in a worker process or in the audit's own.
+
+:class:`GuardedFunction` (SPEC §1) and :class:`GuardedGenerate` (SPEC §2) are what the checks
+call.  Each call gets a deadline judged against the function's measured speed
+(:class:`CallSpeed`), exception capture, output validation, input-mutation and output-aliasing
+detection; with ``isolation="process"`` the call runs in a worker
+(:mod:`specverify.auditing.isolation`) that is killed at the deadline and restarted after any
+abnormal end.  Everything that goes wrong becomes a :class:`~specverify.auditing.faults.Fault`.
+
+Call sizing.  The first call of a session is small (the first check's, or a probe of a few rows
+of the first large call, whose output is validated and discarded).  Its time gives the speed;
+later calls of more than :data:`TARGET_CALL_S` expected seconds are split into consecutive row
+groups of a power-of-two size that take about that long (only slow functions are ever split, so
+audits of fast ones are reproducible to the row), and a call is a hang only past
+``max(timeout_s, HANG_FACTOR × its expected time)``: a slow machine or a slow-but-correct function
+gets a verdict, a real hang is still caught in bounded time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specverify.auditing.faults import Fault, call_with_deadline, mutated_arguments, validate_emitted
+from specverify.core.outputs import emitted_tensor
+from specverify.auditing.isolation import (
+    START_TIMEOUT_S,
+    CapturedStream,
+    LoadFailed,
+    SharedBuffer,
+    WorkerLost,
+    WorkerProcess,
+    WorkerTarget,
+    check_isolation,
+    global_rng_fingerprint,
+    layout,
+    worker_target,
+)
+
+HANG_FACTOR = 20.0
+"""A call is a hang when it runs this many times longer than its expected time (and past the floor)."""
+
+TARGET_CALL_S = 10.0
+"""Calls expected to take longer than this are split into row groups."""
+
+PROBE_ELEMENTS = 1 << 18
+"""A first call with more input entries than this is preceded by a probe of a few rows."""
+
+MAX_WORKER_LOSSES = 2
+"""After this many deadlines or abnormal ends, the audit stops calling the function."""
+
+
+# --------------------------------------------------------------------------------------------
+# Output checks shared by both modes
+# --------------------------------------------------------------------------------------------
+
+
+def checked_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The function's output as a fresh int64 CPU tensor ``[B, K+1]`` validated against SPEC §1,
+    or a :class:`Fault` (``malformed``) saying what is wrong, whatever the output is (a meta or
+    sparse tensor, a tensor subclass, an object whose attributes raise)."""
+    try:
+        emitted, _ = validate_emitted(result, draft_tokens, vocab_size)
+        return torch.Tensor.clone(emitted.detach()).as_subclass(torch.Tensor)
+    except Fault:
+        raise
+    except Exception as error:  # reading the output itself failed
+        raise Fault("malformed", f"returned output the audit could not read ({type(error).__name__}: {error})") from None
+
+
+def exception_message(error: BaseException, what: str) -> str:
+    hint = {"KeyboardInterrupt": " (an interrupt raised by the function itself, not a Ctrl-C of the audit)",
+            "SystemExit": " (the function tried to end the process)"}.get(type(error).__name__, "")
+    return f"{what} raised {type(error).__name__}: {error}{hint}"
+
+
+class AliasWatch:
+    """Detects a function that returns a view of a buffer it overwrites on its next call: the
+    previous output is kept with a copy of its values and compared after the next call."""
+
+    def __init__(self) -> None:
+        self.previous: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def after_call(self, result: Any) -> bool:
+        """True when this call changed the tensor the previous call returned."""
+        changed = False
+        if self.previous is not None:
+            kept, values = self.previous
+            try:
+                changed = kept.shape != values.shape or not torch.equal(kept.detach().cpu(), values)
+            except Exception:
+                changed = True
+        try:
+            tensor = emitted_tensor(result)
+            self.previous = (tensor, tensor.detach().cpu().clone()) if tensor.layout == torch.strided and \
+                tensor.device.type not in ("meta",) else None
+        except Exception:
+            self.previous = None
+        return changed
+
+
+ALIASING_MESSAGE = ("the function returns a view of a buffer that its next call overwrites (output aliasing): a "
+                    "caller that keeps one step's output while running the next sees it change; return a fresh "
+                    "tensor (e.g. .clone()). The audit copies every output at once, so its statistical checks "
+                    "judged the values as returned")
+
+
+# --------------------------------------------------------------------------------------------
+# Call log and speed
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CallLog:
+    """What the guards saw across all calls of one audit.
+
+    calls/rows: completed calls and rows; function_seconds: time spent in them (in a worker:
+    as measured there); mutations/aliasing/model_changes: contract findings (``where: what``);
+    losses: deadlines and abnormal ends of the worker (``where: why``); probe_calls: calls made
+    only to measure the speed; restarts: workers started after the first.
+    """
+
+    calls: int = 0
+    rows: int = 0
+    function_seconds: float = 0.0
+    mutations: list[str] = field(default_factory=list)
+    aliasing: list[str] = field(default_factory=list)
+    model_changes: list[str] = field(default_factory=list)
+    losses: list[str] = field(default_factory=list)
+    probe_calls: int = 0
+    restarts: int = 0
+
+
+class CallSpeed:
+    """Expected seconds of ``calls`` calls with ``elements`` input entries in all:
+    ``max(calls × per_call, elements × per_element)``, both exponential averages of measured
+    requests (per_call from requests of small calls, per_element from the others)."""
+
+    SMALL = 4096  # entries per call below which a call's cost is mostly fixed
+
+    def __init__(self) -> None:
+        self.per_call: float | None = None
+        self.per_element: float | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.per_call is not None or self.per_element is not None
+
+    def record(self, calls: int, elements: int, seconds: float) -> None:
+        seconds = max(seconds, 1e-6)
+        if elements / max(calls, 1) <= self.SMALL:
+            self.per_call = seconds / calls if self.per_call is None else 0.5 * (self.per_call + seconds / calls)
+        else:
+            rate = seconds / max(elements, 1)
+            self.per_element = rate if self.per_element is None else 0.5 * (self.per_element + rate)
+
+    def expected(self, calls: int, elements: int) -> float:
+        per_element = self.per_element if self.per_element is not None else (self.per_call or 0.0) / self.SMALL
+        per_call = self.per_call if self.per_call is not None else per_element * self.SMALL
+        return max(calls * per_call, elements * per_element)
+
+    def deadline(self, calls: int, elements: int, floor: float) -> float:
+        if not self.known:
+            return floor
+        return max(floor, HANG_FACTOR * self.expected(calls, elements))
+
+
+# --------------------------------------------------------------------------------------------
+# The session's function, in a worker or in-process
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunctionGenerator:
+    """A generator of the function's, living in the worker: created there from ``seed`` on first
+    use (the worker's global RNGs then seeded from ``global_seed``, the audit's global RNG state
+    when the handle was made), and advanced by every call it is passed to."""
+
+    key: int
+    seed: int
+    global_seed: int
+
+
+_generator_keys = itertools.count(1)
+
+
+class _Session:
+    """The worker (or in-process) machinery common to both levels."""
+
+    level = "sampler"
+
+    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str, isolation: str) -> None:
+        self.timeout_s = float(timeout_s)
+        self.device = torch.device(device)
+        self.log = CallLog()
+        self.speed = CallSpeed()
+        self.stdout, self.stderr = CapturedStream(), CapturedStream()
+        self.note: str | None = None
+        self.worker: WorkerProcess | None = None
+        self.info: dict[str, Any] = {}
+        self.isolation = check_isolation(isolation)
+        self.life_calls = self.life_rows = 0  # calls and rows since the current worker started
+        self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
+        self.target: WorkerTarget | None = None
+        if self.isolation == "process":
+            target = worker_target(fn)
+            if isinstance(target, str):
+                self.isolation, self.note = "none", f"ran in the audit's own process: {target}"
+            else:
+                self.target = target
+                try:
+                    self._worker()
+                except LoadFailed as error:
+                    if target.kind == "spec":
+                        from specverify.auditing.loading import LoadError
+
+                        self.close()
+                        raise LoadError(str(error)) from None
+                    self.close()
+                    self.isolation, self.target = "none", None
+                    self.note = f"ran in the audit's own process: the worker process could not load it ({error})"
+                except WorkerLost as lost:
+                    from specverify.auditing.loading import LoadError
+
+                    self.close()
+                    raise LoadError(f"the worker process could not start: {lost.fault.message}") from None
+        if self.isolation == "none" and self.fn is None:
+            from specverify.auditing.loading import load_target
+
+            self.fn = load_target(fn, self.level)
+
+    # -- worker lifecycle --------------------------------------------------------------------
+
+    def _worker(self) -> WorkerProcess:
+        if self.worker is not None and self.worker.alive():
+            return self.worker
+        if self.worker is not None:
+            self.log.restarts += 1
+            self.worker.kill()
+        self.life_calls = self.life_rows = 0
+        self.worker = WorkerProcess(self.target, level=self.level, device=str(self.device),
+                                    start_timeout_s=max(START_TIMEOUT_S, self.timeout_s), stdout=self.stdout,
+                                    stderr=self.stderr)
+        self.info = self.worker.load()
+        return self.worker
+
+    def _request(self, message: dict[str, Any], deadline_s: float, what: str, where: str) -> tuple:
+        worker = self._worker()
+        try:
+            return worker.request(message, deadline_s, what)
+        except WorkerLost as lost:
+            self.log.losses.append(f"{where}: {lost.fault.message}")
+            raise lost.fault from None
+
+    def stop_reason(self) -> str | None:
+        """Why the function must not be called again (None while it may)."""
+        if self.isolation == "none" and any("did not return" in loss for loss in self.log.losses):
+            return f"the function hung in {self.log.losses[0].split(':')[0]} (in-process calls cannot be killed)"
+        if len(self.log.losses) >= MAX_WORKER_LOSSES:
+            places = ", ".join(loss.split(":")[0] for loss in self.log.losses)
+            return f"the function hung or ended its process {len(self.log.losses)} times ({places})"
+        return None
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+    def describe(self) -> dict[str, Any]:
+        """The report's ``isolation`` entry: mode, note, restarts, captured output."""
+        entry: dict[str, Any] = {"mode": self.isolation}
+        if self.note:
+            entry["note"] = self.note
+        if self.log.restarts:
+            entry["worker_restarts"] = self.log.restarts
+        for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)):
+            summary = stream.summary()
+            if summary:
+                entry[name] = summary
+        return entry
+
+    def _in_process(self, call: Callable[[], Any], deadline_s: float, what: str, where: str) -> Any:
+        try:
+            return call_with_deadline(call, (), deadline_s, what=what)
+        except Fault as fault:
+            if fault.kind == "timeout":
+                self.log.losses.append(f"{where}: {fault.message}")
+            raise
+
+
+class GuardedFunction(_Session):
+    """The SPEC §1 function of an audit, called on a harness proposal (``target_probs``,
+    ``draft_probs``, ``draft_tokens``) with every guard: see the module docstring.
+
+    ``isolation="none"`` (the default for direct use, e.g. in tests of the harness) calls it in
+    this process; :func:`specverify.audit` uses ``"process"``.
+    """
+
+    level = "sampler"
+
+    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
+                 isolation: str = "none") -> None:
+        self.buffer: SharedBuffer | None = None
+        self.alias_watch = AliasWatch()
+        super().__init__(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
+
+    def generator(self, seed: int) -> Any:
+        """A fresh generator for the function, seeded with ``seed`` (a handle to one in the worker)."""
+        if self.isolation == "none":
+            return torch.Generator(device=self.device).manual_seed(seed)
+        return FunctionGenerator(next(_generator_keys), int(seed), global_rng_fingerprint())
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def __call__(self, proposal: Any, generator: Any, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call on the whole proposal (split into row groups only for slow functions);
+        returns ``(emitted, lengths)``."""
+        batch, width, vocab = proposal.target_probs.shape
+        return self.call_groups(proposal, generator, self._split(batch, width, vocab), where=where)
+
+    def call_groups(self, proposal: Any, generator: Any, sizes: Sequence[int], *,
+                    where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call per group of consecutive rows (``sizes`` sum to the proposal's rows), all with
+        ``generator``: how engines call a sampler with one row, small batches or ragged ones."""
+        batch, width, vocab = proposal.target_probs.shape
+        if sum(sizes) != batch or any(s < 1 for s in sizes):
+            raise ValueError(f"sizes: expected positive group sizes summing to {batch}, got {list(sizes)[:8]}…")
+        if self.isolation == "none":
+            emitted = self._groups_in_process(proposal, generator, sizes, where)
+        else:
+            emitted = self._groups_in_worker(proposal, generator, sizes, where)
+        return validate_emitted(emitted, proposal.draft_tokens, vocab)
+
+    def _returned(self, calls: int, rows: int) -> None:
+        """Count calls that returned (valid output or not)."""
+        self.log.calls += calls
+        self.log.rows += rows
+        self.life_calls += calls
+        self.life_rows += rows
+
+    def _split(self, batch: int, width: int, vocab: int) -> list[int]:
+        per_row = (2 * width - 1) * vocab
+        if not self.speed.known or self.speed.expected(1, batch * per_row) <= TARGET_CALL_S:
+            return [batch]
+        rows = 1
+        while rows * 2 <= batch and self.speed.expected(1, rows * 2 * per_row) <= TARGET_CALL_S:
+            rows *= 2
+        return [rows] * (batch // rows) + ([batch % rows] if batch % rows else [])
+
+    def _chunks(self, sizes: Sequence[int], per_row: int) -> list[tuple[int, int]]:
+        """Consecutive ranges of groups, each one request of about TARGET_CALL_S expected seconds
+        (the first request of a session: one group, to measure the speed)."""
+        chunks, start = [], 0
+        while start < len(sizes):
+            stop = start + 1
+            if self.speed.known:
+                rows = sizes[start]
+                while stop < len(sizes) and self.speed.expected(stop + 1 - start, (rows + sizes[stop]) * per_row) <= TARGET_CALL_S:
+                    rows += sizes[stop]
+                    stop += 1
+            chunks.append((start, stop))
+            start = stop
+        return chunks
+
+    def _probe_first(self, proposal: Any, sizes: Sequence[int], where: str) -> None:
+        """Before a first call of unknown speed and more than PROBE_ELEMENTS entries, call the
+        function on a few of its rows (throwaway generator, output validated and discarded)."""
+        batch, width, vocab = proposal.target_probs.shape
+        per_row = (2 * width - 1) * vocab
+        if self.speed.known or sizes[0] * per_row <= PROBE_ELEMENTS:
+            return
+        rows = max(1, min(sizes[0] - 1, PROBE_ELEMENTS // per_row))
+        probe = type(proposal)(*(t[:rows] for t in proposal))
+        self.call_groups(probe, self.generator(0), [rows], where=f"{where}, speed probe")
+        self.log.calls -= 1
+        self.log.rows -= rows
+        self.log.probe_calls += 1
+
+    def _groups_in_process(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str) -> torch.Tensor:
+        self._probe_first(proposal, sizes, where)
+        batch, width, vocab = proposal.target_probs.shape
+        per_row = (2 * width - 1) * vocab
+        names = ("target_probs", "draft_probs", "draft_tokens")
+        passed = {name: getattr(proposal, name).to(self.device, copy=True) for name in names}
+        outputs, start = [], 0
+        for number, rows in enumerate(sizes):
+            what = f"the function (in {where})" if len(sizes) == 1 else f"the function (in {where}, call {number + 1} of {len(sizes)})"
+            args = tuple(passed[name][start:start + rows] for name in names) + (generator,)
+            started = time.perf_counter()
+            try:
+                result = self._in_process(lambda: self.fn(*args), self.speed.deadline(1, rows * per_row, self.timeout_s),
+                                          what, where)
+            except Fault as fault:
+                if fault.kind == "exception" and fault.__cause__ is not None:
+                    raise Fault("exception", exception_message(fault.__cause__, what)) from None
+                raise
+            seconds = time.perf_counter() - started
+            self.speed.record(1, rows * per_row, seconds)
+            self.log.function_seconds += seconds
+            self._returned(1, rows)
+            if self.alias_watch.after_call(result) and not self.log.aliasing:
+                self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
+            outputs.append(checked_emitted(result, proposal.draft_tokens[start:start + rows], vocab))
+            start += rows
+        changed = mutated_arguments({name: getattr(proposal, name) for name in names}, passed)
+        if changed:
+            self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
+        return torch.cat(outputs)
+
+    def _ensure_buffer(self, nbytes: int) -> SharedBuffer:
+        if self.buffer is None or self.buffer.size < nbytes:
+            if self.buffer is not None:
+                self.buffer.close()
+            self.buffer = SharedBuffer.create(nbytes)
+        return self.buffer
+
+    def _groups_in_worker(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str) -> torch.Tensor:
+        if not isinstance(generator, FunctionGenerator):
+            raise ValueError("generator: pass a generator made by GuardedFunction.generator(seed)")
+        self._probe_first(proposal, sizes, where)
+        target, draft, tokens = proposal.target_probs, proposal.draft_probs, proposal.draft_tokens
+        batch, width, vocab = target.shape
+        per_row = (2 * width - 1) * vocab
+        parts = [(target.dtype, tuple(target.shape)), (draft.dtype, tuple(draft.shape)),
+                 (torch.int64, tuple(tokens.shape)), (torch.int64, (batch, width))]
+        offsets, nbytes = layout(parts)
+        buffer = self._ensure_buffer(nbytes)
+        views = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
+        for view, tensor in zip(views, (target, draft, tokens)):
+            view.copy_(tensor)
+        header = {"op": "steps", "buffer": (buffer.path, buffer.size), "offsets": offsets,
+                  "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
+                  "shapes": [shape for _, shape in parts], "generator": generator, "where": where}
+        first_row = [0]
+        for size in sizes:
+            first_row.append(first_row[-1] + size)
+        for start, stop in self._chunks(sizes, per_row):
+            rows = first_row[stop] - first_row[start]
+            calls = stop - start
+            deadline = self.speed.deadline(calls, rows * per_row, self.timeout_s)
+            what = (f"the function (in {where})" if len(sizes) == 1 else
+                    f"the function (in {where}, calls {start + 1}–{stop} of {len(sizes)})")
+            header.update(groups=list(sizes[start:stop]), row=first_row[start])
+            reply = self._request(dict(header), deadline, what, where)
+            if reply[0] == "fault":
+                _, kind, message, number = reply
+                returned = number + (kind == "malformed")
+                self._returned(returned, sum(sizes[start:start + returned]))
+                call = f"call {start + number + 1} of {len(sizes)}, " if len(sizes) > 1 else ""
+                raise Fault(kind, message.replace("{what}", f"the function (in {call}{where})"))
+            _, seconds, aliased = reply
+            self._returned(calls, rows)
+            self.speed.record(calls, rows * per_row, seconds)
+            self.log.function_seconds += seconds
+            if aliased and not self.log.aliasing:
+                self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
+        changed = [name for name, view, tensor in zip(("target_probs", "draft_probs", "draft_tokens"), views,
+                                                      (target, draft, tokens)) if not torch.equal(view, tensor)]
+        if changed:
+            self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
+        return views[3].clone()
+
+    def close(self) -> None:
+        super().close()
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+
+class RawProxy:
+    """``session.raw`` in a worker session: calls the function there with arbitrary (small)
+    arguments, e.g. ``uniforms=`` for the exact check.  Its signature is the function's."""
+
+    def __init__(self, function: GuardedFunction) -> None:
+        self._function = function
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        parameters = [inspect.Parameter(name, kind, default=None if has_default else inspect.Parameter.empty)
+                      for name, kind, has_default in self._function.info.get("parameters", ())]
+        try:
+            return inspect.Signature(parameters)
+        except ValueError:
+            return inspect.Signature()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        function = self._function
+        reply = function._request({"op": "raw", "args": args, "kwargs": kwargs}, function.timeout_s,
+                                  "the function", "a direct call")
+        if reply[0] == "raw-error":
+            _, name, message = reply
+            raise type(name, (Exception,), {})(message)
+        return reply[1]
+
+
+class GuardedGenerate(_Session):
+    """The SPEC §2 function of an audit, called with the tiny models of
+    :class:`specverify.auditing.decoder.DecoderModels`: in a worker, which builds the same models
+    itself (deterministic construction) and checks after every call that their parameters and
+    ``input_ids`` are unchanged (restoring the models when they changed); in-process, on the
+    parent's models."""
+
+    level = "decoder"
+
+    def __init__(self, fn: Callable[..., Any] | str, models: Any, *, timeout_s: float, isolation: str = "none") -> None:
+        self.models = models
+        super().__init__(fn, timeout_s=timeout_s, device=str(models.device), isolation=isolation)
+
+    def __call__(self, stratum: Any, max_new_tokens: int, seed: int, *, where: str) -> torch.Tensor:
+        from specverify.auditing.faults import validate_new_tokens
+
+        setting, prompt = stratum
+        what = f"generate (in {where})"
+        deadline = self.speed.deadline(1, 0, self.timeout_s)
+        if self.isolation == "process":
+            message = {"op": "generate", "prompt": list(prompt), "max_new_tokens": max_new_tokens,
+                       "temperature": setting.temperature, "top_k": setting.top_k, "top_p": setting.top_p,
+                       "seed": seed, "global_seed": global_rng_fingerprint()}
+            reply = self._request(message, deadline, what, where)
+            if reply[0] == "fault":
+                self.log.calls += reply[1] == "malformed"  # it returned, but not a valid output
+                raise Fault(reply[1], reply[2].replace("{what}", what))
+            _, tokens, seconds, mutated, changed = reply
+            tokens = torch.tensor(tokens, dtype=torch.int64)
+            if changed:
+                self.log.model_changes.append(f"{where}: modified the parameters of the {' and '.join(changed)} model")
+        else:
+            original = torch.tensor([prompt], dtype=torch.int64, device=self.models.device)
+            passed = original.clone()
+
+            def call() -> Any:
+                return self.fn(self.models.target, self.models.draft, passed, max_new_tokens=max_new_tokens,
+                               temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
+
+            started = time.perf_counter()
+            try:
+                result = self._in_process(call, deadline, what, where)
+            except Fault as fault:
+                if fault.kind == "exception" and fault.__cause__ is not None:
+                    raise Fault("exception", exception_message(fault.__cause__, what)) from None
+                raise
+            seconds = time.perf_counter() - started
+            tokens = validate_new_tokens(result, max_new_tokens, self.models.vocab_size).clone()
+            mutated = not torch.equal(passed, original)
+        self.speed.record(1, 0, seconds)
+        self.log.function_seconds += seconds
+        self.log.calls += 1
+        self.log.rows += 1
+        if mutated:
+            self.log.mutations.append(f"{where}: modified input_ids in place")
+        return tokens

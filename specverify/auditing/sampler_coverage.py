@@ -1,0 +1,303 @@
+"""Sampler checks for how engines call a sampler: one row per call, small and ragged batches,
+late calls of a long-lived (possibly drifting) implementation, large vocabularies with
+top-k/top-p-truncated targets, and outputs that stay valid after they are returned.
+
+Engines do not call a verifier only with large batches.  B = 1 is the latency path they optimise
+separately; small batches (2–64 rows) often take another kernel; continuous batching gives
+every size, and a long-running server calls the same object millions of times.  A bug confined
+to one of these paths passes every large-batch check, so each gets its own goodness-of-fit check
+(:class:`GroupedStepCheck`): the harness draws the rows as for
+:class:`specverify.auditing.sampler.StepLawCheck` and calls the function once per group of
+consecutive rows (:meth:`specverify.auditing.guarded.GuardedFunction.call_groups`), group
+sizes following the check's pattern, one generator throughout.  The law tested, the cells and the
+sample size are those of a StepLawCheck (:func:`specverify.core.stats.sample_size_for_tv` at
+the check's Bonferroni share of α, power ``POWER``), so each detects a TV of ε in its cells.
+
+Cost (reference rule, one CPU core): the B = 1 check makes n calls — 7 533 at ``quick``,
+~47 000 at ``standard`` — at ~0.1 ms of harness+worker overhead plus the function's own time
+per call (NOTES-isolation.md has the measured figures); the others make n/33 or fewer calls.
+
+Late calls.  :class:`LateCallsCheck` first brings the function's life (calls and rows since its
+worker started) to at least :data:`LATE_CALLS` calls and :data:`LATE_ROWS` rows with warm-up
+calls (validated, not tested), then tests the law of the calls after that.  Its message states
+the calls and rows tested; drift after them is not covered.
+
+Truncated vocabularies.  Half-precision sampling paths emit tokens of target probability 0 at
+a rate of about V × 6e-8 per draw.  :class:`TruncatedVocabularyCheck` tests V = 8192 targets cut
+by top-k and by top-p (most tokens exactly 0) against untruncated drafts, with cells: the
+target's most likely tokens, one cell for the rest of its support, and one cell for all tokens of
+probability 0, of expected count 0 — a single emitted zero-probability token fails the check
+(p = 0, certain loss), at any vocabulary size.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from specverify.auditing.sampler import (
+    CheckResult,
+    Plan,
+    StepLawCheck,
+    goodness_of_fit_result,
+    positional_family_bank,
+    skipped_result,
+)
+from specverify.core.seeding import derive_seed
+from specverify.core.chains import ChainBank, PositionalBank
+from specverify.testing.harness import StepSample, complete, propose
+
+LATE_CALLS = 500
+"""Calls of the function's life before the late-calls check samples (2.5× the 200 of issue 14's table)."""
+
+LATE_ROWS = 1 << 19
+"""Rows of the function's life before the late-calls check samples (2× the 250 000 of issue 14's table)."""
+
+CHUNK_ROWS = 4096
+"""Rows the harness proposes at once before handing them to the function in groups."""
+
+
+def sample_steps_in_groups(function: Any, bank: ChainBank, *, num_draft: int, window: tuple[int, int], n: int,
+                           pattern: Sequence[int], harness_seed: int, function_seed: int,
+                           where: str) -> tuple[StepSample, int]:
+    """Like :func:`specverify.testing.harness.sample_steps`, but each chunk of proposed rows is
+    passed to the function as consecutive groups whose sizes cycle through ``pattern`` (one call
+    per group, one generator for all).  Returns the sample and the number of calls."""
+    start, length = window
+    generator = torch.Generator().manual_seed(harness_seed)
+    function_generator = function.generator(function_seed)
+    sizes = itertools.cycle(pattern)
+    chains, windows, calls = [], [], 0
+    accepted = torch.zeros(num_draft + 1, dtype=torch.int64)
+    first_is_draft = 0
+    for offset in range(0, n, CHUNK_ROWS):
+        rows = min(CHUNK_ROWS, n - offset)
+        groups: list[int] = []
+        while sum(groups) < rows:
+            groups.append(min(next(sizes), rows - sum(groups)))
+        chain = torch.randint(bank.num_chains, (rows,), generator=generator)
+        state = bank.initial_state(chain)
+        proposal = propose(bank, state, num_draft, generator)
+        emitted, lengths = function.call_groups(proposal, function_generator, groups, where=where)
+        calls += len(groups)
+        completed = complete(bank, state, emitted, lengths, start + length, generator)
+        chains.append(chain)
+        windows.append(completed[:, start:])
+        accepted += torch.bincount(lengths - 1, minlength=num_draft + 1)
+        first_is_draft += int((emitted[:, 0] == proposal.draft_tokens[:, 0]).sum())
+    return StepSample(torch.cat(chains), torch.cat(windows), accepted, first_is_draft), calls
+
+
+@dataclass
+class GroupedStepCheck(StepLawCheck):
+    """A :class:`~specverify.auditing.sampler.StepLawCheck` whose rows reach the function in
+    groups of the sizes in ``pattern`` (cycled), one call per group."""
+
+    pattern: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.parameters["batch sizes"] = list(self.pattern)
+
+    def _counts(self, sample: StepSample, maps: np.ndarray) -> np.ndarray:
+        cells = torch.from_numpy(maps)[sample.chain[:, None], torch.arange(self.window[1]), sample.window]
+        weights = self.cells_per_position ** torch.arange(self.window[1] - 1, -1, -1)
+        index = sample.chain * self.cells_per_position ** self.window[1] + (cells * weights).sum(dim=1)
+        return torch.bincount(index, minlength=self.num_cells).numpy()
+
+    def _sample(self, session: Any, plan: Plan, n: int, salt: str = "") -> tuple[StepSample, int]:
+        return sample_steps_in_groups(session.function, self.bank, num_draft=self.num_draft, window=self.window,
+                                      n=n, pattern=self.pattern, harness_seed=derive_seed(plan.seed, "harness", salt),
+                                      function_seed=derive_seed(plan.seed, "function", salt), where=self.name)
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        maps = self._cell_maps()
+        sample, calls = self._sample(session, plan, plan.n)
+        result = goodness_of_fit_result(self, plan, self._counts(sample, maps), self._expected(maps),
+                                        self._labels(maps), self._acceptance(sample.accepted))
+        return _with_note(result, f"{calls} calls of the function ({plan.n} rows)")
+
+
+def _with_note(result: CheckResult, note: str) -> CheckResult:
+    import dataclasses
+
+    return dataclasses.replace(result, message=f"{result.message}; {note}")
+
+
+@dataclass
+class LateCallsCheck(GroupedStepCheck):
+    """The law of calls made after the function has lived :data:`LATE_CALLS` calls and
+    :data:`LATE_ROWS` rows (a stateful implementation that drifts fails here)."""
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        function = session.function
+        if not hasattr(function, "life_calls"):
+            return skipped_result(self, plan, "the session does not count the function's calls")
+        warm_calls, warm_rows = _warm_up(function, self.bank, self.num_draft, derive_seed(plan.seed, "warm-up"),
+                                         self.name)
+        first_call, first_row = function.life_calls, function.life_rows
+        maps = self._cell_maps()
+        sample, calls = self._sample(session, plan, plan.n)
+        result = goodness_of_fit_result(self, plan, self._counts(sample, maps), self._expected(maps),
+                                        self._labels(maps), self._acceptance(sample.accepted))
+        note = (f"tested calls {first_call + 1}–{function.life_calls} and rows {first_row + 1}–{function.life_rows} of "
+                f"the function's life (after {warm_calls} warm-up calls with {warm_rows} rows); calls and rows after "
+                "these are not covered")
+        return _with_note(result, note)
+
+
+def _warm_up(function: Any, bank: ChainBank, num_draft: int, seed: int, where: str) -> tuple[int, int]:
+    """Call the function until its life reaches LATE_CALLS calls and LATE_ROWS rows: one-row
+    calls for the calls, full chunks for the rows (outputs validated, not tested)."""
+    generator = torch.Generator().manual_seed(seed)
+    chain = torch.randint(bank.num_chains, (CHUNK_ROWS,), generator=generator)
+    proposal = propose(bank, bank.initial_state(chain), num_draft, generator)
+    function_generator = function.generator(derive_seed(seed, "function"))
+    calls_before, rows_before = function.life_calls, function.life_rows
+    missing_calls = LATE_CALLS - function.life_calls
+    while missing_calls > 0:
+        rows = min(missing_calls, CHUNK_ROWS)
+        part = type(proposal)(*(t[:rows] for t in proposal))
+        function.call_groups(part, function_generator, [1] * rows, where=f"{where}, warm-up")
+        missing_calls -= rows
+    while function.life_rows < LATE_ROWS:
+        function.call_groups(proposal, function_generator, [CHUNK_ROWS], where=f"{where}, warm-up")
+    return function.life_calls - calls_before, function.life_rows - rows_before
+
+
+def truncated_bank(name: str, vocab_size: int, top_k: int, top_p: float) -> Any:
+    """Two chains over ``vocab_size`` tokens, K = 1: Zipf-like targets (p ∝ rank^−1.1, random
+    order) cut to their top ``top_k`` tokens (chain 0) and to their top-p ``top_p`` nucleus
+    (chain 1), renormalised; drafts untruncated (tempered, re-ranked), so most drafts are tokens
+    of target probability 0 that must be rejected."""
+    rng = np.random.default_rng(derive_seed("test-distributions", name, vocab_size, top_k, top_p))
+    weights = np.arange(1, vocab_size + 1, dtype=np.float64) ** -1.1
+    targets, drafts = [], []
+    for cut in ("top-k", "top-p"):
+        p = np.stack([weights[rng.permutation(vocab_size)] for _ in range(2)])
+        p /= p.sum(axis=1, keepdims=True)
+        q = p[:1] ** 0.5
+        q[0] = q[0][rng.permutation(vocab_size)] * 0.5 + q[0] * 0.5
+        q /= q.sum(axis=1, keepdims=True)
+        for row in p:
+            order = np.argsort(-row, kind="stable")
+            keep = top_k if cut == "top-k" else int(np.searchsorted(np.cumsum(row[order]), top_p) + 1)
+            row[order[keep:]] = 0.0
+            row /= row.sum()
+        targets.append(p)
+        drafts.append(q)
+    return PositionalBank(np.stack(targets), np.stack(drafts))
+
+
+@dataclass
+class TruncatedVocabularyCheck(StepLawCheck):
+    """A step law check whose cells per position are the target's ``top_cells`` most likely
+    tokens, one cell for the rest of the target's support, and one cell of expected count 0 for
+    every token of target probability 0 (so a single zero-probability token fails it).  Sized
+    on all its cells, the zero cells included (slightly conservative: they add no degree of
+    freedom)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.cells_per_position = self.top_cells + 2
+        self.num_cells = self.bank.num_chains * self.cells_per_position ** self.window[1]
+        self.parameters["cells"] = self.num_cells
+        self.parameters["zero-probability cell"] = True
+        self.parameters["zero-probability tokens"] = int((self.bank.target[:, self.window[0]] == 0).sum())
+
+    def _cell_maps(self) -> np.ndarray:
+        bank, (start, length) = self.bank, self.window
+        maps = np.full((bank.num_chains, length, bank.vocab_size), self.top_cells, dtype=np.int64)
+        for r in range(bank.num_chains):
+            for j in range(length):
+                law = bank.target[r, start + j]
+                top = np.argsort(-law, kind="stable")[: self.top_cells]
+                maps[r, j, law == 0] = self.top_cells + 1
+                maps[r, j, top] = np.arange(self.top_cells)
+        return maps
+
+    def _labels(self, maps: np.ndarray) -> tuple[str, ...]:
+        cells, length = self.cells_per_position, self.window[1]
+        labels = []
+        for r in range(self.bank.num_chains):
+            for index in range(cells**length):
+                digits = [(index // cells ** (length - 1 - j)) % cells for j in range(length)]
+                names = ["rest" if d == self.top_cells else "p=0" if d == self.top_cells + 1
+                         else str(int(np.flatnonzero(maps[r, j] == d)[0])) for j, d in enumerate(digits)]
+                labels.append(f"chain {r} tokens ({', '.join(names)})")
+        return tuple(labels)
+
+
+@dataclass
+class OutputsUnaliasedCheck:
+    """After all other checks: no call may overwrite the tensor an earlier call returned."""
+
+    name: str
+    description: str
+    kind: str = "contract"
+    parameters: dict[str, Any] | None = None
+    num_cells: int = 0
+    statistical = False
+
+    def __post_init__(self) -> None:
+        self.parameters = {}
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        log = session.function.log
+        if log.calls == 0:
+            return skipped_result(self, plan, "no call of the function completed")
+        if getattr(log, "aliasing", None):
+            return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "fail", log.aliasing[0],
+                               fault="aliasing")
+        return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "pass",
+                           f"no call changed an output returned earlier ({log.calls} calls)")
+
+
+def coverage_checks() -> list[Any]:
+    """The call-pattern and truncated-vocabulary checks, in run order (before the decoding loops)."""
+    return [
+        GroupedStepCheck(
+            "batch-size-1",
+            "One row per call (the latency path engines optimise separately): one step with K=2 on two random "
+            "chains, positions 0-1 jointly.",
+            positional_family_bank("batch-size-1", "random", 4, 2, 2), 2, (0, 2), "random", pattern=(1,)),
+        GroupedStepCheck(
+            "small-batches",
+            "Batches of 2 to 64 rows (engines often take a separate small-batch path): one step with K=2, "
+            "positions 0-2 jointly.",
+            positional_family_bank("small-batches", "random", 4, 2, 2), 2, (0, 3), "random",
+            pattern=(2, 3, 5, 8, 13, 21, 34, 55, 64, 4, 7, 16, 32, 48, 63)),
+        GroupedStepCheck(
+            "ragged-batches",
+            "Batches of awkward sizes (3, 63, 65, 127, 129, 255, 257, 1000, ...) whose rows differ in their "
+            "supports (targets and drafts with zeros on different tokens): positions 0-1 jointly with K=3.",
+            positional_family_bank("ragged-batches", "zeros", 6, 3, 3), 3, (0, 2), "zeros",
+            pattern=(3, 63, 65, 127, 129, 255, 257, 1000, 1, 17, 1023, 1025, 31)),
+        TruncatedVocabularyCheck(
+            "truncated-vocabulary",
+            "An 8192-token vocabulary with targets cut by top-k 50 (chain 0) and top-p 0.9 (chain 1) against "
+            "untruncated drafts: the first token, in cells fixed before sampling (7 most likely tokens, the rest "
+            "of the support, and one cell for the tokens of probability 0, where a single sample is a certain loss).",
+            truncated_bank("truncated-vocabulary", 8192, 50, 0.9), 1, (0, 1), "truncated zipf", 7),
+    ]
+
+
+def late_checks() -> list[Any]:
+    """The late-calls check (run after the other statistical checks, when the function has lived longest)."""
+    return [
+        LateCallsCheck(
+            "late-calls",
+            f"The law of calls after the function has lived {LATE_CALLS} calls and {LATE_ROWS} rows (a stateful "
+            "implementation that drifts fails here): batches of 1, 63 and 4032 rows, K=2, positions 0-1 jointly.",
+            positional_family_bank("late-calls", "random", 4, 2, 2), 2, (0, 2), "random", pattern=(1, 63, 4032)),
+    ]
+
+
+def contract_checks() -> list[Any]:
+    return [OutputsUnaliasedCheck("outputs-unaliased",
+                                  "No call may overwrite a tensor that an earlier call returned (output aliasing).")]

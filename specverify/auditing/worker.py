@@ -1,0 +1,225 @@
+"""The worker process's main loop (``python -m specverify.auditing.worker FD``).
+
+It receives pickled requests on the socket ``FD`` from :class:`specverify.auditing.isolation.WorkerProcess`
+and answers each one; it never raises out of a request (every exception of the function, even
+``KeyboardInterrupt`` and ``SystemExit``, is an answer).  Requests:
+
+- ``load``: set ``sys.path`` and the torch thread count as in the parent, load the target
+  (target string or pickled callable), build the decoder level's tiny models itself; answer
+  ``("loaded", {"parameters": ...})`` or ``("load-failed", message)``;
+- ``steps``: call the SPEC §1 function once per group of consecutive rows of the shared buffer
+  with one persistent generator, validate each output and copy it into the buffer at once;
+  answer ``("ok", seconds, aliased)`` or ``("fault", kind, message, group)``;
+- ``raw``: call the function with the given (small) arguments, answer its result;
+- ``generate``: one SPEC §2 call on the worker's own models; answer the tokens and whether
+  ``input_ids`` or the models' parameters changed (the models are then restored);
+- ``stop``: end at once with ``os._exit`` (threads the function started do not keep it alive).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this process when the audit's process dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.fn: Any = None
+        self.level = "sampler"
+        self.device = "cpu"
+        self.buffer: Any = None
+        self.generators: dict[int, Any] = {}
+        self.alias_watch: Any = None
+        self.models: Any = None
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def load(self, request: dict[str, Any]) -> tuple:
+        import inspect
+
+        import torch
+
+        sys.path[:] = request["sys_path"]
+        torch.set_num_threads(max(1, int(request["threads"])))
+        self.level, self.device = request["level"], request["device"]
+        target = request["target"]
+        try:
+            if target.kind == "spec":
+                from specverify.auditing.loading import load_target
+
+                self.fn = load_target(target.value, self.level)
+            else:
+                self.fn = pickle.loads(target.value)
+        except BaseException as error:  # noqa: BLE001 - whatever the import does is the answer
+            return ("load-failed", f"{type(error).__name__}: {error}" if target.kind == "pickle" else str(error))
+        try:
+            parameters = [(p.name, p.kind, p.default is not inspect.Parameter.empty)
+                          for p in inspect.signature(self.fn).parameters.values()]
+        except (TypeError, ValueError):
+            parameters = []
+        from specverify.auditing.guarded import AliasWatch
+
+        self.alias_watch = AliasWatch()
+        if self.level == "decoder":
+            from specverify.auditing.decoder import DecoderModels
+
+            self.models = DecoderModels(self.device)
+        return ("loaded", {"parameters": parameters})
+
+    def _generator(self, handle: Any) -> Any:
+        import torch
+
+        from specverify.auditing.faults import seed_global_rng
+
+        if handle.key not in self.generators:
+            seed_global_rng(handle.global_seed)
+            self.generators[handle.key] = torch.Generator(device=self.device).manual_seed(handle.seed)
+        return self.generators[handle.key]
+
+    def steps(self, request: dict[str, Any]) -> tuple:
+        import torch
+
+        from specverify.auditing.guarded import checked_emitted, exception_message
+        from specverify.auditing.faults import Fault
+        from specverify.auditing.isolation import SharedBuffer
+
+        path, size = request["buffer"]
+        if self.buffer is None or self.buffer.path != path:
+            if self.buffer is not None:
+                self.buffer.close()
+            self.buffer = SharedBuffer.open(path, size)
+        target, draft, tokens, output = (self.buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
+                                         for offset, dtype, shape in zip(request["offsets"], request["dtypes"],
+                                                                         request["shapes"]))
+        vocab = target.shape[-1]
+        generator = self._generator(request["generator"])
+        on_cpu = self.device == "cpu"
+        start, seconds, aliased = request["row"], 0.0, False
+        for number, rows in enumerate(request["groups"]):
+            rows_slice = slice(start, start + rows)
+            inputs = (target[rows_slice], draft[rows_slice], tokens[rows_slice])
+            drafts = tokens[rows_slice].clone()
+            passed = inputs if on_cpu else tuple(t.to(self.device) for t in inputs)
+            started = time.perf_counter()
+            try:
+                result = self.fn(*passed, generator)
+            except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt/SystemExit are the function's
+                return ("fault", "exception", exception_message(error, "{what}"), number)
+            seconds += time.perf_counter() - started
+            aliased = self.alias_watch.after_call(result) or aliased
+            try:
+                plain = _plain(result, rows, output.shape[1])
+                output[rows_slice] = result.detach() if plain else checked_emitted(result, drafts, vocab)
+            except Fault as fault:
+                return ("fault", fault.kind, fault.message, number)
+            if not on_cpu:
+                for view, tensor in zip(inputs, passed):
+                    view.copy_(tensor)
+            start += rows
+        return ("ok", seconds, aliased)
+
+    def raw(self, request: dict[str, Any]) -> tuple:
+        import torch
+
+        from specverify.core.outputs import emitted_tensor
+
+        try:
+            result = self.fn(*request["args"], **request["kwargs"])
+        except BaseException as error:  # noqa: BLE001
+            return ("raw-error", type(error).__name__, str(error))
+        try:
+            pickle.dumps(result)
+        except Exception:
+            try:
+                result = emitted_tensor(result).detach().cpu().clone()
+            except Exception as error:
+                return ("raw-error", type(error).__name__, f"the output cannot be sent to the audit: {error}")
+        if isinstance(result, torch.Tensor):
+            result = result.detach().cpu().clone() if result.layout == torch.strided and result.device.type != "meta" else result
+        return ("raw-ok", result)
+
+    def generate(self, request: dict[str, Any]) -> tuple:
+        import torch
+
+        from specverify.auditing.faults import validate_new_tokens
+        from specverify.auditing.faults import Fault, seed_global_rng
+        from specverify.auditing.guarded import exception_message
+
+        seed_global_rng(request["global_seed"])
+        models = self.models
+        original = torch.tensor([request["prompt"]], dtype=torch.int64, device=models.device)
+        passed = original.clone()
+        started = time.perf_counter()
+        try:
+            result = self.fn(models.target, models.draft, passed, max_new_tokens=request["max_new_tokens"],
+                             temperature=request["temperature"], top_k=request["top_k"], top_p=request["top_p"],
+                             seed=request["seed"])
+        except BaseException as error:  # noqa: BLE001
+            return ("fault", "exception", exception_message(error, "{what}"))
+        seconds = time.perf_counter() - started
+        try:
+            tokens = validate_new_tokens(result, request["max_new_tokens"], models.vocab_size).tolist()
+        except Fault as fault:
+            return ("fault", fault.kind, fault.message)
+        except Exception as error:
+            return ("fault", "malformed", f"returned output the audit could not read ({type(error).__name__}: {error})")
+        mutated = not torch.equal(passed.cpu(), original.cpu())
+        changed = models.changed()
+        if changed:
+            self.models = type(models)(self.device)  # later calls get the audit's models again
+        return ("ok", tokens, seconds, mutated, changed)
+
+
+def _plain(result: Any, rows: int, width: int) -> bool:
+    """A dense int64 CPU tensor of the expected shape: copied as is (the parent validates the
+    values of the whole request at once); anything else goes through the full per-call check."""
+    import torch
+
+    return (type(result) is torch.Tensor and result.layout == torch.strided and result.device.type == "cpu"
+            and result.dtype == torch.int64 and tuple(result.shape) == (rows, width))
+
+
+def main(descriptor: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the user's Ctrl-C is for the audit, not the function
+    _die_with_parent()
+    connection = Connection(descriptor)
+    worker = Worker()
+    handlers = {"load": worker.load, "steps": worker.steps, "raw": worker.raw, "generate": worker.generate}
+    while True:
+        try:
+            request = pickle.loads(connection.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)
+        if request.get("op") == "stop":
+            os._exit(0)
+        try:
+            reply = handlers[request["op"]](request)
+        except BaseException as error:  # noqa: BLE001 - a failure of the worker itself
+            reply = ("fault", "exception", f"the audit's worker failed: {type(error).__name__}: {error}", 0)
+        try:
+            data = pickle.dumps(reply)
+        except Exception as error:
+            data = pickle.dumps(("fault", "malformed", f"the output cannot be sent to the audit: {error}", 0))
+        try:
+            connection.send_bytes(data)
+        except (OSError, ValueError):
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,5 @@
+"""Raises KeyboardInterrupt itself."""
+
+
+def verify(target_probs, draft_probs, draft_tokens, generator):
+    raise KeyboardInterrupt
