@@ -72,6 +72,11 @@ def tree_depth(parents: Sequence[int]) -> int:
     return max(depths(parents))
 
 
+def max_children(parents: Sequence[int]) -> int:
+    """The largest number of children of one node (the root included)."""
+    return max(len(kids) for kids in children_of(check_shape(parents)).values())
+
+
 def _check_scheme(scheme: str) -> None:
     if scheme not in DRAFT_SCHEMES:
         raise ValueError(f"scheme: expected one of {', '.join(DRAFT_SCHEMES)}, got {scheme!r}")
