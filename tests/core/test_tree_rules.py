@@ -175,3 +175,25 @@ def test_thresholds_must_lie_in_zero_one():
     p, q, x, parents = _valid()
     with pytest.raises(ValueError, match="threshold_acc"):
         tree_rules.thresholded_tree_verify(p, q, x, parents, uniforms=torch.zeros(1, 4), threshold_acc=1.5)
+
+
+def test_tree_speedup_model_reduces_to_leviathan_for_a_chain():
+    from specverify.core import speedup, tree_speedup
+
+    assert tree_speedup.tree_tokens_per_pass((-1, 0, 1, 2), [0.7]) == pytest.approx(
+        speedup.expected_tokens_per_pass(0.7, 4))
+    # two root children with rates [0.5, 0.4]: 1 + 0.5 + 0.5 * 0.4
+    assert tree_speedup.tree_tokens_per_pass((-1, -1), [0.5, 0.4]) == pytest.approx(1.7)
+    estimate = tree_speedup.tree_speedup((-1, -1, 0, 0), [0.5], draft_cost=0.1, verify_cost=0.01)
+    assert estimate.pass_cost == pytest.approx(2 * 0.1 + 1 + 4 * 0.01) and estimate.depth == 2
+
+
+def test_deterministic_rates_match_the_exact_expectation():
+    from specverify.core import tree_speedup
+
+    chain = random_markov_chain(3, 0, seed=6)
+    p = chain.target(())
+    order = sorted(range(3), key=lambda t: (-chain.draft(())[t], t))
+    rates = [p[order[0]], p[order[1]] / (1 - p[order[0]])]
+    exact_tokens = tree_exact.expected_tree_accepted_length(chain, (-1, -1), "deterministic") + 1
+    assert tree_speedup.tree_tokens_per_pass((-1, -1), rates) == pytest.approx(exact_tokens)
