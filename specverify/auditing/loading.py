@@ -38,6 +38,8 @@ BUILTINS: dict[str, dict[str, str]] = {
         "typical": "specverify.core.tree_rules:typical_verify_tree",
         "unchanged-target": "specverify.core.tree_rules:unchanged_target_verify_tree",
         "thresholded": "specverify.core.tree_rules:thresholded_verify_tree",
+        "sglang-style": "specverify.core.tree_layouts:sglang_style_verify_tree",
+        "eagle-style": "specverify.core.tree_layouts:eagle_style_verify_tree",
     },
 }
 

@@ -134,7 +134,8 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
 
     ``emitted`` must be an int64 tensor ``[B, N+1]``; row b holds ``m_b ≥ 1`` tokens in ``[0, V)``
     followed only by ``-1``, and its first ``m_b − 1`` tokens must be the tokens of a root-to-node
-    path of the row's tree (with duplicate sibling tokens, the first matching child is taken).
+    path of the row's tree (with duplicate sibling tokens any matching child may continue the path;
+    ``last_node`` is the lowest-index node that ends a matching path).
     Raises :class:`Fault` (``malformed``) naming the first offending row.
     """
     emitted = emitted_tensor(result).detach()
@@ -158,21 +159,26 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
     if bool((lengths == 0).any()):
         row = int((lengths == 0).nonzero()[0, 0])
         raise Fault("malformed", f"emitted no token in row {row} (every step emits at least the correction-or-bonus token)")
-    current = torch.full((batch,), -1, dtype=torch.int64)
+    # Candidate nodes after j accepted tokens (column 0: the root); with duplicate sibling tokens
+    # a token can match several children, so every matching path is followed.
     present = tree_tokens >= 0
+    reached = torch.zeros(batch, width + 1, dtype=torch.bool)
+    reached[:, 0] = True
+    current = torch.full((batch,), -1, dtype=torch.int64)
     for j in range(width):
         on_path = j < lengths - 1
-        match = present & (parents == current[:, None]) & (tree_tokens == emitted[:, j:j + 1])
-        found = match.any(-1)
-        broken = on_path & ~found
+        under_reached = reached.gather(-1, parents + 1)
+        match = present & under_reached & (tree_tokens == emitted[:, j:j + 1])
+        broken = on_path & ~match.any(-1)
         if bool(broken.any()):
             row = int(broken.nonzero()[0, 0])
             raise Fault("malformed", f"row {row}: emitted {emitted[row].tolist()}, whose accepted tokens are not a "
-                                     f"root-to-node path of the tree (slot {j}: no child of node {int(current[row])} "
-                                     f"has token {int(emitted[row, j])}; tree_tokens {tree_tokens[row].tolist()}, "
-                                     f"parents {parents[row].tolist()}): only the tokens of an accepted path may "
-                                     "precede the correction-or-bonus token")
+                                     f"root-to-node path of the tree (slot {j}: token {int(emitted[row, j])} is not a "
+                                     f"child of the path so far; tree_tokens {tree_tokens[row].tolist()}, parents "
+                                     f"{parents[row].tolist()}): only the tokens of an accepted path may precede the "
+                                     "correction-or-bonus token")
         current = torch.where(on_path, match.to(torch.int64).argmax(-1), current)
+        reached = torch.where(on_path[:, None], torch.cat([torch.zeros(batch, 1, dtype=torch.bool), match], 1), reached)
     return emitted, lengths, current
 
 
