@@ -51,7 +51,7 @@ def _assume_drawable(chain, shape, scheme) -> None:
         assume(children <= np.count_nonzero(chain.draft_table, axis=1).min())
 
 
-@settings(max_examples=12, **EXACT_SETTINGS)
+@settings(max_examples=25, **EXACT_SETTINGS)
 @given(chain=path_chains(st.integers(2, 3), st.integers(0, 1)), shape=tree_shapes(3), scheme=sibling_schemes())
 def test_reference_tree_step_is_exact(chain, shape, scheme):
     """One step of the reference rule, integrated exactly, completed by target sampling = target law."""
@@ -78,7 +78,7 @@ def test_point_mass_tree_rule_is_exact_on_deterministic_trees(chain, shape):
     assert deviation <= EXACT_TOLERANCE
 
 
-@settings(max_examples=4, **EXACT_SETTINGS)
+@settings(max_examples=6, **EXACT_SETTINGS)
 @given(chain=path_chains(2, 1), shape=st.sampled_from([(-1, -1), (-1, 0), (-1, -1, 0)]), scheme=sibling_schemes())
 def test_reference_tree_decoding_run_is_exact(chain, shape, scheme):
     """The first 3 tokens of a run that drafts a fresh tree every step follow the target."""

@@ -104,6 +104,7 @@ class TreeSession:
     timeout_s: float
     schemes: tuple[str, ...]
     batch_rows: int = DEFAULT_TREE_ROWS
+    scheme_error: str | None = None  # a malformed ``draft_schemes`` attribute (reported by randomness-source)
 
 
 def _labels(bank: ChainBank, length: int) -> tuple[str, ...]:
@@ -313,6 +314,8 @@ class TreeRandomnessCheck:
                            "rows": self.rows}
 
     def run(self, session: TreeSession, plan: Plan) -> CheckResult:
+        if session.scheme_error is not None:
+            raise Fault("malformed", session.scheme_error)
         tables = TreeTables(self.bank)
         chain = torch.arange(self.rows) % self.bank.num_chains
         shape_of_row = torch.zeros(self.rows, dtype=torch.int64)
@@ -361,11 +364,11 @@ class TreeBattery:
 
     def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> TreeSession:
         try:
-            schemes = declared_schemes(fn)
-        except Fault:
-            schemes = DRAFT_SCHEMES  # reported by the first check's call instead
+            schemes, error = declared_schemes(fn), None
+        except Fault as fault:
+            schemes, error = DRAFT_SCHEMES, fault.message  # audited under every scheme, reported as an error
         return TreeSession(GuardedTreeFunction(fn, timeout_s=timeout_s, device=device), fn, timeout_s, schemes,
-                           self.batch_rows)
+                           self.batch_rows, error)
 
     def checks(self, session: TreeSession) -> list[Any]:
         schemes = session.schemes

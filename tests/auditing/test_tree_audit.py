@@ -120,3 +120,12 @@ def test_cli_tree_level(tmp_path):
 def test_every_catalog_entry_fails_the_full_battery_at_standard(name):
     report = audit(f"catalog:{name}", level="tree", budget="standard")
     assert report.exit_code == 1, report.explain()
+
+
+def test_malformed_draft_schemes_cannot_be_audited():
+    def declared_badly(target_probs, draft_probs, tree_tokens, parents, generator):
+        return tree_rules.verify_tree(target_probs, draft_probs, tree_tokens, parents, generator)
+
+    declared_badly.draft_schemes = ("greedy",)
+    report = audit(declared_badly, level="tree", budget=200, checks=["randomness-source", "tree-siblings-independent"])
+    assert report.exit_code == 2 and "draft_schemes" in report.summary
