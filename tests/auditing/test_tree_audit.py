@@ -107,12 +107,20 @@ def test_cli_tree_level(tmp_path):
     out = tmp_path / "report.json"
     html = tmp_path / "report.html"
     result = subprocess.run([sys.executable, "-m", "specverify", "audit", "--level", "tree", "catalog:bonus_from_parent",
-                             "--budget", "300", "--checks", "tree-branches-independent,exact-tree-step",
+                             "--budget", "3000", "--checks", "tree-branches-independent,exact-tree-step",
                              "--json", str(out), "--html", str(html)],
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr
     assert json.loads(out.read_text())["level"] == "tree"
-    assert "exact-tree-step" in html.read_text()
+    page = html.read_text()
+    assert "exact-tree-step" in page and "<svg" in page and "Trees drafted by tree-branches-independent" in page
+
+
+def test_tree_svg_draws_every_node():
+    from specverify.auditing.report_tree import tree_svg
+
+    drawing = tree_svg((-1, -1, 0, 1, 1))
+    assert drawing.count("<circle") == 6 and drawing.count("<line") == 5
 
 
 @pytest.mark.slow
