@@ -55,6 +55,7 @@ from specverify.auditing.sampler import (
 from specverify.core import stats, tree_exact
 from specverify.core.chains import random_markov_chain
 from specverify.core.seeding import derive_seed
+from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.harness import ChainBank, markov_bank, markov_prefix_law
 from specverify.testing.tree_harness import (
@@ -68,7 +69,6 @@ from specverify.testing.tree_harness import (
     sample_tree_steps,
     validate_tree_emitted,
 )
-from specverify.testing.tree_strategies import eagle_shape
 
 CLOSENESSES = (0.0, 0.5)
 """Each check's bank: one chain with a draft unrelated to the target, one halfway between."""

@@ -72,6 +72,38 @@ def tree_depth(parents: Sequence[int]) -> int:
     return max(depths(parents))
 
 
+def chain_shape(num_nodes: int) -> tuple[int, ...]:
+    """``(-1, 0, 1, …)``: the §1 chain as a tree."""
+    return tuple(range(-1, num_nodes - 1))
+
+
+def star_shape(num_nodes: int) -> tuple[int, ...]:
+    """Every node a child of the root (``num_nodes`` drafts for the next token)."""
+    return (-1,) * num_nodes
+
+
+def binary_shape(num_nodes: int) -> tuple[int, ...]:
+    """A complete binary tree in breadth-first order: node ``n``'s parent is ``(n − 2) // 2``
+    (the root's two children first)."""
+    return tuple(-1 if n < 2 else (n - 2) // 2 for n in range(num_nodes))
+
+
+def eagle_shape(top_k: int, depth: int, expand: int) -> tuple[int, ...]:
+    """EAGLE-like expansion: ``top_k`` children of the root, then at every level ``top_k``
+    children for each of the first ``expand`` nodes of the previous level (the best-scored ones,
+    which a drafter lists first), ``depth`` levels in all."""
+    parents: list[int] = [-1] * top_k
+    level = list(range(top_k))
+    for _ in range(depth - 1):
+        next_level = []
+        for node in level[:expand]:
+            for _ in range(top_k):
+                next_level.append(len(parents))
+                parents.append(node)
+        level = next_level
+    return tuple(parents)
+
+
 def max_children(parents: Sequence[int]) -> int:
     """The largest number of children of one node (the root included)."""
     return max(len(kids) for kids in children_of(check_shape(parents)).values())

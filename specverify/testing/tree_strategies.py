@@ -22,43 +22,13 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from specverify.core.tree_exact import sibling_law
+from specverify.core.tree_exact import binary_shape, chain_shape, eagle_shape, sibling_law, star_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.strategies import markov_chains
 
 SHAPE_KINDS = ("chain", "star", "binary", "eagle", "random")
-
-
-def chain_shape(num_nodes: int) -> tuple[int, ...]:
-    """``(-1, 0, 1, …)``: the §1 chain as a tree."""
-    return tuple(range(-1, num_nodes - 1))
-
-
-def star_shape(num_nodes: int) -> tuple[int, ...]:
-    """Every node a child of the root (``num_nodes`` drafts for the next token)."""
-    return (-1,) * num_nodes
-
-
-def binary_shape(num_nodes: int) -> tuple[int, ...]:
-    """A complete binary tree in breadth-first order: node ``n``'s parent is ``(n − 2) // 2``
-    (the root's two children first)."""
-    return tuple(-1 if n < 2 else (n - 2) // 2 for n in range(num_nodes))
-
-
-def eagle_shape(top_k: int, depth: int, expand: int) -> tuple[int, ...]:
-    """EAGLE-like expansion: ``top_k`` children of the root, then at every level ``top_k``
-    children for each of the first ``expand`` nodes of the previous level (the best-scored ones,
-    which a drafter lists first), ``depth`` levels in all."""
-    parents: list[int] = [-1] * top_k
-    level = list(range(top_k))
-    for _ in range(depth - 1):
-        next_level = []
-        for node in level[:expand]:
-            for _ in range(top_k):
-                next_level.append(len(parents))
-                parents.append(node)
-        level = next_level
-    return tuple(parents)
+__all__ = ["SHAPE_KINDS", "TreeBatch", "binary_shape", "chain_shape", "eagle_shape", "path_chains", "sibling_schemes",
+           "star_shape", "tree_batches", "tree_shapes"]
 
 
 @st.composite
