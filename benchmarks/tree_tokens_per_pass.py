@@ -4,9 +4,16 @@ Recursive rejection sampling's exact expected accepted length (specverify.core.t
 over random chains.  Run: PYTHONPATH=$PWD python3 benchmarks/tree_tokens_per_pass.py
 """
 import numpy as np
+
 from specverify.core import tree_exact
 from specverify.core.chains import random_markov_chain
-from specverify.testing.tree_strategies import chain_shape, binary_shape, eagle_shape, star_shape
+from specverify.testing.tree_strategies import (
+    binary_shape,
+    chain_shape,
+    eagle_shape,
+    star_shape,
+)
+
 shapes = {"chain N=6": chain_shape(6), "binary N=6": binary_shape(6), "eagle(2,3,1) N=6": eagle_shape(2,3,1), "star N=6": star_shape(6)}
 for closeness in (0.5, 0.8):
     rows=[]

@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from specverify.core import exact, rules, tree_exact, tree_rules
 from specverify.core.chains import PositionalChain
-from specverify.testing.tree_strategies import chain_shape, path_chains, sibling_schemes, tree_batches, tree_shapes
+from specverify.testing.tree_strategies import (
+    chain_shape,
+    path_chains,
+    sibling_schemes,
+    tree_batches,
+    tree_shapes,
+)
 
 EXACT_TOLERANCE = 1e-9
 """Largest accepted ``|P_rule(y) − P_target(y)|`` (integration is exact up to ~1e-14 rounding)."""

@@ -39,7 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specverify.auditing.faults import Fault, call_with_deadline, probe_randomness, seed_global_rng
+from specverify.auditing.faults import (
+    Fault,
+    call_with_deadline,
+    probe_randomness,
+    seed_global_rng,
+)
 from specverify.auditing.sampler import (
     EXACT_TOLERANCE,
     CheckResult,

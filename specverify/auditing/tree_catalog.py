@@ -28,9 +28,14 @@ import torch
 
 from specverify.core.chains import MarkovChain, random_markov_chain
 from specverify.core.rules import _inverse_cdf
-from specverify.core.tree_rules import emit_path, step_uniforms, thresholded_tree_verify, validate_tree_inputs
+from specverify.core.tree_rules import (
+    emit_path,
+    step_uniforms,
+    thresholded_tree_verify,
+    validate_tree_inputs,
+)
 
-__all__ = ["BuggyTreeRule", "TREE_CATALOG", "witness_chain"]
+__all__ = ["TREE_CATALOG", "BuggyTreeRule", "witness_chain"]
 
 
 @dataclass(frozen=True)

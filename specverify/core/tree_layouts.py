@@ -25,8 +25,12 @@ from __future__ import annotations
 import torch
 
 from specverify.core.rules import _inverse_cdf
-from specverify.core.tree_rules import emit_path, step_uniforms, tree_rejection_sample, validate_tree_inputs
-
+from specverify.core.tree_rules import (
+    emit_path,
+    step_uniforms,
+    tree_rejection_sample,
+    validate_tree_inputs,
+)
 
 # --------------------------------------------------------------------------------------------
 # SGLang-style linked layout
@@ -183,7 +187,7 @@ def to_eagle_layout(tree_tokens: torch.Tensor, parents: torch.Tensor) -> tuple[t
 def from_eagle_layout(tree_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``parents [B, N]`` from the mask layout: node ``i``'s parent is its ancestor ``j ≠ i`` at
     position ``positions[i] − 1`` (-1 at position 0 and for absent nodes)."""
-    batch, width = positions.shape
+    width = positions.shape[1]
     ancestors = tree_mask & ~torch.eye(width, dtype=torch.bool)[None]
     one_up = ancestors & (positions[:, None, :] == positions[:, :, None] - 1)
     has_parent = one_up.any(-1)

@@ -22,7 +22,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from specverify.auditing.faults import Fault, call_with_deadline, emitted_tensor, mutated_arguments
+from specverify.auditing.faults import (
+    Fault,
+    call_with_deadline,
+    emitted_tensor,
+    mutated_arguments,
+)
 from specverify.testing.harness import CallLog, ChainBank
 
 DEFAULT_TREE_ROWS = 4096

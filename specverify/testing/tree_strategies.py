@@ -22,7 +22,13 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from specverify.core.tree_exact import binary_shape, chain_shape, eagle_shape, sibling_law, star_shape
+from specverify.core.tree_exact import (
+    binary_shape,
+    chain_shape,
+    eagle_shape,
+    sibling_law,
+    star_shape,
+)
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.strategies import markov_chains
 
