@@ -31,6 +31,16 @@ BUILTINS: dict[str, dict[str, str]] = {
         "hf-transformers": "specverify.hf.generate_adapter:generate",
         "hf-transformers-prompt-lookup": "specverify.hf.generate_adapter:generate_prompt_lookup",
     },
+    "tree": {
+        "reference": "specverify.core.tree_rules:verify_tree",
+        "point-mass": "specverify.core.tree_rules:point_mass_verify_tree",
+        "greedy": "specverify.core.tree_rules:greedy_verify_tree",
+        "typical": "specverify.core.tree_rules:typical_verify_tree",
+        "unchanged-target": "specverify.core.tree_rules:unchanged_target_verify_tree",
+        "thresholded": "specverify.core.tree_rules:thresholded_verify_tree",
+        "sglang-style": "specverify.core.tree_layouts:sglang_style_verify_tree",
+        "eagle-style": "specverify.core.tree_layouts:eagle_style_verify_tree",
+    },
 }
 
 
@@ -41,7 +51,8 @@ class LoadError(ValueError):
 def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
     """Return the callable named by ``spec`` (see the module docstring for the forms).
 
-    ``level`` selects the table of built-in names: ``sampler`` (SPEC §1) or ``decoder`` (SPEC §2).
+    ``level`` selects the table of built-in names: ``sampler`` (SPEC §1), ``decoder`` (SPEC §2) or
+    ``tree`` (SPEC §3; ``catalog:<name>`` then names an entry of the tree bug catalog).
     """
     if level not in BUILTINS:
         raise LoadError(f"level: expected one of {sorted(BUILTINS)}, got {level!r}")
@@ -50,6 +61,13 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
     builtins = BUILTINS[level]
     if spec in builtins:
         return _load_from_module(*builtins[spec].split(":"), spec=spec)
+    if spec.startswith("catalog:") and level == "tree":
+        from specverify.auditing.tree_catalog import TREE_CATALOG
+
+        name = spec.split(":", 1)[1]
+        if name not in TREE_CATALOG:
+            raise LoadError(f"target: no tree catalog entry {name!r}; known: {', '.join(sorted(TREE_CATALOG))}")
+        return TREE_CATALOG[name].fn
     if spec.startswith("catalog:"):
         from specverify.auditing.catalog import CATALOG
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from specverify.auditing.runner import AuditReport
+from specverify.auditing.report_tree import tree_sections
 from specverify.auditing.sampler import CheckResult
 
 MAX_BARS = 40
@@ -149,6 +150,7 @@ def render_html(report: AuditReport) -> str:
                             f"<img alt='acceptance by position' src='{acceptance_figure(with_acceptance, tools)}'>")
     if not plotted and tools is not None:
         sections.insert(0, "<p>No check failed, so there are no observed-vs-expected plots.</p>")
+    sections += tree_sections(report.checks)  # tree level: the drafted shapes of each failing check
     budget = html.escape(report.budget.describe())
     timings = report.timings
     rate = f", {timings['rows_per_s']:,.0f} rows/s" if timings.get("rows_per_s") else ""

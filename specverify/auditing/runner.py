@@ -42,6 +42,7 @@ from specverify.core.seeding import derive_seed
 LEVELS: dict[str, str] = {
     "sampler": "specverify.auditing.sampler:SamplerBattery",
     "decoder": "specverify.auditing.decoder:DecoderBattery",
+    "tree": "specverify.auditing.tree:TreeBattery",
 }
 """Audit level -> ``module:class`` of its battery (instantiated without arguments)."""
 

@@ -500,7 +500,11 @@ def _build_grid(edges: list[list[np.ndarray]], path_indices: np.ndarray) -> _Gri
 
 def _evaluate(rule: Rule, paths: _DraftPaths, path_of_row: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """Codes of the tuples ``rule`` emits on draft paths ``path_of_row`` with ``uniforms`` ``[N, K+1]``
-    (called in chunks of bounded size)."""
+    (called in chunks of bounded size).
+
+    Points are capped one ulp below 1: a point placed in a cell that ends at 1 (``low + width *
+    fraction``) rounds to exactly 1.0 when the cell is narrower than ~2e-10, outside the rules' [0, 1)."""
+    uniforms = np.minimum(uniforms, np.nextafter(1.0, 0.0))
     num_rows = len(path_of_row)
     num_draft, vocab_size = paths.draft.shape[1], paths.target.shape[2]
     chunk = max(1, ROWS_PER_CHUNK_ELEMENTS // ((num_draft + 1) * vocab_size))
