@@ -19,7 +19,7 @@ import numpy as np
 
 from specverify.auditing.runner import AuditReport
 from specverify.auditing.report_tree import tree_sections
-from specverify.auditing.sampler import CheckResult
+from specverify.auditing.checks import CheckResult
 
 MAX_BARS = 40
 """Observed-vs-expected plots show at most this many cells (the largest deviations)."""

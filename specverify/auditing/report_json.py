@@ -26,7 +26,7 @@ from typing import Any
 
 from specverify import __version__
 from specverify.auditing.runner import AuditReport
-from specverify.auditing.sampler import CheckResult
+from specverify.auditing.checks import CheckResult
 
 SCHEMA = "specverify.audit/1"
 

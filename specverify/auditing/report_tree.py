@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from specverify.auditing.sampler import CheckResult
+from specverify.auditing.checks import CheckResult
 
 _STEP_X, _STEP_Y, _RADIUS = 34, 46, 12
 

@@ -45,24 +45,25 @@ from specverify.auditing.faults import (
     probe_randomness,
     seed_global_rng,
 )
-from specverify.auditing.sampler import (
-    EXACT_TOLERANCE,
+from specverify.auditing.checks import (
     CheckResult,
+    ChiSquareCheck,
     InputsUnchangedCheck,
     Plan,
-    _binomial_detectable_rate,
-    _binomial_sample_size,
-    _ChiSquareSized,
-    accepts_uniforms,
+    binomial_detectable_rate,
+    binomial_sample_size,
     goodness_of_fit_result,
     skipped_result,
 )
+from specverify.auditing.sampler import EXACT_TOLERANCE
+from specverify.core.rules import accepts_uniforms
 from specverify.core import stats, tree_exact
 from specverify.core.chains import random_markov_chain
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
-from specverify.testing.harness import ChainBank, markov_bank, markov_prefix_law
+from specverify.core.chains import ChainBank, MarkovBank
+from specverify.testing.harness import markov_prefix_law
 from specverify.testing.tree_harness import (
     DEFAULT_TREE_ROWS,
     GuardedTreeFunction,
@@ -96,7 +97,7 @@ def tree_bank(name: str, vocab_size: int, order: int) -> ChainBank:
     """The fixed bank of a check (seeded by its name): one Markov chain per entry of CLOSENESSES."""
     chains = [random_markov_chain(vocab_size, order, derive_seed("tree-bank", name, i) % 2**31, closeness=c)
               for i, c in enumerate(CLOSENESSES)]
-    return markov_bank(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order,
+    return MarkovBank(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order,
                        np.array([c.prompt for c in chains], dtype=np.int64).reshape(len(chains), order))
 
 
@@ -119,7 +120,7 @@ def _labels(bank: ChainBank, length: int) -> tuple[str, ...]:
 
 
 @dataclass
-class TreeLawCheck(_ChiSquareSized):
+class TreeLawCheck(ChiSquareCheck):
     """One tree step per row (or whole loops), the first ``length`` completed tokens jointly
     (cells: chain × V^length) against the target's exact law."""
 
@@ -208,10 +209,10 @@ class TreeAcceptanceCheck:
     statistical = True
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        return _binomial_sample_size(epsilon, min(self.bound, 1 - 1e-9), alpha, power)
+        return binomial_sample_size(epsilon, min(self.bound, 1 - 1e-9), alpha, power)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        return _binomial_detectable_rate(n, min(self.bound, 1 - 1e-9), alpha, power)
+        return binomial_detectable_rate(n, min(self.bound, 1 - 1e-9), alpha, power)
 
     def run(self, session: TreeSession, plan: Plan) -> CheckResult:
         sample = sample_tree_steps(session.function, self.bank, shapes=(self.shape,), scheme=self.scheme, length=1,
@@ -367,7 +368,12 @@ class TreeBattery:
     def __init__(self, batch_rows: int = DEFAULT_TREE_ROWS) -> None:
         self.batch_rows = batch_rows
 
-    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> TreeSession:
+    def open_session(self, fn: Callable[..., Any] | str, *, device: str, timeout_s: float,
+                     isolation: str = "none") -> TreeSession:
+        if isinstance(fn, str):
+            from specverify.auditing.loading import load_target
+
+            fn = load_target(fn, self.level)
         try:
             schemes, error = declared_schemes(fn), None
         except Fault as fault:

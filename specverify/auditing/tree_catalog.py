@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from specverify.core.chains import MarkovChain, random_markov_chain
-from specverify.core.rules import _inverse_cdf
+from specverify.core.sampling import inverse_cdf
 from specverify.core.tree_rules import (
     emit_path,
     step_uniforms,
@@ -135,7 +135,7 @@ def _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, 
         step.s = torch.where(accepted, 1.0, step.s)
         step.last_u = torch.where(rejected, u[:, n], torch.where(accepted, u[:, -1], step.last_u))
     weights = step.r.clone() if final is None else final(step, p_node)
-    final_token = _inverse_cdf(weights, final_uniform(step))
+    final_token = inverse_cdf(weights, final_uniform(step), in_place=True)
     if emit is not None:
         return emit(step, final_token)
     return emit_path(tree_tokens, parents, step.current, final_token)[0]

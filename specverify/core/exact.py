@@ -541,7 +541,9 @@ def _call_rule(
             ) from error
         raise
     try:
-        emitted, _ = outputs.validate_emitted(result, draft_tokens, target_probs.shape[-1])
+        # The layout only: the integrator also drives tree rules (specverify.core.tree_exact), whose
+        # accepted slots hold path tokens rather than the row's draft tokens in order.
+        emitted, _ = outputs.validate_emitted(result, None, target_probs.shape[-1], num_positions=target_probs.shape[1])
     except outputs.MalformedOutput as error:
         raise outputs.MalformedOutput([f"rule: {problem}" for problem in error.violations]) from None
     return emitted.numpy()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from specverify.core.rules import _inverse_cdf
+from specverify.core.sampling import inverse_cdf
 from specverify.core.tree_rules import (
     emit_path,
     step_uniforms,
@@ -127,7 +127,7 @@ def sglang_target_only_sample(candidates: torch.Tensor, retrive_index: torch.Ten
         if bool(stops.any()):
             original = probs[retrive_index[rows, node]]
             weights = torch.where((p.sum(-1) > 0)[:, None], p, original)
-            final = _inverse_cdf(weights.clone(), final_coins.to(torch.float64))
+            final = inverse_cdf(weights.clone(), final_coins.to(torch.float64), in_place=True)
             next_token = torch.where(stops, final, next_token)
         descends = active & (chosen >= 0)
         accept_length = torch.where(descends, accept_length + 1, accept_length)

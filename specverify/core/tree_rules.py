@@ -74,7 +74,8 @@ from typing import NamedTuple
 
 import torch
 
-from specverify.core.rules import _check_device, _distribution_problems, _inverse_cdf
+from specverify.core.rules import _check_device, _distribution_problems
+from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
 """The ways of drawing siblings that SPEC §3 names (``verify_tree.draft_schemes``)."""
@@ -303,7 +304,7 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
             r = torch.where(accept[:, None], fresh, r)
             s = torch.where(accept, 1.0, s)
     weights = (r if final_law is None else final_law(r, p_node)).clone()
-    final_token = _inverse_cdf(weights, u[:, -1])
+    final_token = inverse_cdf(weights, u[:, -1], in_place=True)
     emitted, depth = emit_path(tree_tokens, parents, current, final_token)
     return TreeVerifyResult(emitted, depth, current)
 

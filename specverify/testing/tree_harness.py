@@ -22,13 +22,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from specverify.auditing.faults import (
-    Fault,
-    call_with_deadline,
-    emitted_tensor,
-    mutated_arguments,
-)
-from specverify.testing.harness import CallLog, ChainBank
+from specverify.auditing.faults import Fault, call_with_deadline, mutated_arguments
+from specverify.core.chains import ChainBank
+from specverify.core.outputs import emitted_tensor
+from specverify.auditing.guarded import CallLog
 
 DEFAULT_TREE_ROWS = 4096
 """Rows per call of the function."""

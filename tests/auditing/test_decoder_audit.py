@@ -26,7 +26,7 @@ import reference.decoder
 from reference.drafters import ModelDrafter
 from specverify.core import stats
 from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
-from specverify.auditing.sampler import Plan
+from specverify.auditing.checks import Plan
 from specverify.auditing.catalog import CATALOG
 from specverify.auditing.decoder import (
     DECODER_BUDGETS,
