@@ -35,6 +35,7 @@ from typing import Any
 from specverify.core import stats
 from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
 from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
+from specverify.auditing import replay
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
 
@@ -49,7 +50,6 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BUDGET = "standard"
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
-_FILE_MODULE_PREFIX = "_specverify_target_"  # the private module names specverify.auditing.loading gives .py files
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to
@@ -103,8 +103,14 @@ class AuditReport:
                 lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
                              f"estimated TV={_fmt(check.empirical_tv)}")
         lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
-                     f"`specverify audit {self.target} --seed {self.seed} --budget {self.budget.name}`)")
+                     f"`{self.replay_command}`)")
         return "\n".join(lines)
+
+    @property
+    def replay_command(self) -> str:
+        """The shell command that repeats this audit, from the directory it ran in."""
+        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
+                                     alpha=self.alpha)
 
 
 def _fmt(value: float | None) -> str:
@@ -112,15 +118,8 @@ def _fmt(value: float | None) -> str:
 
 
 def target_name(fn: Callable[..., Any] | str) -> str:
-    """``module:qualname`` of a callable (``path/to/file.py:qualname`` for one loaded from a file)."""
-    if isinstance(fn, str):
-        return fn
-    module_name = getattr(fn, "__module__", None) or "?"
-    qualname = getattr(fn, "__qualname__", type(fn).__name__)
-    module = sys.modules.get(module_name)
-    if module_name.startswith(_FILE_MODULE_PREFIX) and getattr(module, "__file__", None):
-        return f"{module.__file__}:{qualname}"
-    return f"{module_name}:{qualname}"
+    """A target string for ``fn`` that loads from the current directory (:func:`specverify.auditing.replay.target_name`)."""
+    return replay.target_name(fn)
 
 
 def load_battery(level: str) -> Any:
