@@ -14,6 +14,7 @@ Accepted forms (shared/SPEC.md §1):
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -125,7 +126,10 @@ def _get_callable(module: object, attribute: str, *, spec: str) -> Callable[...,
     if target is None:
         defined = defined_callables(module)
         listing = ", ".join(defined) if defined else "none"
-        raise LoadError(f"target {spec!r}: module has no attribute {attribute!r}; the functions it defines: {listing}")
+        close = difflib.get_close_matches(attribute, defined, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise LoadError(f"target {spec!r}: module has no attribute {attribute!r}{hint}; "
+                        f"the functions and classes it defines: {listing}")
     if not callable(target):
         raise LoadError(f"target {spec!r}: {attribute!r} is a {type(target).__name__}, not a function")
     return target
