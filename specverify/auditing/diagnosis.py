@@ -85,9 +85,9 @@ def diagnose(checks: Sequence[Any], level: str = "sampler") -> str:
     statistical_lossy = lossy - {"exact-step"}
     multi_chain = {n for n in statistical_lossy if n != "large-vocabulary"}
     if passed("exact-step") and multi_chain and (passed("large-vocabulary") or "large-vocabulary" not in verdict):
-        sentences.append("One request alone is exactly right (exact-step passed, and the one-chain large-vocabulary "
-                         "check passed) but batches mixing different requests are not: rows of a batch influence "
-                         "each other (a batch-indexing bug).")
+        also = ", and the one-chain large-vocabulary check passed" if passed("large-vocabulary") else ""
+        sentences.append(f"One request alone is exactly right (exact-step passed{also}) but batches mixing "
+                         "different requests are not: rows of a batch influence each other (a batch-indexing bug).")
     elif acceptance:
         sentences.append("The acceptance test is wrong: drafts are accepted at another rate than min(1, p/q) gives ("
                          + "; ".join(acceptance[:2]) + ").")
@@ -98,9 +98,10 @@ def diagnose(checks: Sequence[Any], level: str = "sampler") -> str:
             where += ". It is right when draft and target do not overlap (disjoint-supports passed), where " \
                      "(p − q)+ = p: the residual is not norm(max(0, p − q)) (e.g. p itself)"
         sentences.append(where[0].upper() + where[1:] + ".")
-    elif fails("bonus-position") and passed("correction-position"):
-        sentences.append("The bonus token (drawn when all K drafts are accepted) is wrong; accepted drafts and the "
-                         "correction after a rejection are right (correction-position passed).")
+    elif fails("bonus-position") and not fails("correction-position"):
+        evidence = ("; accepted drafts and the correction after a rejection are right (correction-position passed)"
+                    if passed("correction-position") else " (bonus-position failed, where every draft is accepted)")
+        sentences.append(f"The bonus token (drawn when all K drafts are accepted) is wrong{evidence}.")
     elif fails("bonus-position") and fails("correction-position") and not acceptance:
         sentences.append("Both the correction and the bonus token are wrong while the acceptance rates match the "
                          "optimal rule: the final token is drawn from the wrong distribution or position.")
@@ -116,7 +117,10 @@ def diagnose(checks: Sequence[Any], level: str = "sampler") -> str:
     elif statistical_lossy and statistical_lossy <= set(EDGE_CASES):
         sentences.append("The common case is right; only edge cases fail ("
                          f"{', '.join(sorted(statistical_lossy))}).")
-    else:
+    elif fails("step-K1") and len(lossy) >= 3:
         sentences.append(f"{len(lossy)} loss checks failed, including single steps with one draft: the step's "
                          "output law is wrong across positions.")
+    else:
+        sentences.append(f"The output law is wrong in {', '.join(sorted(lossy))}; run the whole battery for a "
+                         "diagnosis of where.")
     return " ".join(sentences)

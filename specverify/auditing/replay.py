@@ -101,14 +101,17 @@ def _importable_through_pth(module_name: str) -> bool:
                for finder in sys.meta_path if hasattr(finder, "find_spec"))
 
 
-def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float) -> str:
-    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A]``."""
+def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float,
+                   checks: tuple[str, ...] | None = None) -> str:
+    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]``."""
     parts = ["specverify", "audit", _quoted(target)]
     if level != DEFAULTS["level"]:
         parts += ["--level", level]
     parts += ["--seed", str(seed), "--budget", budget]
     if alpha != DEFAULTS["alpha"]:
         parts += ["--alpha", f"{alpha:g}"]
+    if checks is not None:
+        parts += ["--checks", _quoted(",".join(checks))]
     return " ".join(parts)
 
 

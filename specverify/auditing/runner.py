@@ -86,6 +86,8 @@ class AuditReport:
     warnings: tuple[str, ...] = ()
     """Warnings raised while the checks ran (third-party deprecation notices and the like), kept
     in the report instead of the terminal; each once, with its count."""
+    selected: tuple[str, ...] | None = None
+    """The check names asked for with ``checks=`` (None: the whole battery); the replay repeats them."""
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -128,7 +130,7 @@ class AuditReport:
     def replay_command(self) -> str:
         """The shell command that repeats this audit, from the directory it ran in."""
         return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=self.alpha)
+                                     alpha=self.alpha, checks=self.selected)
 
 
 def _fmt(value: float | None) -> str:
@@ -228,7 +230,8 @@ def audit(
     name = target_name(fn)
     started = time.perf_counter()
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
-                    power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s))
+                    power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
+                    selected=None if checks is None else tuple(checks))
     if isinstance(fn, str):
         try:
             fn = load_target(fn, level)
