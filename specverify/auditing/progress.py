@@ -72,6 +72,17 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def measured_estimate(level: str, log: Any, remaining_plans: Sequence[Any]) -> tuple[float, float] | None:
+    """Decoder level, once the function has been called: its measured seconds per call and the
+    expected seconds of the remaining plan (one call per sample) at that rate."""
+    calls = getattr(log, "calls", 0) or 0
+    remaining = sum(getattr(p, "n", 0) or 0 for p in remaining_plans)
+    if level != "decoder" or not calls or not remaining:
+        return None
+    per_call = (getattr(log, "function_seconds", 0.0) or 0.0) / calls
+    return per_call, per_call * remaining
+
+
 def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any], plans: Sequence[Any]) -> str:
     """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``."""
     samples = sum(getattr(p, "n", 0) or 0 for p in plans)
@@ -131,6 +142,11 @@ class LineProgress(_Tracker):
         n = f"{result.n:,}" if result.n else "—"
         self.write(f"[{index + 1:>2}/{len(self.checks)}] {result.name:<22} {str(result.verdict):<7} n={n:<9} "
                    f"p={pvalue:<9} {result.seconds:6.1f} s\n")
+        measured = measured_estimate(self.level, self.log, self.plans[index + 1:])
+        if measured is not None and not getattr(self, "_measured_said", False):
+            self._measured_said = True
+            self.write(f"specverify: measured {measured[0]:.2f} s per call of the function: the rest takes "
+                       f"~{duration(measured[1])}\n")
 
     def end(self) -> None:
         self.write(f"specverify: audit finished in {duration(time.perf_counter() - self.started)}\n")

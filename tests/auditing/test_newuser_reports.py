@@ -79,3 +79,4 @@ def test_decoder_level_progress_states_calls_and_time():
                      progress=LineProgress(stream))
     first = stream.getvalue().splitlines()[0]
     assert "level decoder" in first and "calls in all; expected ~" in first
+    assert "s per call of the function: the rest takes ~" in stream.getvalue()  # measured after the first check
