@@ -14,6 +14,19 @@ from specverify import _moved  # noqa: E402
 
 _moved.install()
 
-from specverify.auditing.runner import AuditReport, assert_lossless, audit  # noqa: E402
+_LAZY = ("audit", "assert_lossless", "AuditReport")
+
+
+def __getattr__(name: str):
+    """``audit``, ``assert_lossless`` and ``AuditReport`` import the audit machinery (torch, scipy)
+    on first use, so that ``specverify speedup`` and ``specverify models list`` start instantly."""
+    if name in _LAZY:
+        from specverify.auditing import runner
+
+        value = getattr(runner, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'specverify' has no attribute {name!r}")
+
 
 __all__ = ["__version__", "audit", "assert_lossless", "AuditReport"]

@@ -349,6 +349,8 @@ class WorkerProcess:
         if self.loaded:
             return self.info
         path = [entry or os.getcwd() for entry in sys.path]
+        if os.getcwd() not in path:  # last, as the loader's fallback for package.module targets in this directory
+            path.append(os.getcwd())
         message = {"op": "load", "target": self.target, "level": self.level, "device": self.device,
                    "sys_path": path, "threads": torch.get_num_threads()}
         reply = self.request(message, self.start_timeout_s, "the worker process (starting, importing the target)")

@@ -1,14 +1,20 @@
 """Resolve an implementation under test from a string.
 
 Accepted forms (shared/SPEC.md §1):
-- ``path/to/file.py:function`` — a file anywhere on disk, imported under a private module name;
-- ``package.module:function`` — an importable module;
+- ``path/to/file.py:function`` — a file anywhere on disk, imported under a private module name,
+  with the file's folder on ``sys.path`` (as ``python file.py`` does), so it can import the
+  modules next to it;
+- ``package.module:function`` — a module importable from ``sys.path`` or, failing that, from the
+  current directory (as ``python -m`` does), so a target printed by a test run in a project's
+  root also loads from there;
 - a built-in name registered in :data:`BUILTINS` (``reference``, ``greedy``, ...), or
-  ``catalog:<name>`` for an entry of the known-bug catalog.
+  ``catalog:<name>`` for an entry of the known-bug catalog (``catalog:residual_is_target`` and
+  ``catalog:residual-is-target`` name the same entry).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -71,9 +77,10 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
     if spec.startswith("catalog:"):
         from specverify.auditing.catalog import CATALOG
 
-        name = spec.split(":", 1)[1]
+        name = catalog_key(spec.split(":", 1)[1])
         if name not in CATALOG:
-            raise LoadError(f"target: no catalog entry {name!r}; known: {', '.join(sorted(CATALOG))}")
+            raise LoadError(f"target: no catalog entry {spec.split(':', 1)[1]!r}; known: "
+                            f"{', '.join(sorted(CATALOG))} (list them with `specverify audit --list`)")
         return CATALOG[name].fn
     if ":" not in spec:
         known = ", ".join(sorted(builtins))
@@ -87,9 +94,24 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
     return _load_from_module(location, attribute, spec=spec)
 
 
+def catalog_key(name: str) -> str:
+    """The :data:`~specverify.auditing.catalog.CATALOG` key of a catalog name written with hyphens or underscores."""
+    return name.strip().replace("-", "_")
+
+
 def _load_from_module(module_name: str, attribute: str, *, spec: str) -> Callable[..., Any]:
     try:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as missing:
+            # Not importable from sys.path: try the current directory, as `python -m` would (the
+            # `specverify` console script does not put it on sys.path).
+            top = module_name.split(".")[0]
+            cwd = str(Path.cwd())
+            if missing.name != top or cwd in sys.path:
+                raise
+            sys.path.append(cwd)
+            module = importlib.import_module(module_name)
     except Exception as error:  # any import-time failure is "could not audit"
         raise LoadError(f"target {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {error}") from error
     return _get_callable(module, attribute, spec=spec)
@@ -107,6 +129,8 @@ def _load_from_file(path: Path, attribute: str, *, spec: str) -> Callable[..., A
         raise LoadError(f"target {spec!r}: cannot import {str(path)!r} as a Python file")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module
+    if str(resolved.parent) not in sys.path:  # as `python file.py`: the modules next to it import
+        sys.path.insert(0, str(resolved.parent))
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:
@@ -118,7 +142,19 @@ def _load_from_file(path: Path, attribute: str, *, spec: str) -> Callable[..., A
 def _get_callable(module: object, attribute: str, *, spec: str) -> Callable[..., Any]:
     target = getattr(module, attribute, None)
     if target is None:
-        raise LoadError(f"target {spec!r}: module has no attribute {attribute!r}")
+        defined = defined_callables(module)
+        listing = ", ".join(defined) if defined else "none"
+        close = difflib.get_close_matches(attribute, defined, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise LoadError(f"target {spec!r}: module has no attribute {attribute!r}{hint}; "
+                        f"the functions and classes it defines: {listing}")
     if not callable(target):
         raise LoadError(f"target {spec!r}: {attribute!r} is a {type(target).__name__}, not a function")
     return target
+
+
+def defined_callables(module: object) -> list[str]:
+    """Names of the public functions and classes ``module`` defines itself (not the ones it imports)."""
+    own = getattr(module, "__name__", None)
+    return sorted(name for name, value in vars(module).items()
+                  if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == own)

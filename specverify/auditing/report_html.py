@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,30 +64,49 @@ def _png(figure: Any, canvas_class: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def readable_label(label: str) -> str:
+    """A short bar label: ``chain 1 tokens (3, rest)`` -> ``c1: 3 rest``; ``first token = draft`` unchanged."""
+    match = re.fullmatch(r"chain (\d+) tokens \(?([^)]*)\)?", label)
+    if not match:
+        return label
+    return f"c{match.group(1)}: " + " ".join(t.strip() for t in match.group(2).split(",") if t.strip())
+
+
+def deviation_order(observed: np.ndarray, expected: np.ndarray, limit: int = MAX_BARS) -> np.ndarray:
+    """Cells by decreasing standardised deviation |O − E| / √E (cells with E = 0 and O > 0 first), at most ``limit``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(expected > 0, np.abs(observed - expected) / np.sqrt(np.maximum(expected, 1e-300)),
+                     np.where(observed > 0, np.inf, 0.0))
+    return np.argsort(-z, kind="stable")[:limit]
+
+
 def counts_figure(check: CheckResult, tools: Any) -> str:
-    """Bar chart: observed counts against expected counts n·p for the cells that deviate most."""
+    """Horizontal bars: observed counts against expected counts n·p, the most deviating cell on
+    top (standardised deviation |O − E| / √E), labelled ``c<chain>: <tokens>``."""
     figure_class, canvas_class = tools
     observed = np.asarray(check.observed, dtype=float)
     expected = np.asarray(check.expected, dtype=float) * observed.sum()
-    order = np.argsort(-np.abs(observed - expected), kind="stable")[:MAX_BARS]
-    order = np.sort(order)
-    labels = [check.cell_labels[i] if check.cell_labels else str(i) for i in order]
-    figure = figure_class(figsize=(10, 3.6))
+    order = deviation_order(observed, expected)
+    labels = [readable_label(check.cell_labels[i]) if check.cell_labels else str(i) for i in order]
+    figure = figure_class(figsize=(9, 1.2 + 0.28 * len(order)))
     axes = figure.subplots()
-    positions = np.arange(len(order))
-    axes.bar(positions - 0.2, observed[order], width=0.4, label="observed", color="#c0392b")
-    axes.bar(positions + 0.2, expected[order], width=0.4, label="expected (target law)", color="#7f8c8d")
-    axes.set_xticks(positions, labels, rotation=70, ha="right", fontsize=7)
-    axes.set_ylabel("count")
+    positions = np.arange(len(order))[::-1]  # the largest deviation at the top
+    axes.barh(positions + 0.2, observed[order], height=0.4, label="observed", color="#c0392b")
+    axes.barh(positions - 0.2, expected[order], height=0.4, label="expected (target law)", color="#7f8c8d")
+    axes.set_yticks(positions, labels, fontsize=8)
+    axes.set_xlabel("count")
     shown = "" if len(order) == len(observed) else f" ({len(order)} most deviating of {len(observed)} cells)"
-    axes.set_title(f"{check.name}: observed vs expected{shown}", fontsize=10)
-    axes.legend(fontsize=8)
+    axes.set_title(f"{check.name}: observed vs expected, sorted by deviation{shown}", fontsize=10)
+    axes.legend(fontsize=8, loc="lower right")
     return _png(figure, canvas_class)
 
 
 def acceptance_figure(checks: list[CheckResult], tools: Any) -> str:
     """P(draft i accepted) = P(A > i) by position: observed (markers) against theory (lines)."""
     figure_class, canvas_class = tools
+    from matplotlib import colormaps
+
+    palette = colormaps["turbo"]  # one distinct colour per check, however many there are
     figure = figure_class(figsize=(8, 3.8))
     axes = figure.subplots()
     for index, check in enumerate(checks):
@@ -95,7 +115,7 @@ def acceptance_figure(checks: list[CheckResult], tools: Any) -> str:
         observed_rate = (observed[::-1].cumsum()[::-1] / observed.sum())[1:]  # P(A ≥ i+1)
         expected_rate = expected[::-1].cumsum()[::-1][1:]
         positions = np.arange(len(observed_rate))
-        color, marker = f"C{index % 10}", "osD^v"[index // 10 % 5]
+        color, marker = palette(index / max(1, len(checks) - 1)), "osD^v"[index % 5]
         axes.plot(positions, expected_rate, "-", color=color, alpha=0.7)
         axes.plot(positions, observed_rate, marker, color=color, label=check.name)
     axes.set_xlabel("draft position i")
@@ -127,13 +147,23 @@ def _check_rows(report: AuditReport) -> str:
     return "\n".join(rows)
 
 
+def _diagnosis_section(report: AuditReport) -> str:
+    parts = []
+    if report.diagnosis:
+        parts.append(f"<h2>Diagnosis</h2><p>{html.escape(report.diagnosis)}</p>")
+    if report.warnings:
+        items = "".join(f"<li><code>{html.escape(w)}</code></li>" for w in report.warnings)
+        parts.append(f"<h2>Warnings from the code under audit</h2><ul>{items}</ul>")
+    return "".join(parts)
+
+
 def render_html(report: AuditReport) -> str:
     """The whole page as a string."""
     tools = _matplotlib()
     verdict_class = {0: "pass", 1: "fail"}.get(report.exit_code, "error")
     sections = []
     plotted = [c for c in report.failed if c.observed is not None]
-    with_acceptance = [c for c in report.checks if c.acceptance is not None and len(c.acceptance["observed"]) > 2]
+    with_acceptance = [c for c in report.checks if c.acceptance is not None and len(c.acceptance["observed"]) >= 2]
     if tools is None:
         sections.append("<p class='note'>Plots omitted: matplotlib is not installed "
                         "(<code>pip install 'specverify[report]'</code>).</p>")
@@ -164,6 +194,7 @@ def render_html(report: AuditReport) -> str:
 {html.escape(report.correction)} (α share {_cell(report.alpha_share, '.3g')} per statistical check); power
 {report.power:g}; seed {report.seed}; device {html.escape(report.device)}; per-call timeout {report.timeout_s:g} s.
 Wall time {timings.get('total_s', 0.0):.1f} s{rate}.</p>
+{_diagnosis_section(report)}
 <h2>How the audit works</h2><p>{_METHOD}</p>
 <h2>Checks</h2>
 <table><tr><th>check</th><th>verdict</th><th>n</th><th>cells</th><th>p-value</th><th>α share</th>
@@ -175,8 +206,7 @@ law (sampling noise alone makes it positive); for the exact check, the exact TV 
 deviation the check detects with power {report.power:g} at its α share.</p>
 <h2>Plots</h2>
 {''.join(sections)}
-<p class="note">Generated by specverify; replay with <code>specverify audit {html.escape(report.target)}
---seed {report.seed} --budget {html.escape(report.budget.name)}</code>.</p>
+<p class="note">Generated by specverify; replay with <code>{html.escape(report.replay_command)}</code>.</p>
 </body></html>
 """
 

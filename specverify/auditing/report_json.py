@@ -8,7 +8,9 @@ so two audits with the same seed give identical JSON once ``timings`` is removed
 Top level: ``schema``, ``specverify_version``, ``target``, ``level``, ``verdict``, ``exit_code``,
 ``summary``, ``seed``, ``alpha`` (family-wise), ``alpha_share`` (per statistical check),
 ``correction`` (``bonferroni``), ``power``, ``detectable_tv``, ``budget`` {``name``, ``epsilon``,
-``samples``}, ``device``, ``timeout_s``, ``checks`` (list), ``timings``, ``isolation`` ({``mode``:
+``samples``}, ``device``, ``timeout_s``, ``checks`` (list), ``diagnosis`` (where the loss is, one or
+two sentences; empty when nothing failed), ``replay`` (the command that repeats the audit),
+``warnings`` (what the code under audit warned about), ``timings``, ``isolation`` ({``mode``:
 ``process`` | ``none``, and where present ``note``, ``worker_restarts``, ``stdout``/``stderr``:
 {``bytes``, ``first_lines`` (at most 20), ``truncated``}}).
 Each check: ``name``, ``description``, ``kind``, ``parameters``, ``verdict``, ``message``,
@@ -67,6 +69,7 @@ def report_to_dict(report: AuditReport) -> dict[str, Any]:
         "budget": {"name": report.budget.name, "epsilon": report.budget.epsilon, "samples": report.budget.samples},
         "device": report.device, "timeout_s": report.timeout_s,
         "checks": [check_to_dict(c) for c in report.checks],
+        "diagnosis": report.diagnosis, "replay": report.replay_command, "warnings": list(report.warnings),
         "timings": report.timings, "isolation": report.isolation,
     })
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specverify.auditing.findings import grouped_findings
 from specverify.auditing.runner import AuditReport
 
 _COLUMNS = ("check", "verdict", "n", "cells", "p-value", "α share", "TV seen", "TV detect.", "time")
@@ -42,17 +43,37 @@ def format_report(report: AuditReport) -> str:
     parts = [header, ""]
     if report.checks:
         parts += [format_table(report), ""]
-    for check in report.failed + report.errors:
-        parts.append(f"{check.name} [{check.verdict}]: {check.message}")
-    if report.failed or report.errors:
+    findings = grouped_findings(report.checks)
+    for finding in findings:
+        parts.append(finding.line())
+    if findings:
         parts.append("")
     parts += _isolation_lines(report)
+    if report.diagnosis:
+        parts += [f"Diagnosis: {report.diagnosis}", ""]
     parts.append(verdict_line(report))
-    rows_per_s = report.timings.get("rows_per_s")
-    if rows_per_s:
-        parts.append(f"({report.timings['rows']} rows in {report.timings['calls']} calls, "
-                     f"{report.timings['total_s']:.1f} s, {rows_per_s:,.0f} rows/s)")
+    parts.append(footer(report))
+    if report.warnings:
+        shown = [w if len(w) <= 160 else w[:157] + "…" for w in report.warnings[:3]]
+        more = f" (and {len(report.warnings) - 3} more in --json)" if len(report.warnings) > 3 else ""
+        parts.append(f"{len(report.warnings)} warning(s) from the code under audit, kept out of the run's output{more}:")
+        parts += [f"  {w}" for w in shown]
+    if report.exit_code != 0:
+        parts.append(f"replay: {report.replay_command}")
     return "\n".join(parts)
+
+
+def footer(report: AuditReport) -> str:
+    """Samples tested (the table's n, one per completed sequence or window) against the rows the
+    function evaluated (one per request row of every call, including the rows of decoding loops
+    and of the contract checks), and the time."""
+    samples = sum(c.n for c in report.checks)
+    timings = report.timings
+    text = f"({samples:,} samples tested (the table's n)"
+    if timings.get("rows_per_s"):
+        text += (f"; the function evaluated {timings['rows']:,} rows (one per request row per call) in "
+                 f"{timings['calls']:,} calls, {timings['rows_per_s']:,.0f} rows/s")
+    return text + f"; {timings.get('total_s', 0.0):.1f} s)"
 
 
 def verdict_line(report: AuditReport) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,27 +36,27 @@ from typing import Any
 from specverify.core import stats
 from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
 from specverify.auditing.faults import Fault, preserved_global_rng, seed_global_rng
+from specverify.auditing import replay
+from specverify.auditing.captured import captured_warnings
 from specverify.auditing.isolation import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
-
-LEVELS: dict[str, str] = {
-    "sampler": "specverify.auditing.sampler:SamplerBattery",
-    "decoder": "specverify.auditing.decoder:DecoderBattery",
-    "tree": "specverify.auditing.tree:TreeBattery",
-}
-"""Audit level -> ``module:class`` of its battery (instantiated without arguments)."""
-
-DEFAULT_ALPHA = 1e-3
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_BUDGET = "standard"
-
-EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
-_FILE_MODULE_PREFIX = "_specverify_target_"  # the private module names specverify.auditing.loading gives .py files
+from specverify.auditing.defaults import (  # LEVELS is the registry of levels; all re-exported here
+    BUDGET_ENV,
+    DEFAULT_ALPHA,
+    DEFAULT_BUDGET,
+    DEFAULT_TIMEOUT_S,
+    EXIT_ERROR,
+    EXIT_FAIL,
+    EXIT_PASS,
+    LEVELS,
+)
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to
-run) and once at the end with ``done == total``."""
+run) and once at the end with ``done == total``.  An object with ``begin`` / ``check_started`` /
+``check_finished`` / ``end`` methods (:class:`specverify.auditing.progress.AuditProgress`) is
+told the plan and every result instead."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class AuditReport:
     detectable_tv: float | None
     timings: dict[str, Any] = field(default_factory=dict)
     isolation: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    """Warnings raised while the checks ran (third-party deprecation notices and the like), kept
+    in the report instead of the terminal; each once, with its count."""
+    selected: tuple[str, ...] | None = None
+    """The check names asked for with ``checks=`` (None: the whole battery); the replay repeats them."""
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -96,9 +102,15 @@ class AuditReport:
     def explain(self) -> str:
         """A readable account of the verdict: the headline, then each failing or erroring check
         with its inputs, what was observed against what was expected, p-value and estimated TV."""
+        from specverify.auditing.findings import grouped_findings
+
         lines = [f"{self.target}: {self.verdict.upper()} — {self.summary}"]
-        for check in self.failed + self.errors:
-            lines.append(f"- {check.name} [{check.verdict}]: {check.message}")
+        if self.diagnosis:
+            lines.append(f"diagnosis: {self.diagnosis}")
+        by_name = {c.name: c for c in self.checks}
+        for finding in grouped_findings(self.checks):
+            check = by_name[finding.names[0]]
+            lines.append(f"- {finding.line()}")
             lines.append(f"    what it checks: {check.description}")
             if check.parameters:
                 lines.append("    inputs: " + ", ".join(f"{k}={v}" for k, v in check.parameters.items()))
@@ -106,8 +118,21 @@ class AuditReport:
                 lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
                              f"estimated TV={_fmt(check.empirical_tv)}")
         lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
-                     f"`specverify audit {self.target} --seed {self.seed} --budget {self.budget.name}`)")
+                     f"`{self.replay_command}`)")
         return "\n".join(lines)
+
+    @property
+    def diagnosis(self) -> str:
+        """Where the loss is, read from the pattern of verdicts (:func:`specverify.auditing.diagnosis.diagnose`)."""
+        from specverify.auditing.diagnosis import diagnose
+
+        return diagnose(self.checks, self.level)
+
+    @property
+    def replay_command(self) -> str:
+        """The shell command that repeats this audit, from the directory it ran in."""
+        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
+                                     alpha=self.alpha, checks=self.selected)
 
 
 def _fmt(value: float | None) -> str:
@@ -115,15 +140,8 @@ def _fmt(value: float | None) -> str:
 
 
 def target_name(fn: Callable[..., Any] | str) -> str:
-    """``module:qualname`` of a callable (``path/to/file.py:qualname`` for one loaded from a file)."""
-    if isinstance(fn, str):
-        return fn
-    module_name = getattr(fn, "__module__", None) or "?"
-    qualname = getattr(fn, "__qualname__", type(fn).__name__)
-    module = sys.modules.get(module_name)
-    if module_name.startswith(_FILE_MODULE_PREFIX) and getattr(module, "__file__", None):
-        return f"{module.__file__}:{qualname}"
-    return f"{module_name}:{qualname}"
+    """A target string for ``fn`` that loads from the current directory (:func:`specverify.auditing.replay.target_name`)."""
+    return replay.target_name(fn)
 
 
 def load_battery(level: str) -> Any:
@@ -188,7 +206,7 @@ def audit(
     fn: Callable[..., Any] | str,
     *,
     level: str = "sampler",
-    budget: str | int | SampleBudget = DEFAULT_BUDGET,
+    budget: str | int | SampleBudget | None = None,
     alpha: float = DEFAULT_ALPHA,
     seed: int = 0,
     device: str = "cpu",
@@ -200,7 +218,7 @@ def audit(
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
     at ``level`` and return the :class:`AuditReport`.  Deterministic for a given ``seed``.
 
-    ``budget``: ``quick`` / ``standard`` / ``thorough`` (at the sampler level every statistical
+    ``budget``: default ``$SPECVERIFY_BUDGET`` or ``standard``; ``quick`` / ``standard`` / ``thorough`` (at the sampler level every statistical
     check is sized to detect TV 0.05 / 0.02 / 0.01 with power 0.99; a level's battery may define
     its own ``resolve_budget``) or N samples per check.  ``alpha``: the family-wise
     false-positive rate of the whole audit.  ``timeout_s``: the deadline of each call.
@@ -212,6 +230,8 @@ def audit(
     be sent to a worker (a lambda, a closure) runs in-process, with a note in the report.
     A Ctrl-C stops the audit at once with a partial report (exit 2 unless a check had failed).
     """
+    if budget is None:
+        budget = os.environ.get(BUDGET_ENV, "").strip() or DEFAULT_BUDGET
     battery = load_battery(level)
     sample_budget = getattr(battery, "resolve_budget", resolve_budget)(budget)  # a level may size its own named budgets
     _check_arguments(alpha, timeout_s, device)
@@ -219,7 +239,8 @@ def audit(
     name = target_name(fn)
     started = time.perf_counter()
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
-                    power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s))
+                    power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
+                    selected=None if checks is None else tuple(checks))
     with preserved_process_state():
         try:
             if isinstance(fn, str) and isolation == "none":
@@ -233,7 +254,11 @@ def audit(
         try:
             selected = select_checks(battery.checks(session), checks)
             plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
-            results, interrupted = _run_checks(selected, plans, session, seed, progress)
+            if hasattr(progress, "begin"):
+                progress.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
+                               plans=plans, log=getattr(function, "log", None))
+            with captured_warnings() as caught:
+                results, interrupted = _run_checks(selected, plans, session, seed, progress)
         finally:
             if hasattr(function, "close"):
                 function.close()
@@ -251,7 +276,8 @@ def audit(
             f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results above "
             "are all that was established")
     return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict, exit_code=exit_code,
-                       summary=summary, detectable_tv=detectable, timings=timings, isolation=described)
+                       summary=summary, detectable_tv=detectable, timings=timings, isolation=described,
+                       warnings=tuple(caught))
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
@@ -270,7 +296,9 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     interrupted = False
     with preserved_global_rng():
         for index, (check, plan) in enumerate(zip(checks, plans)):
-            if progress is not None:
+            if hasattr(progress, "check_started"):
+                progress.check_started(index, check, plan)
+            elif progress is not None:
                 progress(index, len(checks), check.name)
             started = time.perf_counter()
             calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
@@ -292,7 +320,11 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
             if log is not None:
                 extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
             results.append(dataclasses.replace(result, **extra))
-    if progress is not None:
+            if hasattr(progress, "check_finished"):
+                progress.check_finished(index, results[-1])
+    if hasattr(progress, "end"):
+        progress.end()
+    elif progress is not None:
         progress(len(checks), len(checks), "done")
     return results, interrupted
 
@@ -308,8 +340,12 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) 
             return "loss detected", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
         return "contract violated", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
     if errors:
-        reasons = "; ".join(f"{r.name}: {r.message}" for r in errors[:3])
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        from specverify.auditing.findings import grouped_findings
+
+        findings = grouped_findings(errors)
+        reasons = "; ".join(f"{', '.join(f.names) if len(f.names) <= 3 else f'{len(f.names)} checks'}: {f.message}"
+                            for f in findings[:3])
+        more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
         return "could not audit", EXIT_ERROR, reasons + more, detectable
     if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
         return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable
@@ -320,7 +356,14 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) 
 
 def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport:
     """Audit ``fn`` (same options as :func:`audit`) and raise ``AssertionError`` with
-    :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise."""
+    :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise.
+
+    Unless ``progress=`` is given, the plan and its expected time are written to stderr first,
+    then one line per finished check (a bar on a terminal); pytest shows them with the failure."""
+    if "progress" not in options:
+        from specverify.auditing.progress import progress_for
+
+        options["progress"] = progress_for(sys.stderr)
     report = audit(fn, **options)
     if report.exit_code != EXIT_PASS:
         raise AssertionError(report.explain())

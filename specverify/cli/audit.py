@@ -8,11 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from specverify.auditing.runner import DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIMEOUT_S, EXIT_ERROR, LEVELS, audit
+from specverify.auditing.defaults import BUDGET_ENV, DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIMEOUT_S, EXIT_ERROR, LEVELS
 from specverify.core.seeding import parse_base_seed
 
 
@@ -24,13 +23,16 @@ def register(subparsers: Any) -> None:
                     "'reference', or catalog:<name>). Exit status: 0 no loss detected, 1 loss detected, "
                     "2 could not audit.",
     )
-    parser.add_argument("target", help="path/to/file.py:function, package.module:function or a built-in name")
+    parser.add_argument("target", nargs="?",
+                        help="path/to/file.py:function, package.module:function or a built-in name (see --list)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the built-in targets and the known-bug catalog (with exact TVs) and exit")
     parser.add_argument("--level", choices=sorted(LEVELS), default="sampler",
                         help="sampler: SPEC §1 verify(target_probs, draft_probs, draft_tokens, generator) (default)")
-    parser.add_argument("--budget", default=DEFAULT_BUDGET,
+    parser.add_argument("--budget", default=None,
                         help="quick | standard | thorough (sampler level: every check detects TV 0.05 / 0.02 / "
                              "0.01 with power 0.99; the decoder level states its own) or N samples per check "
-                             "(default: standard)")
+                             f"(default: ${BUDGET_ENV} or {DEFAULT_BUDGET})")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help="family-wise false-positive rate of the whole audit (default 1e-3)")
     parser.add_argument("--seed", default="0", help="base seed: an integer (default 0) or 'random'")
@@ -46,26 +48,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--isolation", choices=("process", "none"), default="process",
                         help="process: run the function in a worker process that is killed at a deadline and "
                              "restarted after a crash (default); none: call it in the audit's own process")
-    parser.add_argument("--quiet", action="store_true", help="print only the verdict line, no table or progress")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print only the verdict line, no table or progress (otherwise the plan and its expected "
+                             "time first, then a bar on a terminal or one line per finished check in a log)")
     parser.set_defaults(handler=run)
-
-
-class ProgressBar:
-    """A one-line progress bar on a terminal stream, redrawn in place."""
-
-    def __init__(self, stream: TextIO, width: int = 30) -> None:
-        self.stream = stream
-        self.width = width
-        self.started = time.perf_counter()
-
-    def __call__(self, done: int, total: int, name: str) -> None:
-        filled = self.width * done // max(1, total)
-        elapsed = time.perf_counter() - self.started
-        line = f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {elapsed:5.0f}s {name[:28]:<28}"
-        self.stream.write(line)
-        if done == total:
-            self.stream.write("\r" + " " * len(line) + "\r")
-        self.stream.flush()
 
 
 def writable(path: str) -> str | None:
@@ -99,7 +85,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from specverify.auditing.progress import progress_for
     from specverify.auditing.report_terminal import format_report, verdict_line
+
+    if args.list:
+        from specverify.cli.listing import listing
+
+        print(listing())
+        return 0
+    if not args.target:
+        print("specverify audit: a TARGET is required (or --list to see the built-in ones)", file=sys.stderr)
+        return EXIT_ERROR
 
     try:
         seed = parse_base_seed(args.seed)
@@ -113,8 +109,10 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             print(f"specverify audit: could not audit: {option}: cannot write the report: {problem}", file=sys.stderr)
             return EXIT_ERROR
-    progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
+    progress = progress_for(sys.stderr, quiet=args.quiet)
     try:
+        from specverify.auditing.runner import audit
+
         report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
                        device=args.device, timeout_s=args.timeout, progress=progress, isolation=args.isolation,
                        checks=[n.strip() for n in args.checks.split(",")] if args.checks else None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from specverify.hf import packaged as models
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``models`` command to a CLI's subparsers; its handler is ``args.handler(args) -> int``."""
     parser = subparsers.add_parser("models", help="list, prepare and locate the packaged real models",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=None, help=f"cache folder (default ${models.CACHE_ENV} or ~/.cache/specverify)")
     actions = parser.add_subparsers(dest="models_action", required=True)
     actions.add_parser("list", help="packaged models, installed/prepared status, pip lines").set_defaults(handler=list_models)
@@ -34,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     path.add_argument("name", metavar="NAME", choices=sorted(models.PACKAGED_MODELS))
     path.set_defaults(handler=print_path)
     return parser
+
+
+def plain_text(docstring: str) -> str:
+    """A docstring for a terminal: reST literals ````x```` as ``x``, roles ``:func:`x``` as ``x``."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", docstring)
+    return text.replace("``", "")
 
 
 def _installed(model: models.PackagedModel) -> bool:

@@ -40,9 +40,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model is loaded, so `specverify models list` starts fast
+    import torch
+
 
 CACHE_ENV = "SPECVERIFY_CACHE"
 TARGET_ENV = "SPECVERIFY_TARGET"
@@ -248,6 +250,7 @@ def prepare_packaged_model(name: str, *, cache: Path | None = None) -> Path:
 
 def _convert_gguf(gguf_file: Path, out: Path) -> None:
     """Dequantise one GGUF file to a float32 Hugging Face folder at ``out``."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, filename = str(gguf_file.parent), gguf_file.name
@@ -289,11 +292,13 @@ def resolve_model_source(spec: str, *, cache: Path | None = None) -> str:
 
 
 def load_causal_lm(
-    spec: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", cache: Path | None = None
+    spec: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu", cache: Path | None = None
 ) -> Any:
-    """Load the causal LM named by ``spec`` in ``dtype`` on ``device``, in eval mode."""
+    """Load the causal LM named by ``spec`` in ``dtype`` (default float32) on ``device``, in eval mode."""
+    import torch
     from transformers import AutoModelForCausalLM
 
+    dtype = torch.float32 if dtype is None else dtype
     source = resolve_model_source(spec, cache=cache)
     lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     return lm.to(device).eval()
@@ -328,11 +333,11 @@ def load_model_pair(
     target: str | None = None,
     draft: str | None = None,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     cache: Path | None = None,
 ) -> ModelPair:
-    """Load target and draft (see :func:`default_specs`) in ``dtype`` on ``device``.
+    """Load target and draft (see :func:`default_specs`) in ``dtype`` (default float32) on ``device``.
 
     The two tokenizers must have the same vocabulary (speculative decoding compares token ids);
     otherwise ``ValueError`` names the draft.
@@ -361,6 +366,7 @@ def random_init_like(
 
     The initialisation draws from ``seed`` without touching the global RNG state.
     """
+    import torch
     from transformers import AutoModelForCausalLM
 
     if num_layers < 1:

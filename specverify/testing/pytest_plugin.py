@@ -8,8 +8,10 @@ Options:
   from (default 0, reproducible); ``random`` draws a fresh one and prints it;
 - ``--specverify-alpha A``: the family-wise false-positive budget of the whole run's
   statistical checks (default 1e-3), split across the checks by Bonferroni;
-- ``--specverify-budget quick|standard|thorough|N``: the sample budget of audits run through the
-  ``lossless_audit`` / ``assert_lossless`` fixtures (default ``standard``).
+- ``--specverify-budget quick|standard|thorough|N``: the sample budget of every audit of the run:
+  the ``lossless_audit`` / ``assert_lossless`` fixtures and direct calls of
+  ``specverify.assert_lossless`` / ``specverify.audit`` without ``budget=`` (the plugin sets
+  ``$SPECVERIFY_BUDGET`` for the run; default: ``$SPECVERIFY_BUDGET`` or ``standard``).
 
 Fixtures for engine test suites (one line each)::
 
@@ -25,11 +27,13 @@ between tests.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from specverify.auditing.defaults import BUDGET_ENV
 from specverify.auditing.loading import load_target
 from specverify.core.seeding import parse_base_seed
 
@@ -46,8 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="family-wise false-positive budget of the run's statistical checks (default 1e-3)",
     )
     group.addoption(
-        "--specverify-budget", default="standard",
-        help="sample budget of the lossless_audit/assert_lossless fixtures: quick, standard, thorough or N",
+        "--specverify-budget", default=None,
+        help="sample budget of every audit in the run (fixtures and direct specverify.assert_lossless calls): "
+             "quick, standard, thorough or N (default $SPECVERIFY_BUDGET or standard)",
     )
 
 
@@ -63,6 +68,15 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     config._specverify_base_seed = parse_base_seed(config.getoption("--specverify-seed"))  # type: ignore[attr-defined]
+    budget = config.getoption("--specverify-budget")
+    if budget is not None:  # direct calls of specverify.assert_lossless in the run honour it too
+        from specverify.auditing.checks import resolve_budget
+
+        try:
+            resolve_budget(budget)
+        except ValueError as error:
+            raise pytest.UsageError(f"--specverify-budget: {error}") from error
+        os.environ[BUDGET_ENV] = str(budget)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -123,5 +137,5 @@ def _audit_settings(config: pytest.Config) -> dict[str, Any]:
     return {
         "seed": config._specverify_base_seed,  # type: ignore[attr-defined]
         "alpha": float(config.getoption("--specverify-alpha")),
-        "budget": config.getoption("--specverify-budget"),
+        "budget": config.getoption("--specverify-budget"),  # None: $SPECVERIFY_BUDGET or standard
     }

@@ -95,6 +95,6 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
 def test_audit_subcommand_options():
     args = build_parser().parse_args(["audit", "reference"])
     assert (args.level, args.budget, args.alpha, args.seed, args.device, args.timeout, args.quiet) == (
-        "sampler", "standard", 1e-3, "0", "cpu", 60.0, False)
+        "sampler", None, 1e-3, "0", "cpu", 60.0, False)  # None: $SPECVERIFY_BUDGET or standard
     with pytest.raises(SystemExit):
         build_parser().parse_args(["audit", "reference", "--level", "kernel"])

@@ -1,0 +1,126 @@
+"""Diagnosis: read the pattern of verdicts across an audit's checks as one or two sentences.
+
+Each sampler check isolates a piece of modified rejection sampling (Leviathan et al. 2023,
+Algorithm 1): ``bonus-position`` has q = p, so every draft is accepted and only the bonus token
+(drawn from p_K) can be wrong; ``correction-position`` accepts positions 0–1 and exercises the
+correction from (p_2 − q_2)+; ``disjoint-supports`` rejects every draft, where (p − q)+ = p, so a
+residual confused with p passes there; ``step-K1`` is a single draft; ``markov-step-K3`` and the
+decoding loops add context and state across calls; ``large-vocabulary`` has one chain and
+V = 32768; ``exact-step`` integrates one row alone exactly.  The acceptance counts of the step
+checks are compared with the optimal rule's law P(A ≥ a) = Π_{i<a} α_i: a lossless rule accepts
+exactly that often.  :func:`diagnose` combines these into a statement of *where* the loss is.
+It is a reading of the evidence, not a further test: the verdicts stay those of the checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+ACCEPTANCE_Z = 6.0
+"""A step check's acceptance rate at a draft position counts as off the optimal rule's when it
+deviates by more than this many binomial standard errors (descriptive, not a test)."""
+
+EDGE_CASES = ("zeros-both-sides", "near-one-hot", "near-uniform", "tiny-masses")
+CONTEXT = ("markov-step-K3", "decoding-loop-order1", "decoding-loop-order2")
+MULTI_DRAFT = ("step-K2", "step-K4", "step-K8-head", "step-K8-tail")
+
+
+def _verdicts(checks: Sequence[Any]) -> dict[str, str]:
+    return {c.name: str(c.verdict) for c in checks}
+
+
+def acceptance_deviations(checks: Sequence[Any]) -> list[str]:
+    """Draft positions whose acceptance rate P(A > i) is off the optimal rule's by more than
+    :data:`ACCEPTANCE_Z` standard errors, as ``"step-K4 position 2: 0.61 vs 0.48"``."""
+    found = []
+    for check in checks:
+        acceptance = getattr(check, "acceptance", None)
+        if not acceptance:
+            continue
+        observed = [float(x) for x in acceptance["observed"]]
+        expected = [float(x) for x in acceptance["expected"]]
+        n = sum(observed)
+        if n <= 0:
+            continue
+        for i in range(1, len(observed)):  # P(A ≥ i): draft i − 1 accepted
+            seen, law = sum(observed[i:]) / n, sum(expected[i:])
+            error = math.sqrt(max(law * (1 - law), 1e-12) / n)
+            if abs(seen - law) > ACCEPTANCE_Z * error:
+                found.append(f"{check.name} draft {i - 1}: accepted {seen:.3f} vs {law:.3f}")
+                break
+    return found
+
+
+def diagnose(checks: Sequence[Any], level: str = "sampler") -> str:
+    """One or two sentences on where the loss is, from the verdicts of ``checks`` (``""`` when no
+    check failed).  Sampler level; other levels get a summary of the failing check kinds."""
+    failed = [c for c in checks if str(c.verdict) == "fail"]
+    if not failed:
+        return ""
+    verdict = _verdicts(checks)
+    contract = [c.name for c in failed if str(c.kind) == "contract"]
+    sentences = []
+    if "randomness-source" in contract:
+        sentences.append("The randomness does not come from the generator alone (randomness-source failed), so "
+                         "seeded runs are not reproducible or successive calls share random numbers.")
+    if "inputs-unchanged" in contract:
+        sentences.append("The function modifies the tensors it is given (inputs-unchanged failed).")
+    lossy = {c.name for c in failed if str(c.kind) != "contract"}
+    if level != "sampler":
+        if lossy:
+            sentences.append(f"The generated tokens do not follow the target's law ({', '.join(sorted(lossy))}).")
+        return " ".join(sentences)
+    if not lossy:
+        return " ".join(sentences)
+
+    def passed(name: str) -> bool:
+        return verdict.get(name) == "pass"
+
+    def fails(name: str) -> bool:
+        return name in lossy
+
+    acceptance = acceptance_deviations(checks)
+    statistical_lossy = lossy - {"exact-step"}
+    multi_chain = {n for n in statistical_lossy if n != "large-vocabulary"}
+    if passed("exact-step") and multi_chain and (passed("large-vocabulary") or "large-vocabulary" not in verdict):
+        also = ", and the one-chain large-vocabulary check passed" if passed("large-vocabulary") else ""
+        sentences.append(f"One request alone is exactly right (exact-step passed{also}) but batches mixing "
+                         "different requests are not: rows of a batch influence each other (a batch-indexing bug).")
+    elif acceptance:
+        sentences.append("The acceptance test is wrong: drafts are accepted at another rate than min(1, p/q) gives ("
+                         + "; ".join(acceptance[:2]) + ").")
+    elif fails("correction-position") and passed("bonus-position"):
+        where = ("the correction token drawn after a rejection is wrong; accepted drafts and the bonus token are "
+                 "right (bonus-position passed, acceptance rates match the optimal rule)")
+        if passed("disjoint-supports"):
+            where += ". It is right when draft and target do not overlap (disjoint-supports passed), where " \
+                     "(p − q)+ = p: the residual is not norm(max(0, p − q)) (e.g. p itself)"
+        sentences.append(where[0].upper() + where[1:] + ".")
+    elif fails("bonus-position") and not fails("correction-position"):
+        evidence = ("; accepted drafts and the correction after a rejection are right (correction-position passed)"
+                    if passed("correction-position") else " (bonus-position failed, where every draft is accepted)")
+        sentences.append(f"The bonus token (drawn when all K drafts are accepted) is wrong{evidence}.")
+    elif fails("bonus-position") and fails("correction-position") and not acceptance:
+        sentences.append("Both the correction and the bonus token are wrong while the acceptance rates match the "
+                         "optimal rule: the final token is drawn from the wrong distribution or position.")
+    elif passed("step-K1") and any(fails(n) for n in MULTI_DRAFT):
+        sentences.append("Single-draft steps are right (step-K1 passed) but steps with several drafts are not: a "
+                         "position index is off for drafts after the first.")
+    elif statistical_lossy and statistical_lossy <= set(CONTEXT):
+        sentences.append("Context-free single steps are right, but context-dependent targets or whole decoding "
+                         f"loops are not ({', '.join(sorted(statistical_lossy))}): state carried between positions "
+                         "or calls is wrong.")
+    elif statistical_lossy == {"large-vocabulary"}:
+        sentences.append("Only the V = 32768 vocabulary is wrong: a precision or vocabulary-size dependent bug.")
+    elif statistical_lossy and statistical_lossy <= set(EDGE_CASES):
+        sentences.append("The common case is right; only edge cases fail ("
+                         f"{', '.join(sorted(statistical_lossy))}).")
+    elif fails("step-K1") and len(lossy) >= 3:
+        sentences.append(f"{len(lossy)} loss checks failed, including single steps with one draft: the step's "
+                         "output law is wrong across positions.")
+    else:
+        sentences.append(f"The output law is wrong in {', '.join(sorted(lossy))}; run the whole battery for a "
+                         "diagnosis of where.")
+    return " ".join(sentences)

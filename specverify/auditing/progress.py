@@ -1,0 +1,214 @@
+"""What an audit prints while it runs: a header with the expected time, then progress.
+
+:func:`specverify.auditing.runner.audit` accepts ``progress=`` either as a plain callable
+``progress(done, total, name)`` (called before each check) or as an :class:`AuditProgress`,
+which is told the plan up front (``begin``), each check as it starts and finishes, and can read
+the rows evaluated so far inside a check from the session's call log.  Two are provided:
+
+- :class:`LineProgress` for logs (output not a terminal): the header at once, then one line per
+  finished check — name, verdict, n, p-value, seconds — each flushed as it is written;
+- :class:`BarProgress` for a terminal: the header, then a bar redrawn in place twice a second
+  (rows evaluated inside the current check, and an ETA) so that it moves within long checks.
+
+The expected time (:func:`expected_seconds`) is a cost model of the harness driving the
+reference rule on this project's 2-core CPU: ``1 s`` per statistical check (cells, exact laws,
+p-values), ``4e-5 s`` per sampled step plus ``4e-8 s`` per
+probability entry handed to the function (``(2K+1)·V`` per row), ``1.5e-4 s`` per whole decoding
+loop, ``0.1 s`` per decoder-level call (the standard audit of ``reference``: model 223 s, measured
+212 s; ``tests/auditing/test_newuser_run.py`` checks the order of magnitude on a measured audit).  A slower function takes longer: once checks have run, the
+ETA rescales the rest of the plan by the measured/expected ratio so far.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, TextIO
+
+SECONDS_PER_CHECK = 1.0
+SECONDS_PER_STEP = 4e-5
+SECONDS_PER_ENTRY = 4e-8
+SECONDS_PER_LOOP = 1.5e-4
+SECONDS_PER_DECODER_CALL = 0.1
+
+
+class AuditProgress(Protocol):
+    """The richer progress interface (see the module docstring)."""
+
+    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
+              plans: Sequence[Any], log: Any) -> None: ...
+
+    def check_started(self, index: int, check: Any, plan: Any) -> None: ...
+
+    def check_finished(self, index: int, result: Any) -> None: ...
+
+    def end(self) -> None: ...
+
+
+def expected_seconds_of(level: str, check: Any, plan: Any) -> float:
+    """Expected seconds of one check under the cost model of the module docstring."""
+    n = getattr(plan, "n", 0) or 0
+    if not n:
+        return 0.1
+    if level == "decoder":
+        return SECONDS_PER_CHECK + n * SECONDS_PER_DECODER_CALL
+    parameters = getattr(check, "parameters", {}) or {}
+    if "L" in parameters:  # a whole decoding loop per sample
+        return SECONDS_PER_CHECK + n * SECONDS_PER_LOOP
+    k, v = int(parameters.get("K", 1)), int(parameters.get("V", 4))
+    return SECONDS_PER_CHECK + n * (SECONDS_PER_STEP + SECONDS_PER_ENTRY * (2 * k + 1) * v)
+
+
+def expected_seconds(level: str, checks: Sequence[Any], plans: Sequence[Any]) -> float:
+    """Expected wall time of the whole plan (see the module docstring)."""
+    return sum(expected_seconds_of(level, c, p) for c, p in zip(checks, plans))
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``1.2 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def measured_estimate(level: str, log: Any, remaining_plans: Sequence[Any]) -> tuple[float, float] | None:
+    """Decoder level, once the function has been called: its measured seconds per call and the
+    expected seconds of the remaining plan (one call per sample) at that rate."""
+    calls = getattr(log, "calls", 0) or 0
+    remaining = sum(getattr(p, "n", 0) or 0 for p in remaining_plans)
+    if level != "decoder" or not calls or not remaining:
+        return None
+    per_call = (getattr(log, "function_seconds", 0.0) or 0.0) / calls
+    return per_call, per_call * remaining
+
+
+def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any], plans: Sequence[Any]) -> str:
+    """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``."""
+    samples = sum(getattr(p, "n", 0) or 0 for p in plans)
+    unit = "calls" if level == "decoder" else "samples"
+    return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
+            f"{len(checks)} checks, {samples:,} {unit} in all; expected ~{duration(expected_seconds(level, checks, plans))} "
+            f"(at the reference implementation's speed on a 2-core CPU; `--budget quick` or "
+            f"SPECVERIFY_BUDGET=quick for a fast run)")
+
+
+class _Tracker:
+    """State shared by both displays: the plan, the rows read from the call log, the ETA."""
+
+    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
+              plans: Sequence[Any], log: Any) -> None:
+        self.level, self.checks, self.plans, self.log = level, list(checks), list(plans), log
+        self.expected = [expected_seconds_of(level, c, p) for c, p in zip(checks, plans)]
+        self.started = time.perf_counter()
+        self.done_expected = 0.0
+        self.current = 0
+        self.check_started_at = self.started
+        self.rows_before = 0
+        self.write(header(target=target, level=level, budget=budget, alpha=alpha, checks=checks, plans=plans) + "\n")
+
+    def write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def rows_in_check(self) -> int:
+        return (getattr(self.log, "rows", 0) or 0) - self.rows_before
+
+    def eta(self) -> float:
+        elapsed = time.perf_counter() - self.started
+        ratio = elapsed / self.done_expected if self.done_expected > 1.0 else 1.0
+        remaining = sum(self.expected[self.current:])
+        return max(0.0, ratio * remaining - (time.perf_counter() - self.check_started_at))
+
+    def check_started(self, index: int, check: Any, plan: Any) -> None:
+        self.current = index
+        self.check_started_at = time.perf_counter()
+        self.rows_before = getattr(self.log, "rows", 0) or 0
+
+    def _finished(self, index: int) -> None:
+        self.done_expected += self.expected[index]
+        self.current = index + 1
+
+
+class LineProgress(_Tracker):
+    """One flushed line per finished check (for logs: CI, pipes, files)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def check_finished(self, index: int, result: Any) -> None:
+        self._finished(index)
+        pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
+        n = f"{result.n:,}" if result.n else "—"
+        self.write(f"[{index + 1:>2}/{len(self.checks)}] {result.name:<22} {str(result.verdict):<7} n={n:<9} "
+                   f"p={pvalue:<9} {result.seconds:6.1f} s\n")
+        measured = measured_estimate(self.level, self.log, self.plans[index + 1:])
+        if measured is not None and not getattr(self, "_measured_said", False):
+            self._measured_said = True
+            self.write(f"specverify: measured {measured[0]:.2f} s per call of the function: the rest takes "
+                       f"~{duration(measured[1])}\n")
+
+    def end(self) -> None:
+        self.write(f"specverify: audit finished in {duration(time.perf_counter() - self.started)}\n")
+
+
+class BarProgress(_Tracker):
+    """A bar redrawn in place on a terminal, twice a second, moving within long checks."""
+
+    def __init__(self, stream: TextIO, width: int = 24, interval_s: float = 0.5) -> None:
+        self.stream, self.width, self.interval_s = stream, width, interval_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._last = ""
+
+    def begin(self, **plan: Any) -> None:
+        super().begin(**plan)
+        self._thread = threading.Thread(target=self._tick, name="specverify-progress", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.draw()
+
+    def line(self) -> str:
+        total = len(self.checks)
+        done = min(self.current, total)
+        within = 0.0
+        if done < total and self.plans[done].n:
+            within = min(1.0, self.rows_in_check() / self.plans[done].n)
+        filled = int(self.width * (done + within) / max(1, total))
+        elapsed = time.perf_counter() - self.started
+        name = self.checks[done].name if done < total else "done"
+        rows = f" {self.rows_in_check():,} rows" if done < total and self.plans[done].n else ""
+        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {elapsed:5.0f}s "
+                f"ETA {duration(self.eta()):>8}  {name[:24]}{rows}")
+
+    def draw(self) -> None:
+        with self._lock:
+            text = self.line()
+            self.stream.write("\r" + text.ljust(len(self._last)))
+            self.stream.flush()
+            self._last = text
+
+    def check_finished(self, index: int, result: Any) -> None:
+        self._finished(index)
+        self.draw()
+
+    def end(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self.stream.write("\r" + " " * len(self._last) + "\r")
+            self.stream.flush()
+
+
+def progress_for(stream: TextIO, *, quiet: bool = False) -> AuditProgress | None:
+    """The display for ``stream``: nothing under ``quiet``, a bar on a terminal, lines otherwise."""
+    if quiet:
+        return None
+    isatty = getattr(stream, "isatty", None)
+    return BarProgress(stream) if isatty is not None and isatty() else LineProgress(stream)

@@ -1,0 +1,121 @@
+"""The target string and the replay command of an audit, written so that they run where the audit ran.
+
+An audit started from Python (``assert_lossless(my_engine.sampling.verify)`` in a test) prints a
+``specverify audit TARGET --seed S --budget B`` line that must reproduce it when pasted into a
+shell in the same directory.  :func:`target_name` picks the form of ``TARGET``:
+
+- a function from a file loaded by path (or from ``__main__``): the file's path;
+- a function from ``package.module``: ``package.module:qualname`` when that module is found from
+  the current directory or from the installed ``sys.path`` (site-packages, ``PYTHONPATH``), which
+  :func:`specverify.auditing.loading.load_target` searches; otherwise — a module importable only
+  because a test runner put its folder on ``sys.path`` — the path of the module's file, relative
+  to the current directory when it lies under it (the loader puts the file's folder on
+  ``sys.path``, so its own imports of modules next to it still work).
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+FILE_MODULE_PREFIX = "_specverify_target_"
+"""The private module names :mod:`specverify.auditing.loading` gives ``.py`` files."""
+
+DEFAULTS = {"level": "sampler", "alpha": 1e-3}
+"""Options left out of the replay line when they have these values (the CLI's defaults)."""
+
+
+def _installed_roots() -> list[Path]:
+    """``sys.path`` entries a fresh ``specverify`` process also has: the interpreter's library
+    and site folders and ``PYTHONPATH`` (not the folders a test runner inserted)."""
+    roots = [sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots += list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()]
+    roots += [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return [Path(root).resolve() for root in roots if root]
+
+
+def _module_root(module_name: str, module_file: Path) -> Path | None:
+    """The ``sys.path`` entry ``module_file`` was imported from as ``module_name`` (None if it does not fit)."""
+    parts = module_name.split(".")
+    folder = module_file.parent if module_file.name != "__init__.py" else module_file.parent.parent
+    for _ in parts[:-1]:
+        folder = folder.parent
+    expected = folder.joinpath(*parts)
+    if module_file.with_suffix("") == expected or module_file.parent == expected:
+        return folder
+    return None
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def target_name(fn: Callable[..., Any] | str) -> str:
+    """A target string for ``fn`` that :func:`~specverify.auditing.loading.load_target` resolves
+    from the current directory (see the module docstring); strings are returned unchanged."""
+    if isinstance(fn, str):
+        return fn
+    module_name = getattr(fn, "__module__", None) or "?"
+    qualname = getattr(fn, "__qualname__", type(fn).__name__)
+    module = sys.modules.get(module_name)
+    module_file = getattr(module, "__file__", None)
+    if module_file is None:
+        return f"{module_name}:{qualname}"
+    path = Path(module_file).resolve()
+    if module_name.startswith(FILE_MODULE_PREFIX) or module_name == "__main__":
+        return f"{_display_path(path)}:{qualname}"
+    root = _module_root(module_name, path)
+    if root is not None and (root == Path.cwd().resolve() or root in _installed_roots()
+                             or any(root.is_relative_to(installed) for installed in _installed_roots()
+                                    if installed.name in ("site-packages", "dist-packages"))):
+        return f"{module_name}:{qualname}"
+    if root is not None and _importable_through_pth(module_name):
+        return f"{module_name}:{qualname}"
+    return f"{_display_path(path)}:{qualname}"
+
+
+def _importable_through_pth(module_name: str) -> bool:
+    """Whether the top-level package is found through an installed ``.pth`` path (editable installs)."""
+    top = module_name.split(".")[0]
+    for installed in _installed_roots():
+        for pth in installed.glob("*.pth") if installed.is_dir() else ():
+            try:
+                lines = pth.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                entry = Path(line.strip())
+                if line.strip() and not line.startswith(("#", "import")) and (
+                        (entry / top).is_dir() or (entry / f"{top}.py").is_file()):
+                    return True
+    # Editable installs through a finder module (setuptools' __editable__ finders) map the name directly.
+    return any(type(finder).__name__.startswith("_EditableFinder") and finder.find_spec(top) is not None
+               for finder in sys.meta_path if hasattr(finder, "find_spec"))
+
+
+def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float,
+                   checks: tuple[str, ...] | None = None) -> str:
+    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]``."""
+    parts = ["specverify", "audit", _quoted(target)]
+    if level != DEFAULTS["level"]:
+        parts += ["--level", level]
+    parts += ["--seed", str(seed), "--budget", budget]
+    if alpha != DEFAULTS["alpha"]:
+        parts += ["--alpha", f"{alpha:g}"]
+    if checks is not None:
+        parts += ["--checks", _quoted(",".join(checks))]
+    return " ".join(parts)
+
+
+def _quoted(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

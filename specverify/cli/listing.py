@@ -1,0 +1,93 @@
+"""``specverify audit --list``: the built-in targets and the known-bug catalog, one line each.
+
+Catalog entries are shown with their bug class, their exact one-step loss and a one-line
+description.  The exact loss is the total variation between the entry's completed one-step law
+and the target's, integrated over the uniforms by :func:`specverify.core.exact.exact_step_tv` on
+:data:`EXAMPLE` (V = 4, K = 2, the hand example of ``tests/auditing/test_catalog.py``); a
+cross-row entry is measured on a row of it next to :data:`COMPANION_TARGET`, a different request
+in the same batch; the two randomness entries ignore injected uniforms, so they have no exact
+loss (the audit catches them by reproducibility and statistics).  Names are accepted with
+hyphens or underscores (``catalog:residual-is-target``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+EXAMPLE_TARGET = ((0.0, 0.2, 0.4, 0.4), (0.1, 0.2, 0.3, 0.4), (0.25, 0.25, 0.25, 0.25))
+EXAMPLE_DRAFT = ((0.4, 0.4, 0.1, 0.1), (0.4, 0.3, 0.2, 0.1))
+COMPANION_TARGET = ((0.0, 0.0, 0.0, 1.0), (0.1, 0.2, 0.3, 0.4), (0.25, 0.25, 0.25, 0.25))
+
+
+def _with_companion_row(rule: Any) -> Any:
+    """``rule`` called with every row followed by a companion request (target COMPANION_TARGET,
+    same drafts and uniforms); returns the original rows only."""
+    import torch
+
+    companion = torch.tensor(COMPANION_TARGET, dtype=torch.float64)
+
+    def paired(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
+        targets = target_probs.repeat_interleave(2, dim=0)
+        targets[1::2] = companion.to(targets.dtype)
+        emitted = rule(targets, draft_probs.repeat_interleave(2, dim=0), draft_tokens.repeat_interleave(2, dim=0),
+                       generator, uniforms=uniforms.repeat_interleave(2, dim=0))
+        return emitted[0::2]
+
+    return paired
+
+
+STORED_EXACT_TV: dict[str, float | None] = {
+    "zero_uniform_accepts": 0.003125, "residual_is_target": 0.12, "residual_softmax": 0.255334,
+    "residual_absolute": 0.3, "bonus_from_draft": 0.048, "bonus_from_previous_position": 0.048,
+    "target_off_by_one": 0.165, "inverted_ratio": 0.6275, "correction_one_position_late": 0.19,
+    "shared_accept_uniform": 0.04, "correction_reuses_accept_uniform": 0.12,
+    "draft_temperature_in_acceptance": 0.018746, "batch_rows_rolled": 0.3,
+    "greedy_acceptance_when_sampling": 0.06, "counts_every_passing_test": 0.36, "global_torch_rng": None,
+    "reseeded_every_call": None, "typical_acceptance": 0.32,
+}
+""":func:`exact_tv` of every entry, rounded to 6 decimals and stored so that ``--list`` is instant
+(the integration takes ~10 s of CPU); ``tests/cli/test_listing.py`` recomputes them."""
+
+
+@functools.lru_cache(maxsize=None)
+def exact_tv(name: str) -> float | None:
+    """Exact one-step TV of catalog entry ``name`` on :data:`EXAMPLE` (None if not integrable)."""
+    import numpy as np
+
+    from specverify.auditing.catalog import CATALOG
+    from specverify.core import exact
+    from specverify.core.chains import PositionalChain
+
+    entry = CATALOG[name]
+    if not entry.integrable:
+        return None
+    rule = entry.fn if entry.min_batch_size == 1 else _with_companion_row(entry.fn)
+    return exact.exact_step_tv(rule, PositionalChain(np.array(EXAMPLE_TARGET), np.array(EXAMPLE_DRAFT)), 2)
+
+
+def _first_sentence(text: str, limit: int = 100) -> str:
+    sentence = re.split(r"(?<!al)\. |: ", text)[0].strip().rstrip(".")
+    return sentence if len(sentence) <= limit else sentence[: limit - 1] + "…"
+
+
+def listing() -> str:
+    """The text ``specverify audit --list`` prints."""
+    from specverify.auditing.catalog import CATALOG
+    from specverify.auditing.loading import BUILTINS
+
+    lines = ["Built-in targets (specverify audit NAME [--level LEVEL]):"]
+    for level, names in BUILTINS.items():
+        for name, location in names.items():
+            lines.append(f"  {name:<33} {level:<8} {location}")
+    lines += ["", "Known-bug catalog (specverify audit catalog:NAME; hyphens or underscores). Exact TV: the exact "
+              "loss of one step on the V = 4, K = 2 example (specverify.cli.listing):",
+              f"  {'name':<33} {'class':<16} {'exact TV':>9}  what is wrong"]
+    for name, entry in CATALOG.items():
+        tv = STORED_EXACT_TV[name] if name in STORED_EXACT_TV else exact_tv(name)
+        shown = "—" if tv is None else f"{tv:.4f}"
+        lines.append(f"  {name.replace('_', '-'):<33} {entry.bug_class:<16} {shown:>9}  {_first_sentence(entry.description)}")
+    lines.append("  (—: a randomness bug; it ignores injected uniforms, so it has no exact loss and is caught by "
+                 "the randomness-source check)")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""The diagnosis reads where the loss is from the pattern of verdicts, on catalog entries whose bug
+class is known (specverify.auditing.catalog), and stays silent for a lossless rule."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import specverify
+from specverify.auditing.catalog import CATALOG
+from specverify.auditing.diagnosis import acceptance_deviations, diagnose
+
+PATTERN = ["exact-step", "step-K1", "bonus-position", "correction-position", "disjoint-supports"]
+
+
+@pytest.mark.parametrize("name, bug_class, expected", [
+    ("residual_is_target", "residual", "the correction token drawn after a rejection is wrong; accepted drafts and the "
+                                       "bonus token are right"),
+    ("bonus_from_draft", "bonus", "the bonus token (drawn when all k drafts are accepted) is wrong"),
+    ("inverted_ratio", "acceptance", "the acceptance test is wrong"),
+    ("batch_rows_rolled", "batching", "rows of a batch influence each other"),
+])
+def test_diagnosis_names_the_broken_piece_of_catalog_entries(name, bug_class, expected):
+    assert CATALOG[name].bug_class == bug_class
+    report = specverify.audit(f"catalog:{name}", budget="quick", checks=PATTERN)
+    assert report.exit_code == 1
+    assert expected in report.diagnosis.lower(), report.diagnosis
+    assert report.diagnosis in report.explain()
+    if name == "residual_is_target":  # (p − q)+ = p on disjoint supports: the residual confused with p
+        assert "disjoint-supports passed" in report.diagnosis
+
+
+def test_no_diagnosis_without_a_failure():
+    assert specverify.audit("reference", budget=200, checks=["step-K1"]).diagnosis == ""
+
+
+def _result(name, verdict, kind="goodness-of-fit", acceptance=None):
+    return SimpleNamespace(name=name, verdict=verdict, kind=kind, acceptance=acceptance)
+
+
+def test_acceptance_rates_off_the_optimal_rule_are_named():
+    optimal = {"observed": (500.0, 500.0), "expected": (0.5, 0.5)}
+    greedy = {"observed": (200.0, 800.0), "expected": (0.5, 0.5)}
+    assert acceptance_deviations([_result("step-K1", "pass", acceptance=optimal)]) == []
+    assert acceptance_deviations([_result("step-K1", "fail", acceptance=greedy)]) == [
+        "step-K1 draft 0: accepted 0.800 vs 0.500"]
+
+
+def test_contract_and_context_patterns():
+    checks = [_result("randomness-source", "fail", kind="contract"), _result("step-K1", "pass")]
+    assert "generator" in diagnose(checks)
+    loops = [_result("step-K1", "pass"), _result("step-K4", "pass"), _result("decoding-loop-order1", "fail")]
+    assert "whole decoding loops" in diagnose(loops)
+    vocabulary = [_result("step-K1", "pass"), _result("large-vocabulary", "fail")]
+    assert "V = 32768" in diagnose(vocabulary)
+
+
+def test_json_and_html_carry_the_diagnosis(tmp_path):
+    from specverify.auditing.report_html import render_html
+    from specverify.auditing.report_json import report_to_dict
+
+    report = specverify.audit("catalog:bonus_from_draft", budget=2000, checks=["bonus-position", "correction-position"])
+    assert report_to_dict(report)["diagnosis"] == report.diagnosis != ""
+    assert report_to_dict(report)["replay"].startswith("specverify audit catalog:bonus_from_draft")
+    page = render_html(report)
+    assert "<h2>Diagnosis</h2>" in page and "bonus token" in page

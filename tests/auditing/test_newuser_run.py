@@ -1,0 +1,246 @@
+"""A new user's first run (issue 13): budget everywhere, the expected time up front, progress in
+logs and on terminals, replay lines that run where the audit ran, findings said once."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import specverify
+from specverify.auditing.findings import grouped_findings
+from specverify.auditing.loading import LoadError, load_target
+from specverify.auditing.progress import BarProgress, LineProgress, expected_seconds, progress_for
+from specverify.auditing.replay import target_name
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = dict(budget=200, checks=["step-K1", "bonus-position"])
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_budget_comes_from_the_environment_when_not_given(monkeypatch):
+    monkeypatch.setenv("SPECVERIFY_BUDGET", "150")
+    report = specverify.audit("reference", checks=["step-K1"])
+    assert report.budget.samples == 150 and report.checks[0].n == 150
+    assert specverify.audit("reference", checks=["step-K1"], budget=120).checks[0].n == 120  # the argument wins
+
+
+def test_assert_lossless_takes_a_budget_and_prints_the_plan_first(capsys):
+    specverify.assert_lossless("reference", **FAST)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0].startswith("specverify: auditing reference") and "expected ~" in lines[0]
+    assert "2 checks, 400 samples" in lines[0]
+    assert any("step-K1" in line and "pass" in line and "n=200" in line for line in lines[1:])
+
+
+def test_line_progress_streams_the_header_then_one_flushed_line_per_check():
+    stream = io.StringIO()
+    specverify.audit("reference", progress=LineProgress(stream), **FAST)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("specverify: auditing reference at level sampler")
+    assert lines[1].startswith("[ 1/2] step-K1") and " s" in lines[1] and "p=" in lines[1]
+    assert lines[2].startswith("[ 2/2] bonus-position")
+    assert lines[3].startswith("specverify: audit finished")
+
+
+def test_terminal_bar_moves_inside_a_check_with_the_rows_done():
+    stream = Tty()
+    bar = progress_for(stream)
+    assert isinstance(bar, BarProgress)
+    log = SimpleNamespace(rows=0)
+    checks = [SimpleNamespace(name="large-vocabulary", parameters={"K": 1, "V": 32768})]
+    plans = [SimpleNamespace(n=1000)]
+    bar.begin(target="t", level="sampler", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
+              checks=checks, plans=plans, log=log)
+    bar.check_started(0, checks[0], plans[0])
+    first = bar.line()
+    log.rows = 500
+    second = bar.line()
+    bar.end()
+    assert "0/1" in first and "500 rows" in second and second.count("#") > first.count("#")
+
+
+def test_quiet_prints_nothing_and_pipes_get_lines():
+    assert progress_for(io.StringIO(), quiet=True) is None
+    assert isinstance(progress_for(io.StringIO()), LineProgress)
+
+
+def test_expected_time_model_is_within_a_factor_of_the_measured_time():
+    """The cost model (reference rule) against a measured quick audit of two checks; the machine is
+    shared, so only the order of magnitude is asserted; the measured figures are printed."""
+    report = specverify.audit("reference", budget="quick", checks=["step-K4", "decoding-loop-order1"])
+    from specverify.auditing.runner import load_battery
+
+    battery = load_battery("sampler")
+    session = battery.open_session(specverify.auditing.loading.load_target("reference"), device="cpu", timeout_s=60)
+    checks = [c for c in battery.checks(session) if c.name in ("step-K4", "decoding-loop-order1")]
+    plans = [SimpleNamespace(n=r.n) for r in report.checks]
+    expected = expected_seconds("sampler", checks, plans)
+    measured = report.timings["total_s"]
+    print(f"expected {expected:.1f} s, measured {measured:.1f} s")
+    assert expected / 10 < measured < expected * 10
+
+
+def test_cli_pipes_the_header_first_and_a_line_per_check(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "specverify", "audit", "reference", "--budget", "100", "--checks", "step-K1,step-K2"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    err = completed.stderr.splitlines()
+    assert err[0].startswith("specverify: auditing reference") and "expected ~" in err[0]
+    assert err[1].startswith("[ 1/2] step-K1") and err[2].startswith("[ 2/2] step-K2")
+    quiet = subprocess.run(
+        [sys.executable, "-m", "specverify", "audit", "reference", "--budget", "100", "--checks", "step-K1", "--quiet"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert quiet.stderr == "" and quiet.stdout.startswith("NO LOSS DETECTED")
+
+
+# --------------------------------------------------------------------------------------------
+# Replay lines and loading
+# --------------------------------------------------------------------------------------------
+
+CLI_SCRIPT = """import sys
+from specverify.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(autouse=True)
+def forget_my_engine():
+    """Each test imports its own ``my_engine`` from its own folder."""
+    def forget():
+        for name in [n for n in sys.modules if n == "my_engine" or n.startswith("my_engine.")]:
+            del sys.modules[name]
+
+    forget()
+    yield
+    forget()
+
+
+def make_project(root: Path) -> None:
+    """A project with ``my_engine/sampling.py`` (a lossy rule importing a helper module next to
+    it) and ``kernels/rule.py`` (a file whose module imports its neighbour)."""
+    (root / "my_engine").mkdir()
+    (root / "my_engine" / "__init__.py").write_text("")
+    (root / "my_engine" / "sampling.py").write_text(textwrap.dedent("""
+        from specverify.auditing.catalog import CATALOG
+
+        def verify_lossy(target_probs, draft_probs, draft_tokens, generator):
+            return CATALOG["bonus_from_draft"].fn(target_probs, draft_probs, draft_tokens, generator)
+    """))
+    (root / "kernels").mkdir()
+    (root / "kernels" / "neighbour.py").write_text("from specverify.core.rules import verify as VERIFY\n")
+    (root / "kernels" / "rule.py").write_text(textwrap.dedent("""
+        from neighbour import VERIFY
+
+        def verify(target_probs, draft_probs, draft_tokens, generator):
+            return VERIFY(target_probs, draft_probs, draft_tokens, generator)
+
+        def helper():
+            pass
+    """))
+
+
+def run_like_the_console_script(command: str, cwd: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run a printed ``specverify audit ...`` line as the installed console script would: the
+    current directory is not on sys.path (the script's own folder is)."""
+    script = tmp_path / "bin" / "specverify_cli.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(CLI_SCRIPT)
+    import shlex
+
+    words = shlex.split(command)
+    assert words[0] == "specverify"
+    return subprocess.run([sys.executable, str(script), *words[1:]], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def test_printed_replay_line_runs_where_the_test_ran(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    make_project(project)
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))  # what pytest's rootdir insertion does in the user's run
+    from my_engine.sampling import verify_lossy
+
+    assert target_name(verify_lossy) == "my_engine.sampling:verify_lossy"
+    with pytest.raises(AssertionError) as failure:
+        specverify.assert_lossless(verify_lossy, budget=300, checks=["bonus-position"], progress=None)
+    replay = next(line for line in str(failure.value).splitlines() if "replay with" in line)
+    command = replay.split("`")[1]
+    assert command == "specverify audit my_engine.sampling:verify_lossy --seed 0 --budget 300 --checks bonus-position"
+    completed = run_like_the_console_script(command, project, tmp_path)
+    assert completed.returncode == 1, completed.stdout + completed.stderr  # loss detected, not "could not import"
+    assert "bonus-position" in completed.stdout
+
+
+def test_module_only_importable_through_an_inserted_folder_replays_by_file(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    make_project(project)
+    monkeypatch.chdir(tmp_path)  # the test ran from above the project: my_engine is not found from here
+    monkeypatch.syspath_prepend(str(project))
+    from my_engine.sampling import verify_lossy
+
+    assert target_name(verify_lossy) == "project/my_engine/sampling.py:verify_lossy"
+    assert load_target(target_name(verify_lossy)) is not None
+
+
+def test_a_target_file_imports_modules_next_to_it(tmp_path):
+    make_project(tmp_path)
+    completed = run_like_the_console_script(
+        f"specverify audit {tmp_path / 'kernels' / 'rule.py'}:verify --budget 100 --checks step-K1", tmp_path, tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_missing_function_lists_what_the_file_defines(tmp_path):
+    make_project(tmp_path)
+    with pytest.raises(LoadError) as error:
+        load_target(f"{tmp_path / 'kernels' / 'rule.py'}:verfy")
+    message = str(error.value)
+    assert "did you mean 'verify'" in message and "helper, verify" in message
+    assert "VERIFY" not in message  # imported, not defined by the file
+
+
+def test_catalog_names_take_hyphens_or_underscores():
+    assert load_target("catalog:residual-is-target") is load_target("catalog:residual_is_target")
+    with pytest.raises(LoadError, match="--list"):
+        load_target("catalog:no-such-bug")
+
+
+# --------------------------------------------------------------------------------------------
+# Findings once per audit
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_contract_violation_is_reported_once_per_audit():
+    import torch
+
+    def wrong(target_probs, draft_probs, draft_tokens, generator):
+        return torch.zeros(3)
+
+    report = specverify.audit(wrong, budget=100, checks=["step-K1", "step-K2", "bonus-position"])
+    findings = grouped_findings(report.checks)
+    assert len(findings) == 1 and findings[0].names == ("step-K1", "step-K2", "bonus-position")
+    text = report.explain()
+    assert text.count("returned dtype torch.float32") == 2  # the headline summary and the one finding
+    assert "returned shape (3,)" in findings[0].message  # every violation of the output at once
+    from specverify.auditing.report_terminal import format_report
+
+    assert format_report(report).count("returned dtype torch.float32") == 2
+
+
+def test_statistical_failures_are_not_merged():
+    report = specverify.audit("catalog:bonus-from-draft", budget=2000, checks=["step-K1", "bonus-position"])
+    assert [f.names for f in grouped_findings(report.checks)] == [("step-K1",), ("bonus-position",)]
