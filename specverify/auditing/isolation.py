@@ -333,8 +333,10 @@ class WorkerProcess:
         child_end.close()
         self.connection = Connection(os.dup(parent_end.fileno()))
         parent_end.close()
-        for stream, capture in ((self.process.stdout, stdout), (self.process.stderr, stderr)):
-            threading.Thread(target=capture.drain, args=(stream,), name="specverify-capture", daemon=True).start()
+        self.drains = [threading.Thread(target=capture.drain, args=(stream,), name="specverify-capture", daemon=True)
+                       for stream, capture in ((self.process.stdout, stdout), (self.process.stderr, stderr))]
+        for drain in self.drains:
+            drain.start()
         self.killed_by_audit = False
         self.info: dict[str, Any] = {}
         self.started = time.perf_counter()
@@ -391,6 +393,8 @@ class WorkerProcess:
         self.kill()
 
     def _cleanup(self) -> None:
+        for drain in self.drains:  # the last output of a dead worker is still in its pipes
+            drain.join(timeout=2)
         try:
             self.connection.close()
         except OSError:

@@ -134,18 +134,25 @@ def test_a_closure_falls_back_to_in_process_calls_with_a_note():
     assert "cannot be pickled" in report.isolation["note"]
 
 
-def test_a_users_ctrl_c_stops_at_once_with_a_partial_report():
-    environment = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / 'slow_per_row.py'}:verify", "--budget", "quick"]
+def test_a_users_ctrl_c_stops_at_once_with_a_partial_report(tmp_path):
+    marker = tmp_path / "called"
+    environment = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                       SPECVERIFY_TEST_MARKER=str(marker))
+    command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / 'slow_with_marker.py'}:verify", "--budget",
+               "quick"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                env=environment)
-    time.sleep(12)
+    deadline = time.perf_counter() + 180
+    while not marker.exists() and time.perf_counter() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1)  # inside the checks, the function running in its worker
     process.send_signal(signal.SIGINT)
     interrupted = time.perf_counter()
     stdout, stderr = process.communicate(timeout=60)
     assert time.perf_counter() - interrupted < 30
     assert process.returncode == EXIT_ERROR, stdout + stderr
-    assert "interrupted by the user" in stdout + stderr and "Traceback" not in stderr
+    assert "interrupted by the user (Ctrl-C) after" in stdout and "Traceback" not in stderr
+    assert "randomness-source" in stdout  # the partial report's table
 
 
 def test_an_internal_error_of_the_audit_is_exit_2_not_1(monkeypatch, capsys):
