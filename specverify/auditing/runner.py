@@ -41,6 +41,7 @@ from specverify.core.seeding import derive_seed
 LEVELS: dict[str, str] = {
     "sampler": "specverify.auditing.sampler:SamplerBattery",
     "decoder": "specverify.auditing.decoder:DecoderBattery",
+    "endpoint": "specverify.auditing.endpoint.battery:EndpointBattery",
 }
 """Audit level -> ``module:class`` of its battery (instantiated without arguments)."""
 
@@ -124,12 +125,13 @@ def target_name(fn: Callable[..., Any] | str) -> str:
     return f"{module_name}:{qualname}"
 
 
-def load_battery(level: str) -> Any:
-    """Instantiate the battery of ``level`` from :data:`LEVELS`."""
+def load_battery(level: str, **options: Any) -> Any:
+    """Instantiate the battery of ``level`` from :data:`LEVELS` (``options``: the level's own
+    keyword arguments, e.g. the endpoint level's ``baseline``)."""
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {', '.join(sorted(LEVELS))}, got {level!r}")
     module_name, class_name = LEVELS[level].split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    return getattr(importlib.import_module(module_name), class_name)(**options)
 
 
 def _check_arguments(alpha: float, timeout_s: float, device: str) -> None:
@@ -193,6 +195,7 @@ def audit(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: Progress | None = None,
     checks: Sequence[str] | None = None,
+    **level_options: Any,
 ) -> AuditReport:
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
     at ``level`` and return the :class:`AuditReport`.  Deterministic for a given ``seed``.
@@ -202,23 +205,24 @@ def audit(
     its own ``resolve_budget``) or N samples per check.  ``alpha``: the family-wise
     false-positive rate of the whole audit.  ``timeout_s``: the deadline of each call.
     ``checks``: run only the checks with these names (α is then split over the statistical ones
-    among them); default all.
+    among them); default all.  ``level_options``: passed to the level's battery (the endpoint
+    level's ``baseline``, ``model``, ``concurrency``, ``deadline_s``).
     """
-    battery = load_battery(level)
+    battery = load_battery(level, **level_options)
     sample_budget = getattr(battery, "resolve_budget", resolve_budget)(budget)  # a level may size its own named budgets
     _check_arguments(alpha, timeout_s, device)
     name = target_name(fn)
     started = time.perf_counter()
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s))
-    if isinstance(fn, str):
-        try:
-            fn = load_target(fn, level)
-        except LoadError as error:
-            return AuditReport(**settings, alpha_share=None, checks=(), verdict="could not audit",
-                               exit_code=EXIT_ERROR, summary=str(error), detectable_tv=None,
-                               timings={"total_s": time.perf_counter() - started})
-    session = battery.open_session(fn, device=device, timeout_s=timeout_s)
+    try:
+        if isinstance(fn, str):  # a level whose targets are not Python (the endpoint's URL) loads its own
+            fn = battery.load_target(fn) if hasattr(battery, "load_target") else load_target(fn, level)
+        session = battery.open_session(fn, device=device, timeout_s=timeout_s)
+    except LoadError as error:
+        return AuditReport(**settings, alpha_share=None, checks=(), verdict="could not audit",
+                           exit_code=EXIT_ERROR, summary=str(error), detectable_tv=None,
+                           timings={"total_s": time.perf_counter() - started})
     selected = select_checks(battery.checks(session), checks)
     plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
     results = _run_checks(selected, plans, session, seed, progress)

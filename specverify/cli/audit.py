@@ -39,6 +39,13 @@ def register(subparsers: Any) -> None:
                         help=f"per-call timeout in seconds (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--checks", metavar="NAMES",
                         help="comma-separated check names to run instead of the whole battery")
+    parser.add_argument("--baseline", metavar="URL",
+                        help="endpoint level: base URL of the same model served without speculation")
+    parser.add_argument("--model", help="endpoint level: the `model` field (default: the server's first /models id)")
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="endpoint level: requests in flight at once, and the burst size (default 4)")
+    parser.add_argument("--deadline", type=float, default=3600.0,
+                        help="endpoint level: deadline of the whole run in seconds (default 3600)")
     parser.add_argument("--quiet", action="store_true", help="print only the verdict line, no table or progress")
     parser.set_defaults(handler=run)
 
@@ -72,10 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if str(args.seed).strip().lower() == "random":
         print(f"specverify audit: random seed {seed} (replay with --seed {seed})", file=sys.stderr)
     progress = ProgressBar(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
+    level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
+                          deadline_s=args.deadline) if args.level == "endpoint" else {})
     try:
         report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
                        device=args.device, timeout_s=args.timeout, progress=progress,
-                       checks=[n.strip() for n in args.checks.split(",")] if args.checks else None)
+                       checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
     except ValueError as error:
         print(f"specverify audit: could not audit: {error}", file=sys.stderr)
         return EXIT_ERROR
