@@ -185,7 +185,7 @@ class EndpointBattery:
             resolved = SampleBudget(name, epsilon=ENDPOINT_BUDGETS[name])
         else:
             resolved = resolve_budget(budget)
-        self.budget_name = resolved.name if resolved.name in GREEDY_TOKENS else "standard"
+        self.budget_name = resolved.name if resolved.name in GREEDY_TOKENS else "quick"  # N samples: quick's greedy
         return resolved
 
     def load_target(self, spec: str) -> EndpointTarget:
@@ -256,7 +256,7 @@ class EndpointBattery:
 
     def checks(self, session: EndpointSession) -> list[Any]:
         length = GREEDY_TOKENS[self.budget_name]
-        burst = max(2, self.concurrency)
+        burst = max(2, -(-self.concurrency // len(PROMPTS)))  # copies of each prompt per burst
         checks: list[Any] = [
             GreedyIdentityCheck(
                 "greedy-identity",
