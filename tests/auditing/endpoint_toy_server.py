@@ -6,7 +6,7 @@ seeded from them) plus an induction bonus for the character that followed the pr
 occurrence of the last three, so repetitive prompts make n-gram drafts fire and continuations
 repeat.  The law is computed in float64 and is identical in every request: τ = 0.
 
-The candidate decodes speculatively: a draft toy LM (other seed, flatter) proposes K = 3 tokens
+The candidate decodes speculatively: a draft toy LM (the same logits, flatter: 0.6 × the target's, a weaker induction bonus) proposes K = 3 tokens
 from its processed law, and a SPEC §1 ``verify`` function (default the correct
 :func:`specverify.core.rules.verify`; plant a catalog rule with ``rule=``) decides what is
 emitted; at temperature 0 the drafts are checked by greedy matching (plant ``greedy_bug``: accept
@@ -294,7 +294,7 @@ class ToyServer(ThreadingHTTPServer):
 
     def __init__(self, config: ToyConfig) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.state = ToyState(config, ToyLM(config.lm_seed), ToyLM(config.lm_seed + 1000, scale=1.2))
+        self.state = ToyState(config, ToyLM(config.lm_seed), ToyLM(config.lm_seed, scale=1.2, induction=1.5))
         self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._stopped = threading.Event()
