@@ -6,7 +6,7 @@ seeded from them) plus an induction bonus for the character that followed the pr
 occurrence of the last three, so repetitive prompts make n-gram drafts fire and continuations
 repeat.  The law is computed in float64 and is identical in every request: τ = 0.
 
-The candidate decodes speculatively: a draft toy LM (the same logits, flatter: 0.6 × the target's, a weaker induction bonus) proposes K = 3 tokens
+The candidate decodes speculatively: a draft toy LM (0.6 × the target's logits plus independent noise, a weaker induction bonus) proposes K = 3 tokens
 from its processed law, and a SPEC §1 ``verify`` function (default the correct
 :func:`specverify.core.rules.verify`; plant a catalog rule with ``rule=``) decides what is
 emitted; at temperature 0 the drafts are checked by greedy matching (plant ``greedy_bug``: accept
@@ -48,8 +48,8 @@ def tokenize(text: str) -> list[int]:
 class ToyLM:
     """Raw next-token logprobs of a context (module docstring)."""
 
-    def __init__(self, seed: int, scale: float = 2.0, induction: float = 3.0) -> None:
-        self.seed, self.scale, self.induction = seed, scale, induction
+    def __init__(self, seed: int, scale: float = 2.0, induction: float = 3.0, noise: float = 0.0) -> None:
+        self.seed, self.scale, self.induction, self.noise = seed, scale, induction, noise
         self._cache: dict[tuple[str, int], np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -66,6 +66,8 @@ class ToyLM:
         if cached is None:
             rng = np.random.default_rng(derive_seed("toy-lm", self.seed, key[0]) % (2**32))
             logits = rng.standard_normal(V) * self.scale
+            if self.noise:
+                logits += np.random.default_rng(derive_seed("toy-noise", self.seed, key[0]) % (2**32)).standard_normal(V) * self.noise
             if follower >= 0:
                 logits[follower] += self.induction
             cached = logits - np.logaddexp.reduce(logits)
@@ -126,7 +128,8 @@ def _top(logprobs: np.ndarray, n: int, token: int) -> dict[str, float]:
     return top
 
 
-def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> list[int]:
+def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int,
+             counters: dict[str, int]) -> list[int]:
     config = state.config
     temperature = float(params.get("temperature", 1.0))
     settings = (temperature, params.get("top_k"), params.get("top_p"), params.get("min_p"))
@@ -156,6 +159,8 @@ def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[s
             result = rule(torch.tensor(np.array(target_probs))[None], torch.tensor(np.array(draft_probs))[None],
                           torch.tensor(drafts, dtype=torch.int64)[None], generator)
             emitted = [int(t) for t in result[0].tolist() if t >= 0]
+        counters["draft_n"] += NUM_DRAFT
+        counters["draft_n_accepted"] += len(emitted) - 1
         context.extend(emitted)
         out.extend(emitted)
         if config.batch_bug:
@@ -187,7 +192,8 @@ def completion(state: ToyState, body: dict[str, Any]) -> dict[str, Any]:
     temperature = float(body.get("temperature", 1.0))
     seed = body.get("seed")
     seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**31))
-    new = generate(state, prompt, max_tokens, body, seed)
+    counters = {"draft_n": 0, "draft_n_accepted": 0}
+    new = generate(state, prompt, max_tokens, body, seed, counters)
     text = "".join(ALPHABET[t] for t in new)
     echo = bool(body.get("echo"))
     logprobs = body.get("logprobs")
@@ -208,7 +214,7 @@ def completion(state: ToyState, body: dict[str, Any]) -> dict[str, Any]:
                               "top_logprobs": [e[1] for e in entries],
                               "text_offset": list(range(len(tokens)))}
     return {"id": "cmpl-toy", "object": "text_completion", "created": 0, "model": body.get("model", "toy"),
-            "choices": [choice], "timings": _timings(config, len(new)) if config.speculative else None,
+            "choices": [choice], "timings": dict(counters, predicted_n=len(new)) if config.speculative else None,
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(new), "temperature": temperature}}
 
 
@@ -225,10 +231,6 @@ def _echo_entries(state: ToyState, prompt: list[int], new: list[int], n: int) ->
             shifted.append((float(law[tokens[position]]), _top(law, n, tokens[position])))
         return shifted
     return entries
-
-
-def _timings(config: ToyConfig, produced: int) -> dict[str, int]:
-    return {"predicted_n": produced, "draft_n": produced, "draft_n_accepted": produced // 2}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -294,7 +296,7 @@ class ToyServer(ThreadingHTTPServer):
 
     def __init__(self, config: ToyConfig) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.state = ToyState(config, ToyLM(config.lm_seed), ToyLM(config.lm_seed, scale=1.2, induction=1.5))
+        self.state = ToyState(config, ToyLM(config.lm_seed), ToyLM(config.lm_seed, scale=1.2, induction=1.5, noise=1.0))
         self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._stopped = threading.Event()

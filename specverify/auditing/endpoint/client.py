@@ -105,6 +105,9 @@ class EndpointClient:
             try:
                 status, payload = self._exchange(method, url, body, limit)
             except httpx.TimeoutException as error:
+                if limit < self.timeout_s:
+                    raise Fault("timeout", f"the audit's total deadline passed during {method} {url} (raise it with "
+                                           "--deadline, or choose a smaller --budget)") from error
                 raise Fault("timeout", f"{self.role} server {self.base_url}: no complete response to {method} {path} "
                                        f"within {limit:.3g} s ({type(error).__name__}); raise the per-request "
                                        "deadline with --timeout if the server is merely slow") from error
