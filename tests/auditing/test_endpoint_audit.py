@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 
+pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
+
 from specverify.auditing.catalog import CATALOG
 from specverify.auditing.endpoint.checks import homogeneity_detectable_tv
 from specverify.auditing.endpoint.pit import pit_value, processed_law

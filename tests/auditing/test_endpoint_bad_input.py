@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
+
 from specverify.auditing.runner import audit
 from specverify.cli import main
 
