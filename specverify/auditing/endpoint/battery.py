@@ -17,7 +17,8 @@ Checks, in order:
   noise τ (:mod:`~specverify.auditing.endpoint.greedy`);
 - ``batch-invariance`` (exact): the candidate's greedy tokens alone and inside a concurrent burst;
 - ``pit-T1-top8`` and ``pit-T0.7-top8`` (goodness of fit): sequential randomized PIT of sampled
-  tokens under the baseline's law at each sampled prefix (:mod:`~specverify.auditing.endpoint.pit`);
+  tokens under the target's law at each sampled prefix as the candidate returned it, the
+  baseline's law there (``echo``) compared and reported (:class:`~specverify.auditing.endpoint.checks.PitCheck`);
 - ``two-sample-top-p`` (homogeneity; needs a baseline): T = 0.8, top-p 0.9, standard fields only,
   which the logprobs cannot express (engines apply top-p before or after temperature, and keep
   their own defaults such as llama.cpp's min-p 0.05), so the two servers' samples are compared;
@@ -50,7 +51,6 @@ Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadli
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,26 +131,16 @@ class EndpointSession:
             request.setdefault("model", self.candidate.model)
         return request
 
-    def score(self, bodies: Sequence[Mapping[str, Any]], completions: Sequence[Completion],
-              sources: Counter) -> list[list[Mapping[str, float] | None]]:
-        """The law at every sampled token: the baseline's, re-scored with ``echo``, where the
-        completion re-tokenizes to its own tokens; else the candidate's own returned alternatives
-        (valid under losslessness too: each is the target's law at that prefix)."""
+    def baseline_laws(self, bodies: Sequence[Mapping[str, Any]],
+                      completions: Sequence[Completion]) -> list[list[Mapping[str, float]] | None]:
+        """The baseline's law at every token of each completion, re-scored with ``echo``; None
+        without a baseline, or where the text re-tokenizes differently from the completion's tokens."""
         if self.baseline is None:
-            sources["candidate's own logprobs (no baseline)"] += len(completions)
-            return [list(c.top_logprobs) for c in completions]
+            return [None] * len(completions)
         echoes = self.baseline.complete_many([echo_body(b["prompt"] + c.text, int(b["logprobs"]))
                                               for b, c in zip(bodies, completions)])
-        laws: list[list[Mapping[str, float] | None]] = []
-        for body, completion, echo in zip(bodies, completions, echoes):
-            scored = completion_laws(echo, body["prompt"], completion.tokens, self.echo_offset or 0)
-            if scored is None:
-                sources["candidate's own (re-tokenized differently)"] += 1
-                laws.append(list(completion.top_logprobs))
-            else:
-                sources["baseline echo"] += 1
-                laws.append(list(scored))
-        return laws
+        return [completion_laws(echo, body["prompt"], completion.tokens, self.echo_offset or 0)
+                for body, completion, echo in zip(bodies, completions, echoes)]
 
     def close(self) -> None:
         self.candidate.close()

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,6 @@ from specverify.auditing.endpoint.greedy import (
     tolerance,
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
-from specverify.auditing.endpoint.scoring import completion_laws, echo_body
 from specverify.auditing.faults import Fault
 from specverify.auditing.sampler import CheckResult, Plan, goodness_of_fit_result, skipped_result
 from specverify.core import stats
@@ -57,8 +56,15 @@ def request_seed(plan_seed: int, *parts: object) -> int:
     return derive_seed(plan_seed, *parts) % (2**31)
 
 
+NEUTRAL_PROCESSING: dict[str, float] = {"repeat_penalty": 1.0, "repetition_penalty": 1.0,
+                                         "presence_penalty": 0.0, "frequency_penalty": 0.0}
+"""Sent wherever the law is read from raw logprobs: engine defaults such as llama.cpp's
+repeat_penalty 1.1 would otherwise reshape it (``repeat_penalty``: llama.cpp; ``repetition_penalty``:
+vLLM, SGLang; servers ignore the name they do not know)."""
+
+
 def greedy_body(prompt: Prompt, length: int) -> dict[str, Any]:
-    return {"prompt": prompt.text, "max_tokens": length, "temperature": 0.0, "logprobs": GREEDY_LOGPROBS}
+    return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=length, temperature=0.0, logprobs=GREEDY_LOGPROBS)
 
 
 def _result(check: Any, verdict: str, message: str, **extra: Any) -> CheckResult:
@@ -96,8 +102,12 @@ class GreedyIdentityCheck:
         session.greedy_alone = candidate
         reference_client = session.baseline or session.candidate
         reference = [reference_client.complete(b) for b in bodies] if session.baseline else candidate
-        repeat = [reference_client.complete(b) for b in bodies]
-        loaded = reference_client.complete_many(bodies * self.burst)[: len(bodies)]  # under load: the first copies
+        # Repeats in reverse order, and under load in a rotated order: each request follows a different one
+        # than before, so prefix caches and batch composition change as they do in service.
+        repeat = [reference_client.complete(b) for b in bodies[::-1]][::-1]
+        rotated = bodies[1:] + bodies[:1]
+        loaded_rotated = reference_client.complete_many(rotated * self.burst)[: len(bodies)]
+        loaded = loaded_rotated[-1:] + loaded_rotated[:-1]
         noise_pairs = list(zip(reference, repeat)) + list(zip(reference, loaded))
         tau_repeat = rounding_noise(noise_pairs)
         tau_cross = rounding_noise(list(zip(reference, candidate))) if session.baseline else 0.0
@@ -196,9 +206,18 @@ class BatchInvarianceCheck:
 @dataclass
 class PitCheck:
     """Top-k sampling at temperature T: the sequential randomized PIT values of every sampled
-    token (:mod:`specverify.auditing.endpoint.pit`) under the baseline's law at its prefix are
+    token (:mod:`specverify.auditing.endpoint.pit`) under the target's law at its prefix are
     i.i.d. uniform; Pearson goodness of fit of the first n of them in PIT_BINS equal cells, plus
-    one cell of probability 0 for tokens outside the top k (one there is a certain loss)."""
+    one cell of probability 0 for tokens outside the top k (one there is a certain loss).
+
+    The law at each sampled token is the one the candidate returned with it: the target's logits
+    as the candidate computed them at that prefix, which its verification must sample from exactly
+    (a wrong acceptance rule, residual or bonus shows here).  With a baseline, every sampled prefix
+    is also re-scored on it (``echo``) and the TV between the two servers' processed laws there is
+    reported: two engines' numerics differ (on llama-cpp-python by up to 0.5 nats per logprob, see
+    ``greedy-identity``), so testing the candidate's tokens against the baseline's law would
+    measure rounding, not speculation, at the sample sizes used; ``greedy-identity`` bounds that
+    difference (it fails when it exceeds the baseline's own repeat/load noise fourfold)."""
 
     name: str
     description: str
@@ -222,8 +241,8 @@ class PitCheck:
         return stats.detectable_tv(n, alpha=alpha, power=power, num_cells=PIT_BINS)
 
     def body(self, prompt: Prompt, seed: int) -> dict[str, Any]:
-        return {"prompt": prompt.text, "max_tokens": self.length, "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": 1.0, "min_p": 0.0, "seed": seed, "logprobs": self.top_k}
+        return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=self.length, temperature=self.temperature,
+                    top_k=self.top_k, top_p=1.0, min_p=0.0, seed=seed, logprobs=self.top_k)
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         uniforms = np.random.default_rng(derive_seed(plan.seed, "pit-uniforms") % (2**32))
@@ -231,7 +250,7 @@ class PitCheck:
         values: list[float] = []
         positions: list[int] = []
         impossible: list[str] = []
-        sources = Counter()
+        between: list[float] = []
         batch = max(1, session.candidate.concurrency) * 4
         issued = 0
         while len(values) + len(impossible) < plan.n:
@@ -240,22 +259,25 @@ class PitCheck:
             bodies = [self.body(self.prompts[(issued + i) % len(self.prompts)],
                                 request_seed(plan.seed, "request", issued + i)) for i in range(count)]
             completions = session.candidate.complete_many(bodies)
-            laws = session.score(bodies, completions, sources)
+            rescored = session.baseline_laws(bodies, completions)
             issued += count
-            for completion, per_token in zip(completions, laws):
-                for position, (token, law) in enumerate(zip(completion.tokens, per_token)):
+            for completion, baseline_laws in zip(completions, rescored):
+                for position, (token, own) in enumerate(zip(completion.tokens, completion.top_logprobs)):
                     if len(values) + len(impossible) >= plan.n:
                         break
-                    if law is None or len(law) < self.top_k:
-                        raise Fault("malformed", f"{self.name}: the law at a sampled token came back with fewer than "
-                                                 f"top_k = {self.top_k} logprobs")
-                    u = pit_value(processed_law(law, temperature=self.temperature, top_k=self.top_k), token,
-                                  float(uniforms.random()), tie_tolerance=tie)
+                    if own is None or len(own) < self.top_k:
+                        raise Fault("malformed", f"{self.name}: the candidate returned fewer than top_k = {self.top_k} "
+                                                 f"logprobs with a sampled token (asked logprobs={self.top_k})")
+                    law = processed_law(own, temperature=self.temperature, top_k=self.top_k)
+                    u = pit_value(law, token, float(uniforms.random()), tie_tolerance=tie)
                     if u is None:
                         impossible.append(f"{token!r} at token {position}")
                     else:
                         values.append(u)
                         positions.append(position)
+                    if baseline_laws is not None and len(baseline_laws[position]) >= self.top_k:
+                        other = processed_law(baseline_laws[position], temperature=self.temperature, top_k=self.top_k)
+                        between.append(law_tv(law, other))
             if issued > 4 * plan.n + 10:
                 raise Fault("malformed", f"{self.name}: {issued} requests returned too few tokens for {plan.n} PIT values")
         counts = np.append(uniform_bins(np.array(values), PIT_BINS), len(impossible))
@@ -264,12 +286,20 @@ class PitCheck:
             f"token outside the top {self.top_k}",)
         result = goodness_of_fit_result(self, plan, counts, expected, labels, None)
         by_position = _per_position_tv(np.array(values), np.array(positions))
-        source = ", ".join(f"{k}: {v}" for k, v in sorted(sources.items()))
-        note = (f"; {issued} requests, laws from {source}; plug-in TV of the binned u's by position "
-                f"(diagnosis, not tested): {by_position}")
+        note = (f"; {issued} requests; plug-in TV of the binned u's by position (diagnosis, not tested): "
+                f"{by_position}")
+        if between:
+            note += (f"; candidate vs baseline law at the sampled prefixes (echo re-scoring, {len(between)} "
+                     f"positions): mean TV {np.mean(between):.3g}, max {np.max(between):.3g}")
         if impossible:
             note += f"; outside the top k: {', '.join(impossible[:3])}"
         return dataclasses.replace(result, message=result.message + note, calls=issued)
+
+
+def law_tv(a: Any, b: Any) -> float:
+    """Total variation between two processed laws (token -> probability)."""
+    pa, pb = dict(zip(a.tokens, a.probs)), dict(zip(b.tokens, b.probs))
+    return 0.5 * sum(abs(pa.get(t, 0.0) - pb.get(t, 0.0)) for t in pa.keys() | pb.keys())
 
 
 def _per_position_tv(values: np.ndarray, positions: np.ndarray) -> str:
