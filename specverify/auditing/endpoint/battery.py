@@ -6,7 +6,7 @@ The target is the candidate server's ``/v1`` base URL (it runs speculative decod
 baseline serves the same model without it.  Before any check, :meth:`EndpointBattery.open_session`
 checks that the servers answer, return logprobs (and, for the baseline, ``echo``), and serve the
 same model: same tokenization of a probe prompt and the same first-token law (a prefill, which
-speculation cannot touch) within :data:`~specverify.auditing.endpoint.greedy.LOGPROB_TOLERANCE`.
+speculation cannot touch) within :data:`MODEL_TOLERANCE` nats.
 Any failure there is "could not audit" (exit 2) with the reason.
 
 Checks, in order:
@@ -65,7 +65,6 @@ from specverify.auditing.endpoint.checks import (
     TwoSampleCheck,
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
-from specverify.auditing.endpoint.greedy import LOGPROB_TOLERANCE
 from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
 from specverify.auditing.faults import Fault
 from specverify.auditing.loading import LoadError
@@ -90,6 +89,9 @@ PROMPTS: tuple[Prompt, ...] = (
 """Greedy prompts, one per kind; none ends in a space (a trailing space re-tokenizes differently)."""
 
 SAMPLING_PROMPTS: tuple[Prompt, ...] = (PROMPTS[3], PROMPTS[4])
+MODEL_TOLERANCE = 0.5
+"""Nats by which one model's first-token law may differ between two servers (rounding: up to ~0.25
+on llama-cpp-python with a reused prefix cache; a different model or quantization: nats)."""
 MODEL_PROBE = "The capital of France is Paris. The capital of Italy is"
 
 
@@ -213,7 +215,7 @@ class EndpointBattery:
         if baseline is None:
             session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
             return session
-        offset = detect_offset(baseline, MODEL_PROBE, 5, LOGPROB_TOLERANCE)
+        offset = detect_offset(baseline, MODEL_PROBE, 5, MODEL_TOLERANCE)
         session.echo_offset = offset
         if offset:
             session.notes.append(f"the baseline's echo logprobs sit {offset} position(s) late (top_logprobs[i] is the "
@@ -238,11 +240,11 @@ class EndpointBattery:
         a, b = first.top_logprobs[0] or {}, reference.top_logprobs[0] or {}
         shared = a.keys() & b.keys()
         worst = max((abs(a[t] - b[t]) for t in shared), default=float("inf"))
-        if max(a, key=a.get) != max(b, key=b.get) or worst > LOGPROB_TOLERANCE:
+        if worst > MODEL_TOLERANCE:
             raise Fault("malformed", f"the baseline serves a different model: after the probe prompt its next-token "
                                      f"law differs from the candidate's (top tokens {max(b, key=b.get)!r} vs "
                                      f"{max(a, key=a.get)!r}, largest |Δ logprob| {worst:.3g} nats > "
-                                     f"{LOGPROB_TOLERANCE}); a prefill cannot differ under speculation")
+                                     f"{MODEL_TOLERANCE}); a prefill cannot differ under speculation")
 
     def checks(self, session: EndpointSession) -> list[Any]:
         length = GREEDY_TOKENS[self.budget_name]

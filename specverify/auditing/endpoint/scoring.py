@@ -53,25 +53,31 @@ def completion_laws(echo: Completion, prompt: str, tokens: Sequence[str], offset
     return laws
 
 
-def laws_agree(a: Mapping[str, float], b: Mapping[str, float], tolerance: float) -> bool:
-    """Same top-1 token and every shared token's logprob within ``tolerance``."""
-    if not a or not b or max(a, key=a.get) != max(b, key=b.get):
-        return False
-    return all(abs(a[t] - b[t]) <= tolerance for t in a.keys() & b.keys())
+def law_deviation(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """Largest |Δ logprob| over the tokens both laws list (inf when they share fewer than two)."""
+    shared = a.keys() & b.keys()
+    return max(abs(a[t] - b[t]) for t in shared) if len(shared) >= 2 else float("inf")
 
 
 def detect_offset(client: EndpointClient, prompt: str, logprobs: int, tolerance: float) -> int:
-    """0 or 1: where ``client``'s echoed alternatives sit (module docstring); :class:`Fault` if neither."""
+    """0 or 1: where ``client``'s echoed alternatives sit (module docstring): the offset whose echoed
+    laws deviate least from the generation-time ones, if that is within ``tolerance`` nats (the
+    two evaluations may round differently; the wrong offset compares different positions, which
+    differ by nats); :class:`Fault` otherwise."""
     generated = client.complete({"prompt": prompt, "max_tokens": PROBE_TOKENS, "temperature": 0.0,
-                                 "logprobs": logprobs})
+                                 "logprobs": logprobs, "repeat_penalty": 1.0, "repetition_penalty": 1.0})
     if not generated.tokens:
         raise Fault("malformed", f"{client.role} server {client.base_url}: a greedy request of {PROBE_TOKENS} tokens "
                                  "returned no tokens")
     echo = client.complete(echo_body(prompt + generated.text, logprobs))
+    deviations = {}
     for offset in (0, 1):
         laws = completion_laws(echo, prompt, generated.tokens, offset)
-        if laws is not None and all(laws_agree(e, g or {}, tolerance) for e, g in zip(laws, generated.top_logprobs)):
-            return offset
+        deviations[offset] = float("inf") if laws is None else max(
+            law_deviation(e, g or {}) for e, g in zip(laws, generated.top_logprobs))
+    best = min(deviations, key=deviations.get)
+    if deviations[best] <= tolerance:
+        return best
     raise Fault("malformed", f"{client.role} server {client.base_url}: the logprobs it returns with echo=true do "
                              "not match the ones it returned while generating the same tokens (under the OpenAI "
                              "convention or shifted by one position), so its echo cannot score a sampled prefix")
