@@ -100,7 +100,7 @@ def llama_pair() -> Iterator[tuple[str, str]]:
 
 def test_llama_cpp_prompt_lookup_is_audited(llama_pair: tuple[str, str]) -> None:
     candidate, baseline = llama_pair
-    report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=120)
+    report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300)
     print(report.explain())
     for check in report.checks:
         print(f"{check.name}: {check.verdict}: {check.message}")
@@ -109,14 +109,14 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: tuple[str, str]) -> None
     assert set(verdicts) == {"greedy-identity", "batch-invariance", "pit-T1-top8", "pit-T0.7-top8",
                              "two-sample-top-p", "acceptance"}
     greedy = next(c for c in report.checks if c.name == "greedy-identity")
-    assert "late" in greedy.message  # llama-cpp-python's echo logprobs sit one position late: detected
+    assert "late" in str(greedy.parameters["server notes"])  # llama-cpp-python's echo is one position late
     pit = next(c for c in report.checks if c.name == "pit-T1-top8")
     assert pit.n == BUDGET and pit.detectable_tv is not None
 
 
 def test_llama_cpp_baseline_against_itself_passes(llama_pair: tuple[str, str]) -> None:
     _, baseline = llama_pair
-    report = audit(baseline, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=120,
+    report = audit(baseline, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300,
                    checks=["pit-T1-top8", "two-sample-top-p"])
     print(report.explain())
     assert report.exit_code == 0, report.explain()

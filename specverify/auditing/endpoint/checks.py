@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from specverify.auditing.endpoint.greedy import (
     tolerance,
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
+from specverify.auditing.endpoint.scoring import completion_laws, echo_body, law_deviation
 from specverify.auditing.faults import Fault
 from specverify.auditing.sampler import CheckResult, Plan, goodness_of_fit_result, skipped_result
 from specverify.core import stats
@@ -109,12 +110,13 @@ class GreedyIdentityCheck:
         loaded_rotated = reference_client.complete_many(rotated * self.burst)[: len(bodies)]
         loaded = loaded_rotated[-1:] + loaded_rotated[:-1]
         noise_pairs = list(zip(reference, repeat)) + list(zip(reference, loaded))
-        tau_repeat = rounding_noise(noise_pairs)
+        tau_repeat = max(rounding_noise(noise_pairs), self._batch_noise(session, reference))
         tau_cross = rounding_noise(list(zip(reference, candidate))) if session.baseline else 0.0
         tau = max(tau_repeat, tau_cross)
         session.tau = tau
         tol = tolerance(tau)
-        parameters = dict(self.parameters, **{"τ repeat/load": float(f"{tau_repeat:.3g}"),
+        parameters = dict(self.parameters, **{"server notes": list(session.notes),
+                                              "τ repeat/load/batch": float(f"{tau_repeat:.3g}"),
                                               "τ candidate-vs-baseline": float(f"{tau_cross:.3g}"),
                                               "tolerance": float(f"{tol:.3g}")})
         law_bound = max(LOGPROB_TOLERANCE, SAME_LAW_FACTOR * tau_repeat)
@@ -126,7 +128,7 @@ class GreedyIdentityCheck:
                                f"on tokens where both servers agree the candidate's logprobs differ from the "
                                f"baseline's by up to {tau_cross:.3g} nats ({where[0]} prompt, token {where[1]}), "
                                f"more than {law_bound:.3g} nats (max({LOGPROB_TOLERANCE}, {SAME_LAW_FACTOR:g} × the baseline's own "
-                               f"repeat/load noise {tau_repeat:.3g})): the candidate computes a different law")
+                               f"repeat/load/batch noise {tau_repeat:.3g})): the candidate computes a different law")
         judged: list[Divergence] = []
         for prompt, ref, cand in zip(self.prompts, reference, candidate):
             found = (judge_divergence(prompt.kind, ref, cand, tol) if session.baseline
@@ -154,6 +156,24 @@ class GreedyIdentityCheck:
             return CheckResult(self.name, self.description, self.kind, parameters, "fail", message,
                                statistic=float(unexplained[0].position))
         return CheckResult(self.name, self.description, self.kind, parameters, "pass", summary)
+
+
+    def _batch_noise(self, session: Any, reference: Sequence[Completion]) -> float:
+        """The baseline's own batch-shape noise: its greedy tokens re-scored in one prefill (``echo``)
+        against the logprobs it returned generating them one at a time (a verify pass evaluates
+        drafts in a batch too).  0 without a baseline."""
+        if session.baseline is None:
+            return 0.0
+        echoes = session.baseline.complete_many([echo_body(p.text + r.text, GREEDY_LOGPROBS)
+                                                 for p, r in zip(self.prompts, reference)])
+        noise = 0.0
+        for prompt, ref, echo in zip(self.prompts, reference, echoes):
+            laws = completion_laws(echo, prompt.text, ref.tokens, session.echo_offset or 0)
+            for law, own in zip(laws or [], ref.top_logprobs):
+                deviation = law_deviation(law, own or {})
+                if math.isfinite(deviation):
+                    noise = max(noise, deviation)
+        return noise
 
 
 @dataclass
@@ -439,7 +459,12 @@ class AcceptanceCheck:
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         parts = []
-        for prompt in self.prompts:
+        if session.candidate.metrics() is None:  # only per-response timings: the greedy runs carry them
+            completions = session.greedy_alone or [session.candidate.complete(greedy_body(p, self.length))
+                                                   for p in self.prompts]
+            parts = [f"{p.kind}: {figures}" for p, c in zip(self.prompts, completions)
+                     if (figures := _acceptance_figures(c, {}, {}))]
+        for prompt in self.prompts if not parts and session.candidate.metrics() is not None else ():
             before = prometheus_totals(session.candidate.metrics())
             completion = session.candidate.complete(greedy_body(prompt, self.length))
             after = prometheus_totals(session.candidate.metrics())
