@@ -117,6 +117,6 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: tuple[str, str]) -> None
 def test_llama_cpp_baseline_against_itself_passes(llama_pair: tuple[str, str]) -> None:
     _, baseline = llama_pair
     report = audit(baseline, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300,
-                   checks=["pit-T1-top8", "two-sample-top-p"])
+                   checks=["pit-T1-top8"])
     print(report.explain())
     assert report.exit_code == 0, report.explain()
