@@ -29,7 +29,7 @@ from specverify.auditing.endpoint.greedy import (
     tolerance,
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
-from specverify.auditing.endpoint.scoring import completion_laws, echo_body, law_deviation
+from specverify.auditing.endpoint.scoring import completion_laws, echo_body
 from specverify.auditing.faults import Fault
 from specverify.auditing.sampler import CheckResult, Plan, goodness_of_fit_result, skipped_result
 from specverify.core import stats
@@ -161,7 +161,7 @@ class GreedyIdentityCheck:
     def _batch_noise(self, session: Any, reference: Sequence[Completion]) -> float:
         """The baseline's own batch-shape noise: its greedy tokens re-scored in one prefill (``echo``)
         against the logprobs it returned generating them one at a time (a verify pass evaluates
-        drafts in a batch too).  0 without a baseline."""
+        drafts in a batch too), on each position's top two tokens.  0 without a baseline."""
         if session.baseline is None:
             return 0.0
         echoes = session.baseline.complete_many([echo_body(p.text + r.text, GREEDY_LOGPROBS)
@@ -170,9 +170,10 @@ class GreedyIdentityCheck:
         for prompt, ref, echo in zip(self.prompts, reference, echoes):
             laws = completion_laws(echo, prompt.text, ref.tokens, session.echo_offset or 0)
             for law, own in zip(laws or [], ref.top_logprobs):
-                deviation = law_deviation(law, own or {})
-                if math.isfinite(deviation):
-                    noise = max(noise, deviation)
+                top_two = sorted((own or {}).items(), key=lambda kv: -kv[1])[:2]  # the tokens a greedy flip is about
+                shared = [abs(law[t] - lp) for t, lp in top_two if t in law]
+                if shared:
+                    noise = max(noise, max(shared))
         return noise
 
 
