@@ -161,20 +161,23 @@ class GreedyIdentityCheck:
     def _batch_noise(self, session: Any, reference: Sequence[Completion]) -> float:
         """The baseline's own batch-shape noise: its greedy tokens re-scored in one prefill (``echo``)
         against the logprobs it returned generating them one at a time (a verify pass evaluates
-        drafts in a batch too), on each position's top two tokens.  0 without a baseline."""
+        drafts in a batch too): the median over positions of the largest |Δ logprob| of each position's
+        top two tokens.  0 without a baseline."""
         if session.baseline is None:
             return 0.0
         echoes = session.baseline.complete_many([echo_body(p.text + r.text, GREEDY_LOGPROBS)
                                                  for p, r in zip(self.prompts, reference)])
-        noise = 0.0
+        deviations = []
         for prompt, ref, echo in zip(self.prompts, reference, echoes):
             laws = completion_laws(echo, prompt.text, ref.tokens, session.echo_offset or 0)
             for law, own in zip(laws or [], ref.top_logprobs):
                 top_two = sorted((own or {}).items(), key=lambda kv: -kv[1])[:2]  # the tokens a greedy flip is about
                 shared = [abs(law[t] - lp) for t, lp in top_two if t in law]
                 if shared:
-                    noise = max(noise, max(shared))
-        return noise
+                    deviations.append(max(shared))
+        # The median, not the max: on llama-cpp-python one position in ~100 differed by 6 nats (an
+        # unexplained echo artefact), which would make every tolerance vacuous.
+        return float(np.median(deviations)) if deviations else 0.0
 
 
 @dataclass
