@@ -7,6 +7,7 @@ LEVELS: dict[str, str] = {
     "sampler": "specverify.auditing.sampler:SamplerBattery",
     "decoder": "specverify.auditing.decoder:DecoderBattery",
     "tree": "specverify.auditing.tree:TreeBattery",
+    "endpoint": "specverify.auditing.endpoint.battery:EndpointBattery",
 }
 """Audit level -> ``module:class`` of its battery (instantiated without arguments)."""
 

@@ -144,12 +144,13 @@ def target_name(fn: Callable[..., Any] | str) -> str:
     return replay.target_name(fn)
 
 
-def load_battery(level: str) -> Any:
-    """Instantiate the battery of ``level`` from :data:`LEVELS`."""
+def load_battery(level: str, **options: Any) -> Any:
+    """Instantiate the battery of ``level`` from :data:`LEVELS` (``options``: the level's own
+    keyword arguments, e.g. the endpoint level's ``baseline``)."""
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {', '.join(sorted(LEVELS))}, got {level!r}")
     module_name, class_name = LEVELS[level].split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    return getattr(importlib.import_module(module_name), class_name)(**options)
 
 
 def _check_arguments(alpha: float, timeout_s: float, device: str) -> None:
@@ -214,6 +215,7 @@ def audit(
     progress: Progress | None = None,
     checks: Sequence[str] | None = None,
     isolation: str = "process",
+    **level_options: Any,
 ) -> AuditReport:
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
     at ``level`` and return the :class:`AuditReport`.  Deterministic for a given ``seed``.
@@ -229,10 +231,12 @@ def audit(
     torch default dtype, thread count and numpy error state afterwards.  A callable that cannot
     be sent to a worker (a lambda, a closure) runs in-process, with a note in the report.
     A Ctrl-C stops the audit at once with a partial report (exit 2 unless a check had failed).
+    ``level_options``: passed to the level's battery (the endpoint level's ``baseline``, ``model``,
+    ``concurrency``, ``deadline_s``).
     """
     if budget is None:
         budget = os.environ.get(BUDGET_ENV, "").strip() or DEFAULT_BUDGET
-    battery = load_battery(level)
+    battery = load_battery(level, **level_options)
     sample_budget = getattr(battery, "resolve_budget", resolve_budget)(budget)  # a level may size its own named budgets
     _check_arguments(alpha, timeout_s, device)
     check_isolation(isolation)
@@ -243,7 +247,9 @@ def audit(
                     selected=None if checks is None else tuple(checks))
     with preserved_process_state():
         try:
-            if isinstance(fn, str) and isolation == "none":
+            if isinstance(fn, str) and hasattr(battery, "load_target"):  # not Python (the endpoint's URL)
+                fn = battery.load_target(fn)
+            elif isinstance(fn, str) and isolation == "none":
                 fn = load_target(fn, level)
             session = battery.open_session(fn, device=device, timeout_s=timeout_s, isolation=isolation)
         except LoadError as error:

@@ -51,6 +51,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--quiet", action="store_true",
                         help="print only the verdict line, no table or progress (otherwise the plan and its expected "
                              "time first, then a bar on a terminal or one line per finished check in a log)")
+    parser.add_argument("--baseline", metavar="URL",
+                        help="endpoint level: base URL of the same model served without speculation")
+    parser.add_argument("--model", help="endpoint level: the `model` field (default: the server's first /models id)")
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="endpoint level: requests in flight at once, and the burst size (default 4)")
+    parser.add_argument("--deadline", type=float, default=3600.0,
+                        help="endpoint level: deadline of the whole run in seconds (default 3600)")
     parser.set_defaults(handler=run)
 
 
@@ -110,12 +117,14 @@ def _run(args: argparse.Namespace) -> int:
             print(f"specverify audit: could not audit: {option}: cannot write the report: {problem}", file=sys.stderr)
             return EXIT_ERROR
     progress = progress_for(sys.stderr, quiet=args.quiet)
+    level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
+                          deadline_s=args.deadline) if args.level == "endpoint" else {})
     try:
         from specverify.auditing.runner import audit
 
         report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
                        device=args.device, timeout_s=args.timeout, progress=progress, isolation=args.isolation,
-                       checks=[n.strip() for n in args.checks.split(",")] if args.checks else None)
+                       checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
     except ValueError as error:
         print(f"specverify audit: could not audit: {error}", file=sys.stderr)
         return EXIT_ERROR

@@ -60,6 +60,7 @@ MARKERS = (
     "gpu: needs CUDA; skips with a reason where CUDA is absent (`pytest -m gpu`)",
     "slow: long checks kept out of the default run (`pytest -m slow`)",
     "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
+    "server: starts real llama.cpp servers (the `[server]` extra); kept out of the default run (`pytest -m server`)",
 )
 """The markers the plugin registers (the only place they are registered)."""
 

@@ -1,0 +1,284 @@
+"""The endpoint level (SPEC §4): audit a running OpenAI-compatible completions server.
+
+``specverify audit --level endpoint http://HOST:PORT/v1 [--baseline URL] [--model NAME]``
+
+The target is the candidate server's ``/v1`` base URL (it runs speculative decoding); the
+baseline serves the same model without it.  Before any check, :meth:`EndpointBattery.open_session`
+checks that the servers answer, return logprobs (and, for the baseline, ``echo``), and serve the
+same model: same tokenization of a probe prompt and the same first-token law (a prefill, which
+speculation cannot touch) within :data:`MODEL_TOLERANCE` nats.
+Any failure there is "could not audit" (exit 2) with the reason.
+
+Checks, in order:
+
+- ``greedy-identity`` (exact): prompts of five kinds (code, JSON, an edit of the prompt, prose,
+  repetitive text that makes n-gram drafts fire), greedy, candidate vs baseline; each first
+  divergence explained or UNEXPLAINED by the baseline's logprobs against the measured rounding
+  noise τ (:mod:`~specverify.auditing.endpoint.greedy`);
+- ``batch-invariance`` (exact): the candidate's greedy tokens alone and inside a concurrent burst;
+- ``pit-T1-top8`` and ``pit-T0.7-top8`` (goodness of fit): sequential randomized PIT of sampled
+  tokens under the target's law at each sampled prefix as the candidate returned it, the
+  baseline's law there (``echo``) compared and reported (:class:`~specverify.auditing.endpoint.checks.PitCheck`);
+- ``two-sample-top-p`` (homogeneity; needs a baseline): T = 0.8, top-p 0.9, standard fields only,
+  which the logprobs cannot express (engines apply top-p before or after temperature, and keep
+  their own defaults such as llama.cpp's min-p 0.05), so the two servers' samples are compared;
+- ``acceptance`` (informational): speculation counters per prompt kind, where exposed.
+
+Out of reach of the PIT, and why: top-p (its order relative to temperature is engine-specific),
+min-p, penalties, grammars and logit bias (processing the logprobs do not show), top-k above the
+returned n (the mass of ranks n+1…k is unknown), and the full-vocabulary law at T = 1 (the value
+that disables top-k differs between engines: 0, -1).  The two-sample check covers them.
+
+Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the two-sample
+check 2ε between the servers' joint laws, with power 0.99 at its Bonferroni share of α; the
+greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.  Requests per check, α = 1e-3
+(three statistical checks, 3.3e-4 each), 8 tokens per PIT request, 2 per two-sample request:
+
+=========  ===  ===================  =============================  ===============
+budget     ε    PIT u's (requests)   two-sample draws per server    greedy tokens
+=========  ===  ===================  =============================  ===============
+quick      0.1  1 309 (164 + 164)    746 (+ pilot 74)               24
+standard   0.05 5 234 (655 + 655)    2 982 (+ pilot 298)            48
+thorough   0.025 20 933 (2 617 + …)  11 926 (+ pilot 1 192)         96
+=========  ===  ===================  =============================  ===============
+
+(each PIT request on the candidate is followed by one ``echo`` request on the baseline.)
+
+Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadline_s``
+(``--deadline``, default 3 600 s); transient failures are retried (:mod:`~specverify.auditing.endpoint.client`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from specverify.auditing.endpoint.checks import (
+    AcceptanceCheck,
+    BatchInvarianceCheck,
+    GreedyIdentityCheck,
+    PitCheck,
+    Prompt,
+    TwoSampleCheck,
+)
+from specverify.auditing.endpoint.client import Completion, EndpointClient
+from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
+from specverify.auditing.faults import Fault
+from specverify.auditing.loading import LoadError
+from specverify.auditing.sampler import SampleBudget, resolve_budget
+
+ENDPOINT_BUDGETS: dict[str, float] = {"quick": 0.1, "standard": 0.05, "thorough": 0.025}
+GREEDY_TOKENS: dict[str, int] = {"quick": 24, "standard": 48, "thorough": 96}
+DEFAULT_DEADLINE_S = 3600.0
+DEFAULT_CONCURRENCY = 4
+PIT_TOP_K = 8
+PIT_TOKENS = 8
+TWO_SAMPLE_TOKENS = 2
+
+PROMPTS: tuple[Prompt, ...] = (
+    Prompt("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"),
+    Prompt("json", '{"name": "Ada Lovelace", "born": 1815, "fields": ["mathematics", "computing"], "name_upper":'),
+    Prompt("edit", "Replace every 'cat' with 'dog': The cat sat on the mat and the cat was happy.\n"
+                   "Result: The dog sat on the mat and"),
+    Prompt("prose", "The history of the printing press begins in"),
+    Prompt("repetitive", "red green blue, red green blue, red green blue, red green blue, red green"),
+)
+"""Greedy prompts, one per kind; none ends in a space (a trailing space re-tokenizes differently)."""
+
+SAMPLING_PROMPTS: tuple[Prompt, ...] = (PROMPTS[3], PROMPTS[4])
+MODEL_TOLERANCE = 0.5
+"""Nats by which one model's first-token law may differ between two servers (rounding: up to ~0.25
+on llama-cpp-python with a reused prefix cache; a different model or quantization: nats)."""
+MODEL_PROBE = "The capital of France is Paris. The capital of Italy is"
+
+
+@dataclass(frozen=True)
+class EndpointTarget:
+    """The candidate's base URL as given on the command line."""
+
+    url: str
+
+
+def check_url(url: str, what: str) -> str:
+    """``url`` without a trailing slash; :class:`LoadError` unless it is an http(s) URL."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise LoadError(f"{what}: expected the server's base URL such as http://127.0.0.1:8000/v1, got {url!r}")
+    return url.rstrip("/")
+
+
+@dataclass
+class EndpointSession:
+    """The two servers' clients and what the checks learn along the way (τ, greedy runs)."""
+
+    candidate: EndpointClient
+    baseline: EndpointClient | None
+    echo_offset: int | None
+    timeout_s: float
+    notes: list[str] = field(default_factory=list)
+    tau: float | None = None
+    greedy_alone: list[Completion] | None = None
+
+    @property
+    def function(self) -> EndpointClient:
+        """The runner reads ``session.function.log`` for its call counts."""
+        return self.candidate
+
+    def candidate_body(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        request = dict(body)
+        if self.candidate.model is not None:
+            request.setdefault("model", self.candidate.model)
+        return request
+
+    def baseline_laws(self, bodies: Sequence[Mapping[str, Any]],
+                      completions: Sequence[Completion]) -> list[list[Mapping[str, float]] | None]:
+        """The baseline's law at every token of each completion, re-scored with ``echo``; None
+        without a baseline, or where the text re-tokenizes differently from the completion's tokens."""
+        if self.baseline is None:
+            return [None] * len(completions)
+        echoes = self.baseline.complete_many([echo_body(b["prompt"] + c.text, int(b["logprobs"]))
+                                              for b, c in zip(bodies, completions)])
+        return [completion_laws(echo, body["prompt"], completion.tokens, self.echo_offset or 0)
+                for body, completion, echo in zip(bodies, completions, echoes)]
+
+    def close(self) -> None:
+        self.candidate.close()
+        if self.baseline is not None:
+            self.baseline.close()
+
+
+class EndpointBattery:
+    """SPEC §4 battery (module docstring).  ``baseline``: the baseline's base URL (None: the
+    candidate's own logprobs stand for the target's law); ``model``: the ``model`` field (default:
+    the first id of the candidate's ``GET /models``); ``concurrency``: requests in flight at once
+    (also the burst size of the load checks); ``deadline_s``: the whole run's deadline."""
+
+    level = "endpoint"
+
+    def __init__(self, baseline: str | None = None, model: str | None = None,
+                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+        if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
+            raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
+        if not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
+            raise ValueError(f"deadline_s: expected a positive number of seconds, got {deadline_s!r}")
+        self.baseline_url = None if baseline is None else baseline
+        self.model = model
+        self.concurrency = concurrency
+        self.deadline_s = float(deadline_s)
+        self.budget_name = "standard"
+
+    def resolve_budget(self, budget: str | int | SampleBudget) -> SampleBudget:
+        """``quick`` / ``standard`` / ``thorough`` with :data:`ENDPOINT_BUDGETS`, or N samples per check."""
+        if isinstance(budget, str) and budget.strip().lower() in ENDPOINT_BUDGETS:
+            name = budget.strip().lower()
+            resolved = SampleBudget(name, epsilon=ENDPOINT_BUDGETS[name])
+        else:
+            resolved = resolve_budget(budget)
+        self.budget_name = resolved.name if resolved.name in GREEDY_TOKENS else "quick"  # N samples: quick's greedy
+        return resolved
+
+    def load_target(self, spec: str) -> EndpointTarget:
+        """The target string is a URL: nothing is imported."""
+        url = check_url(spec, "target")
+        if self.baseline_url is not None:
+            check_url(self.baseline_url, "--baseline")
+        return EndpointTarget(url)
+
+    def open_session(self, target: EndpointTarget, *, device: str, timeout_s: float,
+                     isolation: str = "process") -> EndpointSession:
+        """Connect, check capabilities and model identity; :class:`LoadError` (exit 2) on any failure.
+        ``isolation`` does not apply: the code under audit runs in the server, not in this process."""
+        deadline = time.monotonic() + self.deadline_s
+        candidate = EndpointClient(target.url, role="candidate", model=self.model, timeout_s=timeout_s,
+                                   deadline=deadline, concurrency=self.concurrency)
+        baseline = None if self.baseline_url is None else EndpointClient(
+            check_url(self.baseline_url, "--baseline"), role="baseline", model=self.model, timeout_s=timeout_s,
+            deadline=deadline, concurrency=self.concurrency)
+        try:
+            return self._probe(candidate, baseline, timeout_s)
+        except Fault as fault:
+            candidate.close()
+            if baseline is not None:
+                baseline.close()
+            raise LoadError(f"could not audit the endpoint: {fault.message}") from fault
+
+    def _probe(self, candidate: EndpointClient, baseline: EndpointClient | None, timeout_s: float) -> EndpointSession:
+        for client in (candidate, baseline):
+            if client is not None and client.model is None:
+                names = client.models()
+                client.model = names[0] if names else None
+        first = candidate.complete({"prompt": MODEL_PROBE, "max_tokens": 1, "temperature": 0.0, "logprobs": 5})
+        if not first.top_logprobs or not first.top_logprobs[0]:
+            raise Fault("malformed", f"candidate server {candidate.base_url} returned no top_logprobs for logprobs=5")
+        session = EndpointSession(candidate, baseline, None, timeout_s)
+        if baseline is None:
+            session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
+            return session
+        offset = detect_offset(baseline, MODEL_PROBE, 5, MODEL_TOLERANCE)
+        session.echo_offset = offset
+        if offset:
+            session.notes.append(f"the baseline's echo logprobs sit {offset} position(s) late (top_logprobs[i] is the "
+                                 "law of token i+1, as llama-cpp-python 0.3.16 returns them); corrected")
+        self._same_model(candidate, baseline, first)
+        return session
+
+    @staticmethod
+    def _same_model(candidate: EndpointClient, baseline: EndpointClient, first: Completion) -> None:
+        """Same tokenization of the probe (echo) and the same first-token law (prefill)."""
+        reference = baseline.complete({"prompt": MODEL_PROBE, "max_tokens": 1, "temperature": 0.0, "logprobs": 5})
+        try:
+            echoes = [client.complete(echo_body(MODEL_PROBE, 5)) for client in (candidate, baseline)]
+        except Fault as fault:
+            raise Fault(fault.kind, f"echo=true is needed to score sampled prefixes and compare tokenizations: "
+                                    f"{fault.message}") from fault
+        cut = [prompt_boundary(e, MODEL_PROBE) for e in echoes]
+        if cut[0] is None or cut[1] is None or echoes[0].tokens[:cut[0]] != echoes[1].tokens[:cut[1]]:
+            raise Fault("malformed", f"the baseline serves a different model: it tokenizes the probe "
+                                     f"{MODEL_PROBE!r} differently from the candidate "
+                                     f"({list(echoes[1].tokens[:8])} vs {list(echoes[0].tokens[:8])})")
+        a, b = first.top_logprobs[0] or {}, reference.top_logprobs[0] or {}
+        shared = a.keys() & b.keys()
+        worst = max((abs(a[t] - b[t]) for t in shared), default=float("inf"))
+        if worst > MODEL_TOLERANCE:
+            raise Fault("malformed", f"the baseline serves a different model: after the probe prompt its next-token "
+                                     f"law differs from the candidate's (top tokens {max(b, key=b.get)!r} vs "
+                                     f"{max(a, key=a.get)!r}, largest |Δ logprob| {worst:.3g} nats > "
+                                     f"{MODEL_TOLERANCE}); a prefill cannot differ under speculation")
+
+    def checks(self, session: EndpointSession) -> list[Any]:
+        length = GREEDY_TOKENS[self.budget_name]
+        burst = max(2, -(-self.concurrency // len(PROMPTS)))  # copies of each prompt per burst
+        checks: list[Any] = [
+            GreedyIdentityCheck(
+                "greedy-identity",
+                "Greedy: the candidate's tokens equal the baseline's, except first divergences at near-ties within "
+                "the measured rounding noise τ (without a baseline: each token is the top-1 of its own logprobs).",
+                PROMPTS, length, burst),
+            BatchInvarianceCheck(
+                "batch-invariance",
+                "Greedy: the candidate's tokens for a prompt alone and inside a burst of concurrent requests agree, "
+                "except at explained near-ties.",
+                PROMPTS, length, burst),
+            PitCheck("pit-T1-top8",
+                     "T=1, top-k 8: the randomized PIT values of sampled tokens under the baseline's law at each "
+                     "sampled prefix are i.i.d. uniform.", SAMPLING_PROMPTS, 1.0, PIT_TOP_K, PIT_TOKENS),
+            PitCheck("pit-T0.7-top8",
+                     "T=0.7, top-k 8: the randomized PIT values of sampled tokens under the baseline's law at each "
+                     "sampled prefix are i.i.d. uniform.", SAMPLING_PROMPTS, 0.7, PIT_TOP_K, PIT_TOKENS),
+        ]
+        if session.baseline is not None:
+            checks.append(TwoSampleCheck(
+                "two-sample-top-p",
+                "T=0.8, top-p 0.9 (standard fields only, engine defaults apply): the first 2 tokens' joint law is "
+                "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
+                SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
+        checks.append(AcceptanceCheck(
+            "acceptance", "Speculation counters per prompt kind where the server exposes them (informational).",
+            PROMPTS, length))
+        return checks
+
+
+__all__ = ["ENDPOINT_BUDGETS", "EndpointBattery", "EndpointSession", "EndpointTarget", "PROMPTS"]

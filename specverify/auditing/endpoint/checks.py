@@ -1,0 +1,500 @@
+"""The endpoint level's checks (see :mod:`specverify.auditing.endpoint.battery` for the battery).
+
+Each check has the :class:`specverify.auditing.sampler.Check` shape: ``run(session, plan)``
+returns a :class:`~specverify.auditing.sampler.CheckResult` or raises a
+:class:`~specverify.auditing.faults.Fault` (the server failed: "could not audit").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specverify.auditing.endpoint.client import Completion, EndpointClient
+from specverify.auditing.endpoint.greedy import (
+    LOGPROB_TOLERANCE,
+    Divergence,
+    curl_command,
+    judge_divergence,
+    logprob_differences,
+    rounding_noise,
+    self_inconsistency,
+    tolerance,
+)
+from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
+from specverify.auditing.endpoint.scoring import completion_laws, echo_body
+from specverify.auditing.faults import Fault
+from specverify.auditing.sampler import CheckResult, Plan, goodness_of_fit_result, skipped_result
+from specverify.core import stats
+from specverify.core.seeding import derive_seed
+
+PIT_BINS = 10
+"""Equal cells of [0, 1) the PIT values are counted in."""
+
+GREEDY_LOGPROBS = 5
+
+SAME_LAW_FACTOR = 4.0
+"""The candidate's logprobs on agreed tokens may differ from the baseline's by at most
+max(LOGPROB_TOLERANCE, SAME_LAW_FACTOR × τ_repeat) nats, τ_repeat being the baseline's own
+difference between repeated requests alone and under load."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    kind: str
+    text: str
+
+
+def request_seed(plan_seed: int, *parts: object) -> int:
+    """A per-request ``seed`` field (31 bits: every engine accepts it)."""
+    return derive_seed(plan_seed, *parts) % (2**31)
+
+
+NEUTRAL_PROCESSING: dict[str, float] = {"repeat_penalty": 1.0, "repetition_penalty": 1.0,
+                                         "presence_penalty": 0.0, "frequency_penalty": 0.0}
+"""Sent wherever the law is read from raw logprobs: engine defaults such as llama.cpp's
+repeat_penalty 1.1 would otherwise reshape it (``repeat_penalty``: llama.cpp; ``repetition_penalty``:
+vLLM, SGLang; servers ignore the name they do not know)."""
+
+
+def greedy_body(prompt: Prompt, length: int) -> dict[str, Any]:
+    return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=length, temperature=0.0, logprobs=GREEDY_LOGPROBS)
+
+
+def _result(check: Any, verdict: str, message: str, **extra: Any) -> CheckResult:
+    return CheckResult(check.name, check.description, check.kind, dict(check.parameters), verdict, message, **extra)
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy identity and batch invariance
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GreedyIdentityCheck:
+    """Temperature 0: the candidate's tokens equal the baseline's, except at explained near-ties
+    (:mod:`specverify.auditing.endpoint.greedy`).  Without a baseline: every greedy token is the
+    top-1 of the candidate's own returned law."""
+
+    name: str
+    description: str
+    prompts: tuple[Prompt, ...]
+    length: int
+    burst: int
+    kind: str = "exact"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+    statistical = False
+
+    def __post_init__(self) -> None:
+        self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length,
+                           "burst": self.burst}
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        bodies = [greedy_body(p, self.length) for p in self.prompts]
+        candidate = [session.candidate.complete(b) for b in bodies]  # alone, one after another
+        session.greedy_alone = candidate
+        reference_client = session.baseline or session.candidate
+        reference = [reference_client.complete(b) for b in bodies] if session.baseline else candidate
+        # Repeats in reverse order, and under load in a rotated order: each request follows a different one
+        # than before, so prefix caches and batch composition change as they do in service.
+        repeat = [reference_client.complete(b) for b in bodies[::-1]][::-1]
+        rotated = bodies[1:] + bodies[:1]
+        loaded_rotated = reference_client.complete_many(rotated * self.burst)[: len(bodies)]
+        loaded = loaded_rotated[-1:] + loaded_rotated[:-1]
+        noise_pairs = list(zip(reference, repeat)) + list(zip(reference, loaded))
+        tau_repeat = max(rounding_noise(noise_pairs), self._batch_noise(session, reference))
+        tau_cross = rounding_noise(list(zip(reference, candidate))) if session.baseline else 0.0
+        tau = max(tau_repeat, tau_cross)
+        session.tau = tau
+        tol = tolerance(tau)
+        parameters = dict(self.parameters, **{"server notes": list(session.notes),
+                                              "τ repeat/load/batch": float(f"{tau_repeat:.3g}"),
+                                              "τ candidate-vs-baseline": float(f"{tau_cross:.3g}"),
+                                              "tolerance": float(f"{tol:.3g}")})
+        law_bound = max(LOGPROB_TOLERANCE, SAME_LAW_FACTOR * tau_repeat)
+        parameters["same-law bound"] = float(f"{law_bound:.3g}")
+        if session.baseline and tau_cross > law_bound:
+            where = max(((p.kind, pos, d) for p, a, b in zip(self.prompts, reference, candidate)
+                         for pos, d in logprob_differences(a, b)), key=lambda t: t[2])
+            return CheckResult(self.name, self.description, self.kind, parameters, "fail",
+                               f"on tokens where both servers agree the candidate's logprobs differ from the "
+                               f"baseline's by up to {tau_cross:.3g} nats ({where[0]} prompt, token {where[1]}), "
+                               f"more than {law_bound:.3g} nats (max({LOGPROB_TOLERANCE}, {SAME_LAW_FACTOR:g} × the baseline's own "
+                               f"repeat/load/batch noise {tau_repeat:.3g})): the candidate computes a different law")
+        judged: list[Divergence] = []
+        for prompt, ref, cand in zip(self.prompts, reference, candidate):
+            found = (judge_divergence(prompt.kind, ref, cand, tol) if session.baseline
+                     else self_inconsistency(prompt.kind, cand, tol))
+            if found is not None:
+                judged.append(found)
+        self_noise = [judge_divergence(p.kind, r, o, tol) for p, r, o in
+                      zip(self.prompts * 2, reference * 2, repeat + loaded)]
+        noise_note = [d for d in self_noise if d is not None]
+        unexplained = [d for d in judged if not d.explained]
+        explained = [d for d in judged if d.explained]
+        identical = len(self.prompts) - len(judged)
+        summary = ("".join(note + "; " for note in session.notes) + f"{identical}/{len(self.prompts)} prompts identical over {self.length} tokens; "
+                   f"τ = {tau:.3g} nats (tolerance {tol:.3g}); "
+                   f"{len(explained)} explained near-tie(s)" + "".join(f"; EXPLAINED {d.describe()}" for d in explained))
+        if noise_note:
+            summary += "; the reference itself changed at " + "; ".join(d.describe() for d in noise_note)
+        if unexplained:
+            body = bodies[[p.kind for p in self.prompts].index(unexplained[0].prompt)]
+            replay = curl_command(session.candidate.base_url, session.candidate_body(body))
+            message = (f"{len(unexplained)} UNEXPLAINED divergence(s): "
+                       + "; ".join(d.describe() for d in unexplained)
+                       + f" (gap > tolerance {tol:.3g}: the reference scores the candidate's token clearly below its "
+                         f"own); {summary}; replay: {replay}")
+            return CheckResult(self.name, self.description, self.kind, parameters, "fail", message,
+                               statistic=float(unexplained[0].position))
+        return CheckResult(self.name, self.description, self.kind, parameters, "pass", summary)
+
+
+    def _batch_noise(self, session: Any, reference: Sequence[Completion]) -> float:
+        """The baseline's own batch-shape noise: its greedy tokens re-scored in one prefill (``echo``)
+        against the logprobs it returned generating them one at a time (a verify pass evaluates
+        drafts in a batch too): the median over positions of the largest |Δ logprob| of each position's
+        top two tokens.  0 without a baseline."""
+        if session.baseline is None:
+            return 0.0
+        echoes = session.baseline.complete_many([echo_body(p.text + r.text, GREEDY_LOGPROBS)
+                                                 for p, r in zip(self.prompts, reference)])
+        deviations = []
+        for prompt, ref, echo in zip(self.prompts, reference, echoes):
+            laws = completion_laws(echo, prompt.text, ref.tokens, session.echo_offset or 0)
+            for law, own in zip(laws or [], ref.top_logprobs):
+                top_two = sorted((own or {}).items(), key=lambda kv: -kv[1])[:2]  # the tokens a greedy flip is about
+                shared = [abs(law[t] - lp) for t, lp in top_two if t in law]
+                if shared:
+                    deviations.append(max(shared))
+        # The median, not the max: on llama-cpp-python one position in ~100 differed by 6 nats (an
+        # unexplained echo artefact), which would make every tolerance vacuous.
+        return float(np.median(deviations)) if deviations else 0.0
+
+
+@dataclass
+class BatchInvarianceCheck:
+    """The candidate's greedy tokens for a prompt alone and inside a burst of concurrent requests
+    are identical, or diverge only at a near-tie the alone run's logprobs explain."""
+
+    name: str
+    description: str
+    prompts: tuple[Prompt, ...]
+    length: int
+    burst: int
+    kind: str = "exact"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+    statistical = False
+
+    def __post_init__(self) -> None:
+        self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length,
+                           "burst": self.burst}
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        bodies = [greedy_body(p, self.length) for p in self.prompts]
+        alone = session.greedy_alone or [session.candidate.complete(b) for b in bodies]
+        tol = tolerance(session.tau or 0.0)
+        burst = session.candidate.complete_many([b for b in bodies for _ in range(self.burst)])  # all at once
+        judged = []
+        for index, prompt in enumerate(self.prompts):
+            for copy in burst[index * self.burst:(index + 1) * self.burst]:
+                found = judge_divergence(prompt.kind, alone[index], copy, tol)
+                if found is not None:
+                    judged.append(found)
+                    break
+        unexplained = [d for d in judged if not d.explained]
+        summary = (f"{len(self.prompts) - len(judged)}/{len(self.prompts)} prompts identical alone and in bursts of "
+                   f"{self.burst * len(self.prompts)} concurrent requests (tolerance {tol:.3g})"
+                   + "".join(f"; EXPLAINED {d.describe()}" for d in judged if d.explained))
+        if unexplained:
+            return _result(self, "fail", f"{len(unexplained)} UNEXPLAINED divergence(s) under concurrent load: "
+                                         + "; ".join(d.describe() for d in unexplained)
+                                         + f": the output depends on the other requests in the batch; {summary}")
+        return _result(self, "pass", summary)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampled distribution: PIT against returned logprobs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PitCheck:
+    """Top-k sampling at temperature T: the sequential randomized PIT values of every sampled
+    token (:mod:`specverify.auditing.endpoint.pit`) under the target's law at its prefix are
+    i.i.d. uniform; Pearson goodness of fit of the first n of them in PIT_BINS equal cells, plus
+    one cell of probability 0 for tokens outside the top k (one there is a certain loss).
+
+    The law at each sampled token is the one the candidate returned with it: the target's logits
+    as the candidate computed them at that prefix, which its verification must sample from exactly
+    (a wrong acceptance rule, residual or bonus shows here).  With a baseline, every sampled prefix
+    is also re-scored on it (``echo``) and the TV between the two servers' processed laws there is
+    reported: two engines' numerics differ (on llama-cpp-python by up to 0.5 nats per logprob, see
+    ``greedy-identity``), so testing the candidate's tokens against the baseline's law would
+    measure rounding, not speculation, at the sample sizes used; ``greedy-identity`` bounds that
+    difference (it fails when it exceeds the baseline's own repeat/load noise fourfold)."""
+
+    name: str
+    description: str
+    prompts: tuple[Prompt, ...]
+    temperature: float
+    top_k: int
+    length: int
+    kind: str = "goodness-of-fit"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = PIT_BINS
+    statistical = True
+
+    def __post_init__(self) -> None:
+        self.parameters = {"temperature": self.temperature, "top_k": self.top_k, "top_p": 1.0, "min_p": 0.0,
+                           "max_tokens": self.length, "prompts": [p.kind for p in self.prompts], "bins": PIT_BINS}
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        return stats.sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=PIT_BINS)
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        return stats.detectable_tv(n, alpha=alpha, power=power, num_cells=PIT_BINS)
+
+    def body(self, prompt: Prompt, seed: int) -> dict[str, Any]:
+        return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=self.length, temperature=self.temperature,
+                    top_k=self.top_k, top_p=1.0, min_p=0.0, seed=seed, logprobs=self.top_k)
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        uniforms = np.random.default_rng(derive_seed(plan.seed, "pit-uniforms") % (2**32))
+        tie = tolerance(session.tau or 0.0)
+        values: list[float] = []
+        positions: list[int] = []
+        impossible: list[str] = []
+        between: list[float] = []
+        batch = max(1, session.candidate.concurrency) * 4
+        issued = 0
+        while len(values) + len(impossible) < plan.n:
+            missing = plan.n - len(values) - len(impossible)
+            count = min(batch, max(1, math.ceil(missing / self.length)))
+            bodies = [self.body(self.prompts[(issued + i) % len(self.prompts)],
+                                request_seed(plan.seed, "request", issued + i)) for i in range(count)]
+            completions = session.candidate.complete_many(bodies)
+            rescored = session.baseline_laws(bodies, completions)
+            issued += count
+            for completion, baseline_laws in zip(completions, rescored):
+                for position, (token, own) in enumerate(zip(completion.tokens, completion.top_logprobs)):
+                    if len(values) + len(impossible) >= plan.n:
+                        break
+                    if own is None or len(own) < self.top_k:
+                        raise Fault("malformed", f"{self.name}: the candidate returned fewer than top_k = {self.top_k} "
+                                                 f"logprobs with a sampled token (asked logprobs={self.top_k})")
+                    law = processed_law(own, temperature=self.temperature, top_k=self.top_k)
+                    u = pit_value(law, token, float(uniforms.random()), tie_tolerance=tie)
+                    if u is None:
+                        impossible.append(f"{token!r} at token {position}")
+                    else:
+                        values.append(u)
+                        positions.append(position)
+                    if baseline_laws is not None and len(baseline_laws[position]) >= self.top_k:
+                        other = processed_law(baseline_laws[position], temperature=self.temperature, top_k=self.top_k)
+                        between.append(law_tv(law, other))
+            if issued > 4 * plan.n + 10:
+                raise Fault("malformed", f"{self.name}: {issued} requests returned too few tokens for {plan.n} PIT values")
+        counts = np.append(uniform_bins(np.array(values), PIT_BINS), len(impossible))
+        expected = np.append(np.full(PIT_BINS, 1.0 / PIT_BINS), 0.0)
+        labels = tuple(f"u in [{b / PIT_BINS:.1f}, {(b + 1) / PIT_BINS:.1f})" for b in range(PIT_BINS)) + (
+            f"token outside the top {self.top_k}",)
+        result = goodness_of_fit_result(self, plan, counts, expected, labels, None)
+        by_position = _per_position_tv(np.array(values), np.array(positions))
+        note = (f"; {issued} requests; plug-in TV of the binned u's by position (diagnosis, not tested): "
+                f"{by_position}")
+        if between:
+            note += (f"; candidate vs baseline law at the sampled prefixes (echo re-scoring, {len(between)} "
+                     f"positions): mean TV {np.mean(between):.3g}, max {np.max(between):.3g}")
+        if impossible:
+            note += f"; outside the top k: {', '.join(impossible[:3])}"
+        return dataclasses.replace(result, message=result.message + note, calls=issued)
+
+
+def law_tv(a: Any, b: Any) -> float:
+    """Total variation between two processed laws (token -> probability)."""
+    pa, pb = dict(zip(a.tokens, a.probs)), dict(zip(b.tokens, b.probs))
+    return 0.5 * sum(abs(pa.get(t, 0.0) - pb.get(t, 0.0)) for t in pa.keys() | pb.keys())
+
+
+def _per_position_tv(values: np.ndarray, positions: np.ndarray) -> str:
+    parts = []
+    for position in np.unique(positions)[:8]:
+        counts = uniform_bins(values[positions == position], PIT_BINS)
+        parts.append(f"{int(position)}: {plug_in_tv(counts):.3f} (n={int(counts.sum())})")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampled distribution: two-sample homogeneity (settings logprobs cannot express)
+# --------------------------------------------------------------------------------------------
+
+
+def homogeneity_detectable_tv(n: int, *, alpha: float, power: float, num_cells: int) -> float:
+    """TV detectable by the two-sample test with n samples per server: its noncentrality bound is
+    2nε² against the one-sample 4nε² (:func:`specverify.core.stats.homogeneity_sample_size`), so
+    the detectable ε is √2 times :func:`specverify.core.stats.detectable_tv`."""
+    return math.sqrt(2.0) * stats.detectable_tv(n, alpha=alpha, power=power, num_cells=num_cells)
+
+
+@dataclass
+class TwoSampleCheck:
+    """Sampling with settings whose processed law the logprobs cannot give (``top_p`` after
+    temperature, engine defaults such as min-p or penalties): the first L tokens' joint law on
+    candidate and baseline, same parameters, independent seeds, is the same (Pearson χ² test of
+    homogeneity, :func:`specverify.core.stats.two_sample_test`).  Cells are fixed from a pilot run
+    of both servers before the test's samples are drawn: per prompt, its most frequent pilot
+    continuations, and one cell for all others; the test pools them further by expected count.
+    Sized for TV ``2ε`` of the budget's ε (two samples cost twice one, and each request is one
+    draw of the joint law)."""
+
+    name: str
+    description: str
+    prompts: tuple[Prompt, ...]
+    settings: Mapping[str, float]
+    length: int
+    max_cells: int = 16
+    kind: str = "goodness-of-fit"
+    parameters: dict[str, Any] = field(init=False)
+    statistical = True
+
+    def __post_init__(self) -> None:
+        self.num_cells = self.max_cells
+        self.parameters = dict(self.settings, max_tokens=self.length, prompts=[p.kind for p in self.prompts],
+                               cells=self.max_cells)
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        return stats.homogeneity_sample_size(min(1.0, 2.0 * epsilon), alpha=alpha, power=power, num_cells=self.max_cells)
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        return homogeneity_detectable_tv(n, alpha=alpha, power=power, num_cells=self.max_cells)
+
+    def _sample(self, client: EndpointClient, count: int, seed: int, role: str) -> list[tuple[int, str]]:
+        bodies = [dict(self.settings, prompt=self.prompts[i % len(self.prompts)].text, max_tokens=self.length,
+                       seed=request_seed(seed, role, i)) for i in range(count)]
+        return [(i % len(self.prompts), c.text) for i, c in enumerate(client.complete_many(bodies))]
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        pilot_n = max(4 * self.max_cells, plan.n // 10)
+        pilot = Counter(self._sample(session.candidate, pilot_n, plan.seed, "pilot-candidate")
+                        + self._sample(session.baseline, pilot_n, plan.seed, "pilot-baseline"))
+        per_prompt = self.max_cells // len(self.prompts) - 1
+        cells: dict[tuple[int, str], int] = {}
+        labels: list[str] = []
+        for index, prompt in enumerate(self.prompts):
+            frequent = sorted(((count, text) for (p, text), count in pilot.items() if p == index and count >= 2),
+                              key=lambda t: (-t[0], t[1]))[:per_prompt]
+            for _, text in frequent:
+                cells[(index, text)] = len(labels)
+                labels.append(f"{prompt.kind}: {text!r}")
+            labels.append(f"{prompt.kind}: any other continuation")
+        other = {index: labels.index(f"{p.kind}: any other continuation") for index, p in enumerate(self.prompts)}
+        counts = np.zeros((2, len(labels)), dtype=np.int64)
+        for row, (client, role) in enumerate(((session.candidate, "candidate"), (session.baseline, "baseline"))):
+            for key in self._sample(client, plan.n, plan.seed, role):
+                counts[row, cells.get(key, other[key[0]])] += 1
+        draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
+        test = stats.two_sample_test(counts[0], counts[1], seed=plan.seed % (2**32), monte_carlo_draws=draws)
+        failed = test.pvalue <= plan.alpha
+        if failed:
+            frequency = counts / counts.sum(axis=1, keepdims=True)
+            worst = np.argsort(-np.abs(frequency[0] - frequency[1]), kind="stable")[:3]
+            detail = "; ".join(f"{labels[i]}: candidate {frequency[0, i]:.3f} vs baseline {frequency[1, i]:.3f}"
+                               for i in worst)
+            message = (f"candidate and baseline sample different laws: p-value {test.pvalue:.3g} ≤ α share "
+                       f"{plan.alpha:.3g}; estimated TV {test.empirical_tv:.4f}; largest differences: {detail}")
+        else:
+            message = (f"candidate and baseline consistent (p-value {test.pvalue:.3g} > α share {plan.alpha:.3g}; "
+                       f"{len(labels)} cells from a pilot of {pilot_n} requests per server)")
+        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass",
+                           message, n=2 * plan.n, n_required=plan.n_required, num_cells=len(labels),
+                           statistic=float(test.statistic), pvalue=float(test.pvalue), alpha=plan.alpha,
+                           empirical_tv=float(test.empirical_tv), detectable_tv=plan.detectable_tv,
+                           observed=tuple(int(c) for c in counts[0]), expected=None, cell_labels=tuple(labels),
+                           calls=2 * (plan.n + pilot_n))
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance counters
+# --------------------------------------------------------------------------------------------
+
+_PROMETHEUS = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)\s*$")
+VLLM_COUNTERS = {"accepted": "vllm:spec_decode_num_accepted_tokens_total",
+                 "drafted": "vllm:spec_decode_num_draft_tokens_total",
+                 "drafts": "vllm:spec_decode_num_drafts_total"}
+
+
+def prometheus_totals(text: str | None) -> dict[str, float]:
+    """Sum of each metric's samples over its labels, from Prometheus text exposition format."""
+    totals: dict[str, float] = {}
+    for line in (text or "").splitlines():
+        match = _PROMETHEUS.match(line.strip())
+        if match and not line.startswith("#"):
+            totals[match["name"]] = totals.get(match["name"], 0.0) + float(match["value"])
+    return totals
+
+
+@dataclass
+class AcceptanceCheck:
+    """Report the candidate's speculation counters per prompt kind, where it exposes them:
+    llama.cpp's per-response ``timings`` (``draft_n``, ``draft_n_accepted``) or vLLM's Prometheus
+    counters.  Informational (not charged to α); skipped when the server exposes neither."""
+
+    name: str
+    description: str
+    prompts: tuple[Prompt, ...]
+    length: int
+    kind: str = "contract"
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+    statistical = False
+
+    def __post_init__(self) -> None:
+        self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length}
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        parts = []
+        if session.candidate.metrics() is None:  # only per-response timings: the greedy runs carry them
+            completions = session.greedy_alone or [session.candidate.complete(greedy_body(p, self.length))
+                                                   for p in self.prompts]
+            parts = [f"{p.kind}: {figures}" for p, c in zip(self.prompts, completions)
+                     if (figures := _acceptance_figures(c, {}, {}))]
+        for prompt in self.prompts if not parts and session.candidate.metrics() is not None else ():
+            before = prometheus_totals(session.candidate.metrics())
+            completion = session.candidate.complete(greedy_body(prompt, self.length))
+            after = prometheus_totals(session.candidate.metrics())
+            figures = _acceptance_figures(completion, before, after)
+            if figures:
+                parts.append(f"{prompt.kind}: {figures}")
+        if not parts:
+            return skipped_result(self, plan, "the candidate exposes no speculation counters (no `timings` in its "
+                                              "responses, no vLLM spec_decode metrics at /metrics)")
+        return _result(self, "pass", "acceptance per prompt kind (greedy): " + "; ".join(parts))
+
+
+def _acceptance_figures(completion: Completion, before: Mapping[str, float], after: Mapping[str, float]) -> str | None:
+    timings = completion.timings or {}
+    if "draft_n" in timings and "draft_n_accepted" in timings:
+        drafted, accepted = float(timings["draft_n"]), float(timings["draft_n_accepted"])
+        produced = float(timings.get("predicted_n", len(completion.tokens)))
+        passes = max(1.0, produced - accepted)
+        rate = accepted / drafted if drafted else float("nan")
+        return f"{accepted:.0f}/{drafted:.0f} drafts accepted ({rate:.2f}), {produced / passes:.2f} tokens per pass"
+    delta = {k: after.get(v, 0.0) - before.get(v, 0.0) for k, v in VLLM_COUNTERS.items()}
+    if delta["drafted"] > 0:
+        per_pass = 1.0 + delta["accepted"] / delta["drafts"] if delta["drafts"] > 0 else float("nan")
+        return (f"{delta['accepted']:.0f}/{delta['drafted']:.0f} drafts accepted "
+                f"({delta['accepted'] / delta['drafted']:.2f}), {per_pass:.2f} tokens per pass")
+    return None
+
+
+__all__ = ["AcceptanceCheck", "BatchInvarianceCheck", "GreedyIdentityCheck", "PitCheck", "Prompt", "TwoSampleCheck"]

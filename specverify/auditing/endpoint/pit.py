@@ -1,0 +1,86 @@
+"""Sequential randomized probability integral transform (PIT) of sampled tokens.
+
+For a token x sampled from a law p over an ordered set of tokens, with F(x−) = Σ_{y before x} p(y),
+
+    u = F(x−) + U · p(x),        U ~ Uniform(0, 1) independent of everything else,
+
+is Uniform(0, 1) exactly when x ~ p (the randomized PIT; Brockwell 2007, "Universal residuals",
+Lemma 1).  Applied to every token of a sampled sequence, each with the law p(· | prompt, x_<i)
+at its own prefix, the u's are i.i.d. Uniform(0, 1) (Rosenblatt 1952): u_i is uniform given
+everything before it, whatever the earlier tokens were.  If the server samples position i from
+q instead, u_i has density q(x)/p(x) on x's interval, so its law is at TV exactly TV(q, p) from
+the uniform one; binning u into B equal cells can only lower that TV.
+
+The law p comes from returned logprobs: the audit asks for top-k sampling with k ≤ n (n =
+returned alternatives), where the processed law is computable at any temperature T:
+
+    p(x) = exp(lp(x) / T) / Σ_{y in top-k} exp(lp(y) / T)   for x in the top k, 0 elsewhere
+
+(temperature and top-k commute, so the engines' different orders of applying them agree).  A
+token outside the top k has probability 0 under that law: certain loss.  Ties at the k-th rank
+within rounding noise are settled in the sample's favour (:func:`pit_value`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ProcessedLaw:
+    """Ordered (token, probability) pairs of the top-k law at temperature T; ``boundary`` is the
+    logprob of the k-th token (for rank ties) and ``tail`` the returned alternatives below it."""
+
+    tokens: tuple[str, ...]
+    probs: tuple[float, ...]
+    boundary: float
+    tail: Mapping[str, float]
+
+
+def processed_law(alternatives: Mapping[str, float], *, temperature: float, top_k: int) -> ProcessedLaw:
+    """The law after temperature ``temperature`` and top-``top_k`` from one position's returned
+    logprobs (raw log-softmax values, at least ``top_k`` of them)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature: the PIT needs a positive temperature, got {temperature!r}")
+    if len(alternatives) < top_k:
+        raise ValueError(f"alternatives: need at least top_k = {top_k} returned logprobs, got {len(alternatives)}")
+    ranked = sorted(alternatives.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept, tail = ranked[:top_k], dict(ranked[top_k:])
+    scaled = np.array([lp for _, lp in kept], dtype=np.float64) / temperature
+    weights = np.exp(scaled - scaled.max())
+    probs = weights / weights.sum()
+    return ProcessedLaw(tuple(t for t, _ in kept), tuple(float(p) for p in probs), kept[-1][1], tail)
+
+
+def pit_value(law: ProcessedLaw, token: str, uniform: float, *, tie_tolerance: float) -> float | None:
+    """u = F(token−) + U · p(token) under ``law``; None when the token has probability 0 there
+    (outside the top k by more than ``tie_tolerance`` nats, or not among the returned logprobs).
+
+    A token just outside the top k, within ``tie_tolerance`` of the k-th logprob, took the k-th
+    rank on the sampling server (a rounding-level tie): it is scored as the k-th token."""
+    cumulative = 0.0
+    for candidate, probability in zip(law.tokens, law.probs):
+        if candidate == token:
+            return cumulative + uniform * probability
+        cumulative += probability
+    lp = law.tail.get(token)
+    if lp is not None and law.boundary - lp <= tie_tolerance:
+        last = law.probs[-1]
+        return 1.0 - last + uniform * last
+    return None
+
+
+def uniform_bins(values: np.ndarray, bins: int) -> np.ndarray:
+    """Counts of ``values`` in the ``bins`` equal cells of [0, 1)."""
+    index = np.minimum((np.asarray(values, dtype=np.float64) * bins).astype(np.int64), bins - 1)
+    return np.bincount(index, minlength=bins)
+
+
+def plug_in_tv(counts: np.ndarray) -> float:
+    """½ Σ |count/n − 1/B| of binned u's (diagnosis)."""
+    n = counts.sum()
+    return 0.5 * float(np.abs(counts / n - 1.0 / counts.size).sum()) if n else math.nan

@@ -1,0 +1,115 @@
+"""The endpoint level against in-process toy servers: it passes a lossless pair and flags each
+planted bug (catalog rules, a greedy bug, a batch-dependent bug), with and without a baseline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
+
+from specverify.auditing.catalog import CATALOG
+from specverify.auditing.endpoint.checks import homogeneity_detectable_tv
+from specverify.auditing.endpoint.pit import pit_value, processed_law
+from specverify.auditing.runner import audit
+from specverify.core import stats
+
+
+def _verdicts(report) -> dict[str, str]:
+    return {c.name: c.verdict for c in report.checks}
+
+
+def test_lossless_pair_passes_every_check(toy_server) -> None:
+    candidate, baseline = toy_server(speculative=True), toy_server(speculative=False)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url)
+    assert report.exit_code == 0, report.explain()
+    assert _verdicts(report) == {"greedy-identity": "pass", "batch-invariance": "pass", "pit-T1-top8": "pass",
+                                 "pit-T0.7-top8": "pass", "two-sample-top-p": "pass", "acceptance": "pass"}
+    assert report.detectable_tv == pytest.approx(homogeneity_detectable_tv(746, alpha=1e-3 / 3, power=0.99,
+                                                                           num_cells=16))
+    acceptance = next(c for c in report.checks if c.name == "acceptance")
+    assert "tokens per pass" in acceptance.message
+
+
+@pytest.mark.parametrize(("rule", "check", "budget"), [
+    ("bonus_from_draft", "pit-T1-top8", "quick"),
+    ("greedy_acceptance_when_sampling", "pit-T1-top8", "quick"),
+    ("residual_softmax", "pit-T1-top8", "quick"),
+    ("typical_acceptance", "pit-T0.7-top8", "standard"),
+    ("draft_temperature_in_acceptance", "two-sample-top-p", "standard"),
+    ("residual_is_target", "two-sample-top-p", "quick"),  # the PIT's u-bins miss it (p = 0.24 at quick)
+])
+def test_planted_lossy_rule_is_flagged(toy_server, rule: str, check: str, budget: str) -> None:
+    candidate = toy_server(speculative=True, rule=CATALOG[rule].fn)
+    baseline = toy_server(speculative=False)
+    report = audit(candidate.url, level="endpoint", budget=budget, baseline=baseline.url, checks=[check])
+    assert report.exit_code == 1, report.explain()
+    assert report.verdict == "loss detected"
+
+
+def test_planted_greedy_bug_is_an_unexplained_divergence_with_a_replay_command(toy_server) -> None:
+    candidate, baseline = toy_server(speculative=True, greedy_bug=True), toy_server(speculative=False)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url,
+                   checks=["greedy-identity", "pit-T1-top8"])
+    greedy = report.checks[0]
+    assert greedy.verdict == "fail" and report.exit_code == 1
+    assert "UNEXPLAINED" in greedy.message and "curl -s " + candidate.url in greedy.message
+
+
+def test_batch_dependent_bug_breaks_batch_invariance(toy_server) -> None:
+    candidate, baseline = toy_server(speculative=True, batch_bug=True), toy_server(speculative=False)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url,
+                   checks=["greedy-identity", "batch-invariance", "pit-T1-top8"], concurrency=4)
+    verdicts = _verdicts(report)
+    assert verdicts["greedy-identity"] == "pass", report.explain()  # alone it decodes correctly
+    assert verdicts["batch-invariance"] == "fail"
+    assert "under concurrent load" in report.checks[1].message
+
+
+def test_without_baseline_the_candidates_own_logprobs_judge_it(toy_server) -> None:
+    clean = audit(toy_server(speculative=True).url, level="endpoint", budget="quick")
+    assert clean.exit_code == 0, clean.explain()
+    assert "two-sample-top-p" not in _verdicts(clean)
+    greedy_bug = audit(toy_server(speculative=True, greedy_bug=True).url, level="endpoint", budget="quick",
+                       checks=["greedy-identity", "pit-T1-top8"])
+    assert _verdicts(greedy_bug)["greedy-identity"] == "fail"
+    lossy = audit(toy_server(speculative=True, rule=CATALOG["bonus_from_draft"].fn).url, level="endpoint",
+                  budget="quick", checks=["pit-T1-top8"])
+    assert lossy.exit_code == 1
+
+
+def test_echo_logprobs_one_position_late_are_detected_and_corrected(toy_server) -> None:
+    candidate, baseline = toy_server(speculative=True), toy_server(speculative=False, echo_shift=True)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url,
+                   checks=["greedy-identity", "pit-T1-top8"])
+    assert report.exit_code == 0, report.explain()
+    assert "1 position(s) late" in report.checks[0].message
+    assert "late" in str(report.checks[0].parameters["server notes"])
+    assert "candidate vs baseline law at the sampled prefixes" in report.checks[1].message
+    assert "mean TV 0," in report.checks[1].message  # the toy servers compute the same float64 law
+
+
+def test_endpoint_budgets_state_their_detectable_tv_and_sizes() -> None:
+    share = 1e-3 / 3
+    assert stats.sample_size_for_tv(0.1, alpha=share, power=0.99, num_cells=10) == 1309
+    assert stats.homogeneity_sample_size(0.2, alpha=share, power=0.99, num_cells=16) == 746
+    n = stats.homogeneity_sample_size(0.2, alpha=share, power=0.99, num_cells=16)
+    assert homogeneity_detectable_tv(n, alpha=share, power=0.99, num_cells=16) <= 0.2 + 1e-9
+
+
+def test_randomized_pit_is_exactly_uniform_under_the_law() -> None:
+    """Each token's u-interval [F(x−), F(x−) + p(x)) has length p(x): under x ~ p the u's law is
+    the mixture Σ_x p(x)·Uniform(interval_x), which is Uniform(0, 1) exactly."""
+    top = {"a": math.log(0.5), "b": math.log(0.3), "c": math.log(0.15), "d": math.log(0.05)}
+    for temperature in (1.0, 0.7):
+        law = processed_law(top, temperature=temperature, top_k=3)
+        starts = [pit_value(law, t, 0.0, tie_tolerance=0.0) for t in law.tokens]
+        ends = [pit_value(law, t, 1.0, tie_tolerance=0.0) for t in law.tokens]
+        assert starts[0] == 0.0 and ends[-1] == pytest.approx(1.0)
+        assert np.allclose(np.array(ends) - np.array(starts), law.probs)
+        assert all(a == pytest.approx(b) for a, b in zip(starts[1:], ends[:-1]))
+        assert pit_value(law, "d", 0.5, tie_tolerance=0.0) is None  # outside the top 3: probability 0
+    expected = np.array([0.5, 0.3, 0.15]) ** (1 / 0.7)
+    assert np.allclose(processed_law(top, temperature=0.7, top_k=3).probs, expected / expected.sum())
