@@ -37,6 +37,13 @@ import numpy as np
 import torch
 
 from specverify.core import outputs
+from specverify.core.acceptance import (  # noqa: F401 - re-exported: part of this module's API
+    acceptance_rates,
+    check_num_draft,
+    expected_accepted_length,
+    expected_tokens_constant_alpha,
+    expected_tokens_per_step,
+)
 from specverify.core.chains import Chain
 
 Distribution = dict[tuple[int, ...], float]
@@ -86,31 +93,6 @@ def acceptance_probability(p: np.ndarray | Mapping[Any, float], q: np.ndarray | 
     return float(np.minimum(p_array, q_array).sum())
 
 
-def expected_accepted_length(alphas: Sequence[float]) -> float:
-    """Expected number of accepted drafts with position-dependent acceptance rates:
-    ``Σ_{j=1..K} Π_{i=0..j-1} α_i``, where ``α_i`` is the probability that draft ``i`` is accepted
-    given that drafts ``0..i-1`` were (``K = len(alphas)``)."""
-    rates = _acceptance_rates(alphas)
-    return float(np.cumprod(rates).sum())
-
-
-def expected_tokens_per_step(alphas: Sequence[float]) -> float:
-    """Expected tokens emitted per step: ``1 + expected_accepted_length(alphas)`` (every step ends
-    with one correction-or-bonus token).  For a constant ``α`` this is Leviathan et al. 2023,
-    eq. (1): ``(1 − α^{K+1}) / (1 − α)``, see :func:`expected_tokens_constant_alpha`."""
-    return 1.0 + expected_accepted_length(alphas)
-
-
-def expected_tokens_constant_alpha(alpha: float, num_draft: int) -> float:
-    """Leviathan et al. 2023, eq. (1): ``E[#tokens per step] = (1 − α^{K+1}) / (1 − α)`` for i.i.d.
-    acceptance with rate ``α`` and ``K = num_draft`` drafts (``K + 1`` when ``α = 1``)."""
-    _acceptance_rates([alpha])
-    _check_num_draft(num_draft)
-    if alpha == 1.0:
-        return float(num_draft + 1)
-    return (1.0 - alpha ** (num_draft + 1)) / (1.0 - alpha)
-
-
 @dataclass(frozen=True)
 class AcceptanceByPosition:
     """Exact acceptance statistics of one step of the correct rule.
@@ -142,7 +124,7 @@ def exact_acceptance_by_position(chain: Chain, num_draft: int, prefix: tuple[int
     all paths of length ``i+1``.  With context-dependent chains the ``conditional`` rates are
     averages over draft paths, and ``expected_tokens_per_step(conditional)`` is exact.
     """
-    _check_num_draft(num_draft)
+    check_num_draft(num_draft)
     prefix = _as_prefix(prefix, chain)
     at_least = np.zeros(num_draft)
     level: dict[tuple[int, ...], float] = {(): 1.0}
@@ -194,7 +176,7 @@ def ideal_step_distribution(chain: Chain, num_draft: int, prefix: tuple[int, ...
       ``weight · Σ_x (q_i(x) − p_i(x))_+ · (p_i(y) − q_i(y))_+ / Σ_z (p_i(z) − q_i(z))_+``;
     - acceptance of all ``K`` drafts emits ``x_0..x_{K-1}, y`` with ``weight · p_K(y)``.
     """
-    _check_num_draft(num_draft)
+    check_num_draft(num_draft)
     prefix = _as_prefix(prefix, chain)
     law: Distribution = defaultdict(float)
     level: dict[tuple[int, ...], float] = {(): 1.0}
@@ -225,7 +207,7 @@ def completed_step_distribution(
     """Law of the first ``K+1`` tokens when each emitted tuple ``e`` is extended by target sampling:
     ``P(y) = Σ_{e prefix of y} P_step(e) · Π_{t>|e|} p(y_t | prefix, y_<t)``.  The step is lossless
     iff this equals ``target_sequence_distribution(chain, K+1, prefix)``."""
-    _check_num_draft(num_draft)
+    check_num_draft(num_draft)
     prefix = _as_prefix(prefix, chain)
     law: Distribution = defaultdict(float)
     for emitted, prob in step_dist.items():
@@ -250,7 +232,7 @@ def sequence_distribution(
     are memoised by the chain's context (``chain.context_after``, when the chain has one) or else
     by the prefix.  Lossless runs give ``target_sequence_distribution(chain, length, prefix)``.
     """
-    _check_num_draft(num_draft)
+    check_num_draft(num_draft)
     if length < 0:
         raise ValueError(f"length: expected a non-negative integer, got {length}")
     prefix = _as_prefix(prefix, chain)
@@ -365,7 +347,7 @@ def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[in
     inputs and uniforms differ), when its breakpoints cannot be found (not axis-aligned), or when its
     output is malformed.
     """
-    _check_num_draft(num_draft)
+    check_num_draft(num_draft)
     prefix = _as_prefix(prefix, chain)
     paths = _enumerate_draft_paths(chain, num_draft, prefix)
     edges = [_candidate_breakpoints(paths, index) for index in range(len(paths.probs))]
@@ -684,18 +666,6 @@ def _locate_breakpoints(
         same = _evaluate(rule, paths, path_of_row, base) == side_code
         low, high = np.where(same, middle, low), np.where(same, high, middle)
     return [(int(path_of_row[r]), int(column[r]), float(0.5 * (low[r] + high[r]))) for r in rows]
-
-
-def _acceptance_rates(alphas: Sequence[float]) -> np.ndarray:
-    rates = np.asarray(alphas, dtype=np.float64)
-    if rates.ndim != 1 or np.any(~np.isfinite(rates)) or np.any(rates < 0) or np.any(rates > 1):
-        raise ValueError(f"alphas: expected a sequence of acceptance probabilities in [0, 1], got {alphas!r}")
-    return rates
-
-
-def _check_num_draft(num_draft: int) -> None:
-    if not isinstance(num_draft, (int, np.integer)) or isinstance(num_draft, bool) or num_draft < 0:
-        raise ValueError(f"num_draft: expected a non-negative integer K, got {num_draft!r}")
 
 
 def _as_prefix(prefix: Sequence[int], chain: Chain) -> tuple[int, ...]:

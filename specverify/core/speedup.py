@@ -31,7 +31,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specverify.core.exact import expected_tokens_constant_alpha, expected_tokens_per_step
+from specverify.core.acceptance import expected_tokens_constant_alpha, expected_tokens_per_step
 
 DEFAULT_MAX_GAMMA = 16
 
@@ -80,7 +80,7 @@ class BestGamma:
 
 def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
     """Leviathan et al. 2023 eq. (1): ``(1 − α^{γ+1}) / (1 − α)`` for a constant acceptance rate α,
-    and its limit ``γ + 1`` at α = 1 (:func:`specverify.core.exact.expected_tokens_constant_alpha`)."""
+    and its limit ``γ + 1`` at α = 1 (:func:`specverify.core.acceptance.expected_tokens_constant_alpha`)."""
     _check_alpha(alpha, "alpha")
     _check_gamma(gamma)
     return expected_tokens_constant_alpha(alpha, gamma)
@@ -89,7 +89,7 @@ def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
 def expected_tokens_per_pass_by_position(alphas: Sequence[float]) -> float:
     """Position-dependent form ``1 + Σ_{j=1..γ} Π_{i≤j} α_i`` with ``γ = len(alphas)``: the pass
     emits draft ``j`` iff drafts ``1..j`` are all accepted, plus one final token
-    (:func:`specverify.core.exact.expected_tokens_per_step`, for ``γ ≥ 1``)."""
+    (:func:`specverify.core.acceptance.expected_tokens_per_step`, for ``γ ≥ 1``)."""
     return expected_tokens_per_step(_check_alphas(alphas))
 
 
