@@ -112,7 +112,7 @@ def speculative_generate(
 
     while not bool(finished.all()):
         with Stopwatch(device) as draft_clock:  # 1. draft
-            draft = drafter.propose(sequences, gamma, params, generators)
+            draft = without_padding_columns(drafter.propose(sequences, gamma, params, generators))
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences.last(), draft, params)
             result = verify(target_probs, draft, params, generators)
@@ -149,6 +149,18 @@ def prefill(target: torch.nn.Module, sequences: TokenSequences) -> RaggedCache:
     target_kv.extend(*sequences.tail(torch.zeros_like(sequences.lengths)))
     target_kv.forget(torch.ones_like(sequences.lengths))
     return target_kv
+
+
+def without_padding_columns(draft: Draft) -> Draft:
+    """``draft`` cut to its first ``max(1, max_b num_draft[b])`` columns: the target then scores
+    ``1 + max num_draft`` tokens per row instead of ``1 + γ`` (a pass where prompt lookup found
+    nothing scores 2 tokens, not γ + 1; the rules need K >= 1).  Only padding is dropped, so every
+    real token is scored and verified exactly as before."""
+    width = max(int(draft.num_draft.max()), 1)
+    if width == draft.tokens.shape[1]:
+        return draft
+    probs = None if draft.probs is None else draft.probs[:, :width]
+    return Draft(draft.tokens[:, :width], probs, draft.num_draft)
 
 
 def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, params: SamplingParams) -> torch.Tensor:
