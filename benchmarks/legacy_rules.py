@@ -13,6 +13,7 @@ import torch
 
 from specverify.core.rules import VerifyResult, _check_structure, row_sum_tolerance
 
+
 def validate_verify_inputs(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor | None,

@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 import reference.kv
 from reference.decoder import generate, speculative_generate
-from reference.drafters import MATCH_POLICIES, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
+from reference.drafters import (
+    MATCH_POLICIES,
+    EarlyExitDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    truncated_view,
+)
 from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams

@@ -48,12 +48,24 @@ from typing import NamedTuple
 
 import torch
 
-from reference.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter, model_device, vocab_size
+from reference.drafters import (
+    Draft,
+    Drafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    model_device,
+    vocab_size,
+)
 from reference.kv import RaggedCache
 from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
-from specverify.core.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
+from specverify.core.rules import (
+    VerifyResult,
+    greedy_verify,
+    point_mass_verify,
+    rejection_sample,
+)
 from specverify.core.seeding import derive_seed
 
 DEFAULT_GAMMA = 4

@@ -33,6 +33,7 @@ row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a ma
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -412,8 +413,10 @@ def rejection_sample(
     That event has probability at most the rounding error of the rows, so it changes the step's
     law by no more than that in total variation.
 
-    Vectorised: no loop over rows or positions, no host sync (besides validation's one), and only
-    ``[B, K]`` scalars and one ``[B, V]`` row per request are upcast to float64.
+    Cost: the acceptance is decided on ``[B, K]`` gathered scalars; only two length-V rows per
+    request (``p_n``, ``q_n``) are read and upcast to float64, in cache-sized chunks of rows on CPU
+    (:func:`_draw_final_tokens`).  No loop over positions; no host sync on CUDA besides
+    validation's one.  Bit-identical to the rule before issue 12 (tests/core/test_rules_identity.py).
     """
     if validate:
         validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
@@ -464,7 +467,7 @@ def _draw_final_tokens(
     return tokens[0] if len(tokens) == 1 else torch.cat(tokens)
 
 
-def _row_picker(probs: torch.Tensor, positions: torch.Tensor):
+def _row_picker(probs: torch.Tensor, positions: torch.Tensor) -> Callable[[slice], torch.Tensor]:
     """``chunk -> probs[b, positions[b]]`` for the rows ``b`` of a slice ``chunk`` (a copy, ``[R, V]``).
 
     Reads only the selected rows: an ``index_select`` on the ``[B*P, V]`` view when the first

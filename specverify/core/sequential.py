@@ -55,6 +55,7 @@ merely wasted level, never an invalid rejection).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ class SequentialPlan:
         _check_alpha(self.alpha)
         fractions = tuple(float(t) for t in self.fractions)
         if not fractions or fractions[-1] != 1.0 or any(not 0 < t <= 1 for t in fractions) or any(
-            a >= b for a, b in zip(fractions, fractions[1:])
+            a >= b for a, b in itertools.pairwise(fractions)
         ):
             raise ValueError(
                 f"fractions: expected increasing information fractions in (0, 1] ending at 1, e.g. "
@@ -153,7 +154,7 @@ class SequentialPlan:
         """Level of each look: the increments of the spending function."""
         spent = spending_function(self.spending, self.alpha)
         cumulative = [0.0] + [spent(t) for t in self.fractions[:-1]] + [self.alpha]
-        return tuple(max(b - a, 0.0) for a, b in zip(cumulative, cumulative[1:]))
+        return tuple(max(b - a, 0.0) for a, b in itertools.pairwise(cumulative))
 
     def alpha_at(self, look: int) -> float:
         """Level of look ``look`` (0-based index into :attr:`looks`)."""

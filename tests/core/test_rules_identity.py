@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
-import specverify.core.rules as rules
-from specverify.core.rules import VerifyResult, _check_structure, rejection_sample, row_sum_tolerance
+from specverify.core import rules
+from specverify.core.rules import (
+    VerifyResult,
+    _check_structure,
+    rejection_sample,
+    row_sum_tolerance,
+)
 from specverify.core.seeding import derive_seed
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ test at the first look."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -18,7 +19,12 @@ from specverify.core.sequential import (
     final_look_inflation,
     spending_function,
 )
-from specverify.core.stats import binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
+from specverify.core.stats import (
+    binomial_test,
+    detectable_tv,
+    goodness_of_fit,
+    sample_size_for_tv,
+)
 
 ALPHA_SHARES = (1e-3, 1e-4, 1e-5, 1e-6)
 CELL_COUNTS = (2, 10, 100, 1000)
@@ -42,15 +48,15 @@ def test_spending_functions_rise_from_zero_to_alpha(spending):
     spent = spending_function(spending, 1e-4)
     values = [spent(t) for t in (0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)]
     assert values[0] == 0.0 and values[-1] == pytest.approx(1e-4, rel=1e-9)
-    assert all(a < b for a, b in zip(values, values[1:]))
+    assert all(a < b for a, b in itertools.pairwise(values))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(n=0, alpha=0.1), "n: expected"), (dict(n=10, alpha=1.5), "alpha: expected"),
-    (dict(n=10, alpha=0.1, fractions=(0.5, 0.25, 1)), "fractions: expected"),
-    (dict(n=10, alpha=0.1, fractions=(0.5,)), "fractions: expected"),
-    (dict(n=10, alpha=0.1, spending="linear"), "spending: expected"),
-    (dict(n=4, alpha=0.1), "n: expected at least 5"),
+    ({"n": 0, "alpha": 0.1}, "n: expected"), ({"n": 10, "alpha": 1.5}, "alpha: expected"),
+    ({"n": 10, "alpha": 0.1, "fractions": (0.5, 0.25, 1)}, "fractions: expected"),
+    ({"n": 10, "alpha": 0.1, "fractions": (0.5,)}, "fractions: expected"),
+    ({"n": 10, "alpha": 0.1, "spending": "linear"}, "spending: expected"),
+    ({"n": 4, "alpha": 0.1}, "n: expected at least 5"),
 ])
 def test_plan_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
