@@ -127,7 +127,7 @@ def speculative_generate(
             draft = without_padding_columns(drafter.propose(sequences, gamma, params, generators))
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences.last(), draft, params)
-            result = verify(target_probs, draft, params, generators)
+            result = verify(target_probs, draft, params, generators, gamma)
         target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep last + accepted drafts
         drafter.accepted(result.num_accepted)
         sequences.append(result.emitted, result.num_accepted + 1)
@@ -187,14 +187,19 @@ def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, param
 
 
 def verify(
-    target_probs: torch.Tensor, draft: Draft, params: SamplingParams, generators: Sequence[torch.Generator]
+    target_probs: torch.Tensor, draft: Draft, params: SamplingParams, generators: Sequence[torch.Generator],
+    gamma: int,
 ) -> VerifyResult:
     """Pick the lossless rule for the draft: greedy at temperature 0 (no randomness), point-mass for
     deterministic drafts, modified rejection sampling otherwise; the sampled rules get each row's
-    uniforms from its own generator (:func:`step_uniforms`)."""
+    uniforms from its own generator (:func:`step_uniforms`).  Each row always draws ``γ + 1``
+    uniforms, also when the draft was cut to ``K < γ`` columns (:func:`without_padding_columns`):
+    the cut positions' columns are drawn and dropped, so a row consumes its generator the same way
+    whatever the rest of the batch proposed (batch invariance), and as before the cut."""
     if params.temperature == 0:
         return greedy_verify(target_probs, draft.tokens, num_draft=draft.num_draft)
-    uniforms = step_uniforms(generators, draft.tokens.shape[1] + 1, target_probs.device)
+    drawn = step_uniforms(generators, gamma + 1, target_probs.device)
+    uniforms = torch.cat([drawn[:, : draft.tokens.shape[1]], drawn[:, -1:]], dim=1)
     if draft.probs is None:
         return point_mass_verify(target_probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
     return rejection_sample(target_probs, draft.probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)

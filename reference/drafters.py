@@ -220,7 +220,9 @@ class PromptLookupDrafter:
 
     - ``"earliest"`` (default): among the matches of the longest n-gram ``n = min(L(e), max_ngram)``
       the first one, as Hugging Face's prompt lookup does (``max_matching_ngram_size = max_ngram``);
-      it measured 1.0–1.2× the tokens per pass of ``"latest"`` on the benchmark prompts (NOTES);
+      on the three benchmark prompts (SmolLM2-135M, γ = 4, 48 tokens) it needed 60 target passes
+      against 61 for ``"latest"`` (4.00 vs 3.69 and 3.00 vs 2.82 tokens per pass on two prompts,
+      1.50 vs 1.55 on the third);
     - ``"latest"``: the same n-gram, its most recent occurrence (this drafter before issue 12);
     - ``"longest"``: the match with the longest common suffix ``L(e)`` (compared up to
       ``LONGEST_CONTEXT`` tokens back), the earliest among equals: the occurrence whose context
