@@ -48,24 +48,12 @@ from typing import NamedTuple
 
 import torch
 
-from reference.drafters import (
-    Draft,
-    Drafter,
-    ModelDrafter,
-    PromptLookupDrafter,
-    model_device,
-    vocab_size,
-)
+from reference.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter, model_device, vocab_size
 from reference.kv import RaggedCache
 from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
-from specverify.core.rules import (
-    VerifyResult,
-    greedy_verify,
-    point_mass_verify,
-    rejection_sample,
-)
+from specverify.core.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
 from specverify.core.seeding import derive_seed
 
 DEFAULT_GAMMA = 4
@@ -124,10 +112,10 @@ def speculative_generate(
 
     while not bool(finished.all()):
         with Stopwatch(device) as draft_clock:  # 1. draft
-            draft = without_padding_columns(drafter.propose(sequences, gamma, params, generators))
+            draft = drafter.propose(sequences, gamma, params, generators)
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences.last(), draft, params)
-            result = verify(target_probs, draft, params, generators, gamma)
+            result = verify(target_probs, draft, params, generators)
         target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep last + accepted drafts
         drafter.accepted(result.num_accepted)
         sequences.append(result.emitted, result.num_accepted + 1)
@@ -163,43 +151,33 @@ def prefill(target: torch.nn.Module, sequences: TokenSequences) -> RaggedCache:
     return target_kv
 
 
-def without_padding_columns(draft: Draft) -> Draft:
-    """``draft`` cut to its first ``max(1, max_b num_draft[b])`` columns: the target then scores
-    ``1 + max num_draft`` tokens per row instead of ``1 + γ`` (a pass where prompt lookup found
-    nothing scores 2 tokens, not γ + 1; the rules need K >= 1).  Only padding is dropped, so every
-    real token is scored and verified exactly as before."""
-    width = max(int(draft.num_draft.max()), 1)
-    if width == draft.tokens.shape[1]:
-        return draft
-    probs = None if draft.probs is None else draft.probs[:, :width]
-    return Draft(draft.tokens[:, :width], probs, draft.num_draft)
-
-
 def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, params: SamplingParams) -> torch.Tensor:
-    """ONE target pass over ``[last, x_1 .. x_γ]``: ``target_probs [B, γ+1, V]`` after processing.
-
-    Row b feeds ``1 + num_draft[b]`` real tokens; ``target_probs[b, i]`` for ``i <= num_draft[b]`` is
-    the processed law of the token after the context and ``x_1 .. x_i`` (later positions are padding).
+    """ONE target pass over ``[last, x_1 .. x_m]``, ``m = max_b num_draft[b]``: ``target_probs [B, γ+1, V]``
+    after processing.  Row b feeds ``1 + num_draft[b]`` real tokens; ``target_probs[b, i]`` for
+    ``i <= num_draft[b]`` is the processed law of the token after the context and ``x_1 .. x_i``.
+    Only the ``1 + m`` columns that hold a real token in some row are scored (a pass where prompt
+    lookup found nothing scores 1 token, not γ + 1); the later positions, which the rules ignore,
+    repeat the last scored row so that the rules see the usual ``γ + 1`` positions.
     """
-    block = torch.cat([last[:, None], draft.tokens], dim=1)
+    width = 1 + int(draft.num_draft.max())
+    block = torch.cat([last[:, None], draft.tokens[:, : width - 1]], dim=1)
     logits = target_kv.extend(block, draft.num_draft + 1)
-    return params.apply(logits.float())
+    probs = params.apply(logits.float())
+    padding = draft.tokens.shape[1] + 1 - width
+    if padding:
+        probs = torch.cat([probs, probs[:, -1:].expand(-1, padding, -1)], dim=1)
+    return probs
 
 
 def verify(
-    target_probs: torch.Tensor, draft: Draft, params: SamplingParams, generators: Sequence[torch.Generator],
-    gamma: int,
+    target_probs: torch.Tensor, draft: Draft, params: SamplingParams, generators: Sequence[torch.Generator]
 ) -> VerifyResult:
     """Pick the lossless rule for the draft: greedy at temperature 0 (no randomness), point-mass for
     deterministic drafts, modified rejection sampling otherwise; the sampled rules get each row's
-    uniforms from its own generator (:func:`step_uniforms`).  Each row always draws ``γ + 1``
-    uniforms, also when the draft was cut to ``K < γ`` columns (:func:`without_padding_columns`):
-    the cut positions' columns are drawn and dropped, so a row consumes its generator the same way
-    whatever the rest of the batch proposed (batch invariance), and as before the cut."""
+    uniforms from its own generator (:func:`step_uniforms`)."""
     if params.temperature == 0:
         return greedy_verify(target_probs, draft.tokens, num_draft=draft.num_draft)
-    drawn = step_uniforms(generators, gamma + 1, target_probs.device)
-    uniforms = torch.cat([drawn[:, : draft.tokens.shape[1]], drawn[:, -1:]], dim=1)
+    uniforms = step_uniforms(generators, draft.tokens.shape[1] + 1, target_probs.device)
     if draft.probs is None:
         return point_mass_verify(target_probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
     return rejection_sample(target_probs, draft.probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
