@@ -178,6 +178,8 @@ class BandwidthRow:
     validate_s: float
     validate_fraction: float
     runs: int
+    before_s: float | None = None
+    before_validate_s: float | None = None
 
     @property
     def verify_fraction_into(self) -> float | None:
@@ -187,6 +189,11 @@ class BandwidthRow:
     @property
     def validate_fraction_into(self) -> float | None:
         return self.copy_into_s / self.validate_s if self.copy_into_s else None
+
+    @property
+    def before_validate_fraction_into(self) -> float | None:
+        """``copy-into`` bandwidth fraction of the rule before issue 12 (with validation)."""
+        return self.copy_into_s / self.before_validate_s if self.copy_into_s and self.before_validate_s else None
 
 
 def bandwidth_rows(records: Sequence[Record]) -> list[BandwidthRow]:
@@ -200,7 +207,7 @@ def bandwidth_rows(records: Sequence[Record]) -> list[BandwidthRow]:
         if not {"copy", "verify", "verify+validate"} <= variants.keys():
             continue
         copy, verify, validate = variants["copy"], variants["verify"], variants["verify+validate"]
-        copy_into = variants.get("copy-into")
+        copy_into, before, before_validate = (variants.get(v) for v in ("copy-into", "before", "before+validate"))
         nbytes = copy.extra["probability_bytes"]
         rows.append(BandwidthRow(
             batch=batch, num_draft=num_draft, vocab=vocab, dtype=dtype, device=device, megabytes=nbytes / 1e6,
@@ -209,6 +216,8 @@ def bandwidth_rows(records: Sequence[Record]) -> list[BandwidthRow]:
             verify_s=verify.median_s, verify_fraction=copy.median_s / verify.median_s,
             validate_s=validate.median_s, validate_fraction=copy.median_s / validate.median_s,
             runs=min(copy.runs, verify.runs, validate.runs),
+            before_s=before.median_s if before else None,
+            before_validate_s=before_validate.median_s if before_validate else None,
         ))
     return rows
 
@@ -252,6 +261,45 @@ def bandwidth_goal_lines(rows: Sequence[BandwidthRow]) -> list[str]:
             f"{_fraction(statistics.median(into) if into else None)} |"
         )
     return lines
+
+
+def before_after_lines(rows: Sequence[BandwidthRow]) -> list[str]:
+    """The rule before and after issue 12, side by side (same run), against ``copy-into``: the goal
+    is a median >= 0.5 over B, K, V >= 32k and both dtypes, with validation."""
+    rows = [r for r in rows if r.before_validate_s is not None and r.copy_into_s is not None]
+    if not rows:
+        return []
+    lines = ["Rule before vs after issue 12, with validation, × `copy-into` bandwidth (same run, same inputs):", "",
+             *header("device", "scope", ">points", ">median before", ">median after", ">median speedup",
+                     ">min after", ">max after")]
+    scopes: dict[tuple, list[BandwidthRow]] = defaultdict(list)
+    for r in rows:
+        if r.vocab >= 32_768:
+            scopes[(r.device, "all V ≥ 32k, fp32 + bf16")].append(r)
+        scopes[(r.device, f"{r.dtype}, V = {r.vocab}")].append(r)
+    for (device, scope), members in sorted(scopes.items()):
+        after = [m.validate_fraction_into for m in members]
+        lines.append(
+            f"| {device} | {scope} | {len(members)} | "
+            f"{statistics.median(m.before_validate_fraction_into for m in members):.2f} | {statistics.median(after):.2f} | "
+            f"{statistics.median(m.before_validate_s / m.validate_s for m in members):.2f}× | "
+            f"{min(after):.2f} | {max(after):.2f} |"
+        )
+    lines += ["", *header("device", "dtype", ">V", ">B", ">K", ">copy-into ms", ">before ms", ">after ms",
+                          ">before+validate ms", ">after+validate ms", ">× copy-into before", ">× copy-into after",
+                          ">speedup")]
+    for r in rows:
+        lines.append(
+            f"| {r.device} | {r.dtype} | {r.vocab} | {r.batch} | {r.num_draft} | {r.copy_into_s * 1e3:.3g} | "
+            f"{_ms(r.before_s)} | {r.verify_s * 1e3:.3g} | {_ms(r.before_validate_s)} | {r.validate_s * 1e3:.3g} | "
+            f"{_fraction(r.before_validate_fraction_into)} | {_fraction(r.validate_fraction_into)} | "
+            f"{r.before_validate_s / r.validate_s:.2f}× |"
+        )
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.3g}"
 
 
 def plot_bandwidth(rows: Sequence[BandwidthRow], machine: str, path: Path) -> None:
@@ -543,7 +591,8 @@ def write_report(paths: Sequence[Path], out: Path) -> Path:
     if bandwidth:
         plot_bandwidth(bandwidth, machine, out / "bandwidth_fraction.png")
         lines += ["## 1. Verification step vs memory copy", "", "![bandwidth](bandwidth_fraction.png)", "",
-                  *bandwidth_goal_lines(bandwidth), "", *bandwidth_table(bandwidth), ""]
+                  *bandwidth_goal_lines(bandwidth), "", *before_after_lines(bandwidth), "",
+                  *bandwidth_table(bandwidth), ""]
     if of_suite(records, "model-step"):
         lines += ["## 2. Verification share of a decoding step", "", *model_step_table(records), ""]
     if of_suite(records, "audit"):

@@ -31,7 +31,7 @@ METHODS = ("plain",) + tuple(
     for drafter in DRAFTERS + ("draft-model",)
     for method in (f"reference-{drafter}", f"hf-{drafter}")
     + ((f"hf-{drafter}-defaults",) if drafter != "prompt-lookup" else ())
-)
+) + ("reference-prompt-lookup-latest", "reference-prompt-lookup-longest")  # the other match policies (issue 12)
 
 
 @functools.lru_cache(maxsize=8)

@@ -7,7 +7,9 @@ For every (B, K, V, dtype, device) the group holds three benchmarks on the same 
 - ``copy-into``: ``copy_()`` of both into buffers allocated before timing (the steady-state copy
   bandwidth: no page faults on first touch, which on a VM can cost more than the copy itself);
 - ``verify``: ``specverify.core.rules.rejection_sample(..., validate=False)``;
-- ``verify+validate``: the same with input validation (``validate=True``, the default).
+- ``verify+validate``: the same with input validation (``validate=True``, the default);
+- ``before`` / ``before+validate``: the rule as it was before issue 12 (``benchmarks/legacy_rules.py``,
+  a frozen copy), so that the old and the new rule are timed side by side in one run.
 
 N = bytes of ``target_probs [B, K+1, V]`` + ``draft_probs [B, K, V]``.  Effective bandwidth of a
 variant = N / its median time; the fraction of copy bandwidth is therefore
@@ -24,6 +26,7 @@ import pytest
 import torch
 
 from benchmarks.workloads import synchronized, verification_inputs
+from benchmarks.legacy_rules import rejection_sample as rejection_sample_before
 from specverify.core.rules import rejection_sample
 
 BATCHES = (1, 8, 64)
@@ -31,7 +34,7 @@ NUM_DRAFTS = (1, 4, 8)
 VOCABS = (32, 32_768, 131_072)
 DTYPES = (torch.float32, torch.bfloat16)
 DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
-VARIANTS = ("copy", "copy-into", "verify", "verify+validate")
+VARIANTS = ("copy", "copy-into", "verify", "verify+validate", "before", "before+validate")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -59,10 +62,11 @@ def test_verification_step(benchmark, variant: str, batch: int, num_draft: int, 
         def step():
             return target_buffer.copy_(inputs.target_probs), draft_buffer.copy_(inputs.draft_probs)
     else:
-        validate = variant == "verify+validate"
+        rule = rejection_sample_before if variant.startswith("before") else rejection_sample
+        validate = variant.endswith("+validate")
 
         def step():
-            return rejection_sample(*inputs, generator, validate=validate)
+            return rule(*inputs, generator, validate=validate)
 
     benchmark.group = f"verify B={batch} K={num_draft} V={vocab} {dtype_name(dtype)} {device}"
     benchmark.extra_info.update(

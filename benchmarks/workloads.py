@@ -467,8 +467,9 @@ def reference_drafter(unit: ModelUnderTest, drafter: str) -> Any:
     """The ``reference.drafters`` object for ``drafter`` (a fresh one per run)."""
     from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
 
-    if drafter == "prompt-lookup":
-        return PromptLookupDrafter(max_ngram=3)
+    if drafter.startswith("prompt-lookup"):  # prompt-lookup[-earliest|-latest|-longest]: the match policy
+        policy = drafter.removeprefix("prompt-lookup").removeprefix("-")
+        return PromptLookupDrafter(max_ngram=3, **({"match": policy} if policy else {}))
     if drafter == "early-exit":
         return EarlyExitDrafter(unit.model, unit.early_exit_layers)
     if drafter == "draft-model":

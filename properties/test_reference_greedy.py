@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 import reference.kv
 from reference.decoder import generate, speculative_generate
-from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
+from reference.drafters import (
+    MATCH_POLICIES,
+    EarlyExitDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    truncated_view,
+)
 from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
@@ -161,12 +167,25 @@ def test_ragged_cache_check_fails_when_rollback_leaves_no_hole(models, monkeypat
 # ------------------------------------------------------------------------------------------------
 
 
-def lookup_by_loop(context: list[int], gamma: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The definition, written as a loop: longest n first, most recent earlier occurrence first."""
+def lookup_by_loop(context: list[int], gamma: int, max_ngram: int, min_ngram: int, match: str = "earliest") -> list[int]:
+    """The definition, written as a loop.  ``earliest``/``latest``: longest n first, then the
+    first/most recent earlier occurrence; ``longest``: the end position whose preceding tokens
+    agree longest with the context's last ones (up to LONGEST_CONTEXT), the first among equals."""
+    if match == "longest":
+        best, chosen = 0, None
+        for end in range(1, len(context)):
+            agree = 0
+            while (agree < max(max_ngram, PromptLookupDrafter.LONGEST_CONTEXT) and agree < end
+                   and context[end - 1 - agree] == context[-1 - agree]):
+                agree += 1
+            if agree >= min_ngram and agree > best:
+                best, chosen = agree, end
+        return [] if chosen is None else context[chosen : chosen + gamma]
     for n in range(max_ngram, min_ngram - 1, -1):
         if n >= len(context):
             continue
-        for start in range(len(context) - n - 1, -1, -1):
+        starts = range(len(context) - n - 1, -1, -1) if match == "latest" else range(len(context) - n)
+        for start in starts:
             if context[start : start + n] == context[-n:]:
                 return context[start + n : start + n + gamma]
     return []
@@ -177,26 +196,35 @@ def lookup_by_loop(context: list[int], gamma: int, max_ngram: int, min_ngram: in
     contexts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=14), min_size=1, max_size=4),
     gamma=st.integers(1, 5),
     ngram=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    match=st.sampled_from(MATCH_POLICIES),
 )
-def test_prompt_lookup_matches_its_definition(contexts, gamma, ngram):
+def test_prompt_lookup_matches_its_definition(contexts, gamma, ngram, match):
     max_ngram, min_ngram = ngram[0], max(1, ngram[0] - ngram[1])
     sequences = TokenSequences([torch.tensor(c) for c in contexts], torch.device("cpu"))
-    draft = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram).propose(
+    draft = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, match=match).propose(
         sequences, gamma, SamplingParams(), torch.Generator()
     )
     assert draft.probs is None
     for row, context in enumerate(contexts):
-        expected = lookup_by_loop(context, gamma, max_ngram, min_ngram)
+        expected = lookup_by_loop(context, gamma, max_ngram, min_ngram, match)
         assert int(draft.num_draft[row]) == len(expected)
         assert draft.tokens[row, : len(expected)].tolist() == expected
 
 
-def test_prompt_lookup_prefers_the_longest_then_the_most_recent_match():
+def test_prompt_lookup_match_policies_hand_cases():
     sequences = TokenSequences([torch.tensor([1, 2, 9, 1, 2, 7, 1, 2]), torch.tensor([5, 6, 7, 5, 6]),
-                                torch.tensor([3, 4])], torch.device("cpu"))
-    draft = PromptLookupDrafter(max_ngram=3).propose(sequences, 2, SamplingParams(), torch.Generator())
-    assert draft.tokens.tolist() == [[7, 1], [7, 5], [0, 0]]  # "1 2" -> after its last earlier use; none
-    assert draft.num_draft.tolist() == [2, 2, 0]
+                                torch.tensor([3, 4]), torch.tensor([8, 1, 2, 5, 3, 1, 2, 6, 3, 1, 2])],
+                               torch.device("cpu"))
+    expected = {  # "1 2" -> after its first / last earlier use / the use preceded by "3"; none
+        "earliest": [[9, 1], [7, 5], [0, 0], [5, 3]],
+        "latest": [[7, 1], [7, 5], [0, 0], [6, 3]],
+        "longest": [[9, 1], [7, 5], [0, 0], [6, 3]],
+    }
+    for match, tokens in expected.items():
+        draft = PromptLookupDrafter(max_ngram=2, match=match).propose(sequences, 2, SamplingParams(), torch.Generator())
+        assert draft.tokens.tolist() == tokens, match
+        assert draft.num_draft.tolist() == [2, 2, 0, 2]
+    assert PromptLookupDrafter().match == "earliest"
 
 
 def test_early_exit_view_shares_weights_and_computes_head_of_layer_k(models):

@@ -152,14 +152,21 @@ def prefill(target: torch.nn.Module, sequences: TokenSequences) -> RaggedCache:
 
 
 def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, params: SamplingParams) -> torch.Tensor:
-    """ONE target pass over ``[last, x_1 .. x_γ]``: ``target_probs [B, γ+1, V]`` after processing.
-
-    Row b feeds ``1 + num_draft[b]`` real tokens; ``target_probs[b, i]`` for ``i <= num_draft[b]`` is
-    the processed law of the token after the context and ``x_1 .. x_i`` (later positions are padding).
+    """ONE target pass over ``[last, x_1 .. x_m]``, ``m = max_b num_draft[b]``: ``target_probs [B, γ+1, V]``
+    after processing.  Row b feeds ``1 + num_draft[b]`` real tokens; ``target_probs[b, i]`` for
+    ``i <= num_draft[b]`` is the processed law of the token after the context and ``x_1 .. x_i``.
+    Only the ``1 + m`` columns that hold a real token in some row are scored (a pass where prompt
+    lookup found nothing scores 1 token, not γ + 1); the later positions, which the rules ignore,
+    repeat the last scored row so that the rules see the usual ``γ + 1`` positions.
     """
-    block = torch.cat([last[:, None], draft.tokens], dim=1)
+    width = 1 + int(draft.num_draft.max())
+    block = torch.cat([last[:, None], draft.tokens[:, : width - 1]], dim=1)
     logits = target_kv.extend(block, draft.num_draft + 1)
-    return params.apply(logits.float())
+    probs = params.apply(logits.float())
+    padding = draft.tokens.shape[1] + 1 - width
+    if padding:
+        probs = torch.cat([probs, probs[:, -1:].expand(-1, padding, -1)], dim=1)
+    return probs
 
 
 def verify(

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from specverify.core.sampling import inverse_cdf
+from specverify.core.sampling import inverse_cdf, search_cdf
 
 # --------------------------------------------------------------------------------------------
 # Row-sum tolerance.
@@ -115,9 +115,62 @@ def validate_verify_inputs(
     With ``needs_randomness`` exactly one of ``generator`` and ``uniforms`` must be given, and
     ``uniforms`` must be finite, in ``[0, 1)``, of shape ``[B, K+1]``.
 
-    All value checks are reduced on the device and read back with a single host sync.
+    Valid inputs cost one screen (:func:`_any_problem`: a row sum and an integer minimum per
+    probability tensor, one host sync); only flagged inputs go through the detailed checks,
+    which word the error (a second host sync).
     """
     _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, needs_randomness)
+    if not _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft):
+        return
+    _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft)
+
+
+# Integer views that expose a float's sign bit: ``x.view(int) < 0`` iff the sign bit of ``x`` is set
+# (negative numbers, -0.0 and NaNs with the sign bit).  A minimum over the integer view is a plain
+# integer reduction, several times faster on CPU than a floating-point minimum (bf16: ~6x).
+_SIGN_BIT_VIEWS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+                   torch.bfloat16: torch.int16}
+
+
+def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft) -> bool:
+    """Whether :func:`_raise_first_problem` might find a problem: a cheap screen with one host sync.
+
+    It flags every input the detailed checks flag, and a few harmless ones too (a ``-0.0`` entry
+    sets the sign bit), so ``False`` proves the inputs valid and ``True`` only sends them to the
+    detailed checks, which decide and word the error.  Per probability tensor it makes two
+    passes over the data (a row sum, the same as the detailed check's, and an integer minimum of
+    the sign bits) and otherwise works on ``[B, K+1]`` row summaries.
+    """
+    _, positions, vocab = target_probs.shape
+    drafts, draft_used = _draft_layout(target_probs, draft_tokens, num_draft)
+    target_used = torch.arange(positions, device=target_probs.device) <= drafts[:, None]
+    tokens_in_range = (draft_tokens >= 0) & (draft_tokens < vocab)
+    bad = [~_rows_look_valid(target_probs) & target_used]
+    if draft_probs is not None:
+        q_at_token = draft_probs.gather(-1, torch.where(tokens_in_range, draft_tokens, 0).unsqueeze(-1)).squeeze(-1)
+        tokens_in_range &= _rows_look_valid(draft_probs) & (q_at_token > 0)
+    bad.append(~tokens_in_range & draft_used)
+    flags = [mask.any() for mask in bad]
+    if num_draft is not None:
+        flags.append(((num_draft < 0) | (num_draft > positions - 1)).any())
+    if uniforms is not None:
+        flags.append(~((uniforms >= 0) & (uniforms < 1)).all())
+    return bool(torch.stack(flags).any())
+
+
+def _rows_look_valid(probs: torch.Tensor) -> torch.Tensor:
+    """Bool per row: finite, summing to 1 within tolerance, no entry with its sign bit set."""
+    sums = probs.sum(-1).to(torch.float64)  # the detailed check's sum: NaN/Inf give a NaN/Inf sum
+    within = (sums - 1).abs() <= row_sum_tolerance(probs.dtype, probs.shape[-1])
+    view = _SIGN_BIT_VIEWS.get(probs.dtype)
+    no_sign_bit = probs.view(view).amin(-1) >= 0 if view is not None else probs.amin(-1) >= 0
+    return within & no_sign_bit
+
+
+def _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft) -> None:
+    """The detailed value checks: raise ``ValueError`` for the first problem found, in a fixed
+    order (``num_draft``, target rows, draft tokens, draft rows, draft probability at the
+    token, uniforms), naming the first offending index."""
     _, positions, vocab = target_probs.shape
     num_draft_tokens = positions - 1
     drafts, draft_used = _draft_layout(target_probs, draft_tokens, num_draft)
@@ -342,8 +395,10 @@ def rejection_sample(
     That event has probability at most the rounding error of the rows, so it changes the step's
     law by no more than that in total variation.
 
-    Vectorised: no loop over rows or positions, no host sync (besides validation's one), and only
-    ``[B, K]`` scalars and one ``[B, V]`` row per request are upcast to float64.
+    Cost: the acceptance is decided on ``[B, K]`` gathered scalars; only two length-V rows per
+    request (``p_n``, ``q_n``) are read and upcast to float64, in cache-sized chunks of rows on CPU
+    (:func:`_draw_final_tokens`).  No loop over positions; no host sync on CUDA besides
+    validation's one.  Bit-identical to the rule before issue 12 (tests/core/test_rules_identity.py).
     """
     if validate:
         validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
@@ -356,19 +411,80 @@ def rejection_sample(
     num_accepted = _leading_accepts(accept)
 
     rejected = num_accepted < drafts
-    # Few fresh [B, V] buffers (the first touch of new memory costs more than the arithmetic): the
-    # two gathered rows in the input dtype and two float64 rows, all later updates in place.
-    # Rejected rows: (p - q)+ in float64; accepted rows: p - 0 = p exactly (the clamp is then a
-    # no-op); rows whose residual rounds to all zeros (the fallback) get p added back: 0 + p = p.
-    p_final = _rows_at(target_probs, num_accepted)
-    q_final = _rows_at(draft_probs, num_accepted)
-    weights = p_final.to(torch.float64, copy=True)  # p_final is read again below
-    scratch = q_final.to(torch.float64)
-    weights.sub_(scratch.mul_(rejected[:, None])).clamp_(min=0)
-    fallback = rejected & (weights.sum(-1) <= 0)
-    weights.add_(scratch.copy_(p_final).mul_(fallback[:, None]))
-    final_token = inverse_cdf(weights, u[:, -1], in_place=True)
+    final_token = _draw_final_tokens(target_probs, draft_probs, num_accepted, rejected, u[:, -1])
     return VerifyResult(_emit(draft_tokens, num_accepted, final_token), num_accepted)
+
+
+FINAL_ROWS_CHUNK_ELEMENTS = 1 << 17
+"""Float64 entries (1 MiB) of final-distribution rows that :func:`rejection_sample` builds at once on CPU."""
+
+
+def _draw_final_tokens(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    num_accepted: torch.Tensor,
+    rejected: torch.Tensor,
+    u_final: torch.Tensor,
+) -> torch.Tensor:
+    """The correction-or-bonus token of every row (int64 ``[B]``): inverse CDF with ``u_final`` of
+    the row's final distribution, built from two length-V rows per request, ``p_n`` and ``q_n``
+    with ``n = num_accepted`` (:func:`_final_cdf`).
+
+    On CPU the rows go through in chunks of about ``FINAL_ROWS_CHUNK_ELEMENTS`` float64 entries:
+    a chunk's two temporaries stay in cache and are recycled by the allocator, where one
+    ``[B, V]`` float64 pass maps fresh memory on every call (its first touch costs more than the
+    arithmetic: ~5x the chunked time at B = 64, V = 128k).  Each row's arithmetic does not depend
+    on the chunking, so the tokens are bit-identical to a single pass.
+    """
+    batch, positions, vocab = target_probs.shape
+    target_rows = _row_picker(target_probs, num_accepted.clamp(max=positions - 1))
+    draft_rows = _row_picker(draft_probs, num_accepted.clamp(max=positions - 2))
+    on_cpu = target_probs.device.type == "cpu"
+    rows_per_chunk = max(1, FINAL_ROWS_CHUNK_ELEMENTS // vocab) if on_cpu else batch
+    tokens = []
+    for start in range(0, batch, rows_per_chunk):
+        chunk = slice(start, start + rows_per_chunk)
+        cumulative = _final_cdf(target_rows(chunk), draft_rows(chunk), rejected[chunk])
+        tokens.append(search_cdf(cumulative, u_final[chunk]))
+    return tokens[0] if len(tokens) == 1 else torch.cat(tokens)
+
+
+def _row_picker(probs: torch.Tensor, positions: torch.Tensor) -> Callable[[slice], torch.Tensor]:
+    """``chunk -> probs[b, positions[b]]`` for the rows ``b`` of a slice ``chunk`` (a copy, ``[R, V]``).
+
+    Reads only the selected rows: an ``index_select`` on the ``[B*P, V]`` view when the first
+    two dimensions flatten without a copy (contiguous inputs), advanced indexing otherwise.
+    """
+    batch, width, _ = probs.shape
+    rows = torch.arange(batch, device=probs.device)
+    if probs.stride(0) == width * probs.stride(1):
+        flat, flat_rows = probs.flatten(0, 1), rows * width + positions
+        return lambda chunk: flat.index_select(0, flat_rows[chunk])
+    return lambda chunk: probs[rows[chunk], positions[chunk]]
+
+
+def _final_cdf(p_final: torch.Tensor, q_final: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Cumulative sums (float64 ``[R, V]``) of each row's unnormalised final distribution.
+
+    Rejected rows: ``(p_n - q_n)+``, computed as ``max(p + q * (-1), 0)`` (``q * (-1)`` is exact,
+    so this is ``p - q`` rounded once); accepted rows: ``p + q * (-0) = p`` exactly (the clamp is
+    then a no-op).  Rejected rows whose float64 residual rounds to all zeros (the rounding
+    fallback of :func:`rejection_sample`, detected as a zero total) take the cumulative sums of
+    ``p_n`` instead.  Two float64 buffers, every update in place; the fallback rows are copied
+    only when there are any (one host read of a ``[R]`` flag; none on CUDA, where every row's
+    ``p_n`` sums are formed with ``torch.where``).
+    """
+    p = p_final.to(torch.float64, copy=True)  # kept for the fallback
+    weights = q_final.to(torch.float64)
+    minus_rejected = rejected.to(torch.float64).neg_()[:, None]
+    torch.addcmul(p, weights, minus_rejected, out=weights).clamp_(min=0)
+    cumulative = weights.cumsum_(-1)
+    fallback = rejected & (cumulative[:, -1] <= 0)
+    if cumulative.device.type != "cpu":
+        return torch.where(fallback[:, None], p.cumsum_(-1), cumulative)
+    if fallback.any():
+        cumulative[fallback] = p[fallback].cumsum_(-1)
+    return cumulative
 
 
 def point_mass_verify(

@@ -29,7 +29,13 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor, *, in_place: bool = Fals
     sums (for callers that pass a temporary: no new ``[B, V]`` buffer).
     """
     weights = weights.to(torch.float64)
-    cumulative = weights.cumsum_(-1) if in_place else weights.cumsum(-1)
+    return search_cdf(weights.cumsum_(-1) if in_place else weights.cumsum(-1), u)
+
+
+def search_cdf(cumulative: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The search half of :func:`inverse_cdf`, for callers that form the float64 cumulative sums
+    ``[B, V]`` themselves: per row the first ``t`` with ``cumulative[t] > min(u · total, total − 1 ulp)``,
+    ``total = cumulative[:, -1]``."""
     total = cumulative[:, -1]
     threshold = torch.minimum(u.to(torch.float64) * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cumulative, threshold.unsqueeze(-1), right=True).squeeze(-1)

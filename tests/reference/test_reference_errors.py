@@ -147,3 +147,8 @@ def test_early_exit_built_from_another_target(models, forward_calls):
 def test_prompt_lookup_ngram_range(max_ngram, min_ngram):
     with pytest.raises(ValueError, match="min_ngram/max_ngram"):
         PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+def test_prompt_lookup_match_policy():
+    with pytest.raises(ValueError, match="match: expected one of"):
+        PromptLookupDrafter(match="recent")
