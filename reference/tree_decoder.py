@@ -173,6 +173,7 @@ class ModelTreeDrafter:
         self.cache = DynamicCache(config=self.model.config)
         self.cached = 0  # committed tokens in the draft's cache
 
+    @torch.no_grad()
     def propose(self, sequence: torch.Tensor, shape: TreeShape, scheme: str, params: SamplingParams,
                 generator: torch.Generator) -> TreeDraft:
         """Draft a tree of ``shape`` after the committed ``sequence [T]`` (see the module docstring)."""
@@ -232,6 +233,7 @@ class ModelTreeDrafter:
 class TargetTreeCache:
     """The target's KV cache: the committed tokens but the last (the root of the next tree)."""
 
+    @torch.no_grad()
     def __init__(self, target: torch.nn.Module, prompt: torch.Tensor) -> None:
         self.target = target
         self.cache = DynamicCache(config=target.config)
@@ -239,6 +241,7 @@ class TargetTreeCache:
             causal = torch.ones(len(prompt) - 1, len(prompt) - 1, dtype=torch.bool, device=prompt.device).tril()
             run_block(target, self.cache, prompt[:-1], causal, torch.arange(len(prompt) - 1, device=prompt.device))
 
+    @torch.no_grad()
     def score(self, last: torch.Tensor, draft: TreeDraft, shape: TreeShape) -> torch.Tensor:
         """ONE target pass over ``[last, nodes]`` with the tree mask: logits ``[N+1, V]``."""
         context = self.cache.get_seq_length()
