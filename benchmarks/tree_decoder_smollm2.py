@@ -1,0 +1,68 @@
+"""Tokens per target pass of the reference tree decoder vs a chain of the same node count, on SmolLM2-135M.
+
+CPU, fp32, greedy (temperature 0), self-drafting by early exit (the target's first ``--draft-layers``
+layers + its final norm and head, ``reference.drafters.truncated_view``), deterministic top-k
+children, ``--new-tokens`` tokens per prompt.  Every shape must produce the same tokens (greedy
+decoding is the target's own greedy output whatever the tree); the script checks that.
+
+Run: PYTHONPATH=$PWD python3 benchmarks/tree_decoder_smollm2.py [--draft-layers 10] [--new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from reference.drafters import truncated_view
+from reference.tree_decoder import ModelTreeDrafter, tree_speculative_generate
+from specverify.core.tree_exact import binary_shape, chain_shape, eagle_shape
+from specverify.hf.packaged import DEFAULT_TARGET, load_causal_lm, load_tokenizer
+
+PROMPTS = (
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+)
+
+
+def shapes(num_nodes: int) -> dict[str, tuple[int, ...]]:
+    result = {f"chain N={num_nodes}": chain_shape(num_nodes), f"binary N={num_nodes}": binary_shape(num_nodes)}
+    if num_nodes == 6:
+        result["eagle(2,3,1) N=6"] = eagle_shape(2, 3, 1)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draft-layers", type=int, default=10)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[6])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_causal_lm(DEFAULT_TARGET, dtype=torch.float32)
+    tokenizer = load_tokenizer(DEFAULT_TARGET)
+    draft = truncated_view(target, args.draft_layers)
+    print(f"{DEFAULT_TARGET}, CPU fp32, greedy, early-exit draft ({args.draft_layers} of "
+          f"{target.config.num_hidden_layers} layers), deterministic top-k children, {args.new_tokens} new tokens")
+    for num_nodes in args.nodes:
+        for prompt_index, text in enumerate(PROMPTS):
+            prompt = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.int64)
+            outputs = {}
+            for name, parents in shapes(num_nodes).items():
+                start = time.perf_counter()
+                generation = tree_speculative_generate(target, ModelTreeDrafter(draft), prompt, parents=parents,
+                                                       max_new_tokens=args.new_tokens, temperature=0.0)
+                seconds = time.perf_counter() - start
+                outputs[name] = generation.tokens.tolist()
+                s = generation.stats
+                depth = ", ".join(f"{a:.2f}" for a in s.acceptance_by_depth)
+                print(f"prompt {prompt_index} {name:17s}: tokens/pass {s.tokens_per_pass:.3f} "
+                      f"({s.target_passes} target passes), P(accepted >= d) = [{depth}], {seconds:.1f} s")
+            assert len({tuple(tokens) for tokens in outputs.values()}) == 1, "greedy outputs differ between shapes"
+
+
+if __name__ == "__main__":
+    main()
