@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from reference.drafters import truncated_view
-from reference.tree_decoder import ModelTreeDrafter, TargetTreeCache, TreeDraft, TreeShape, tree_speculative_generate
+from reference.tree_decoder import (
+    ModelTreeDrafter,
+    TargetTreeCache,
+    TreeDraft,
+    TreeShape,
+    tree_speculative_generate,
+)
 from specverify.core.tree_exact import binary_shape, eagle_shape
 from specverify.hf import divergence
 

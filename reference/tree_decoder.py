@@ -169,7 +169,8 @@ class ModelTreeDrafter:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    def start(self, prompt: torch.Tensor) -> None:
+    def start(self) -> None:
+        """Begin a request: an empty cache."""
         self.cache = DynamicCache(config=self.model.config)
         self.cached = 0  # committed tokens in the draft's cache
 
@@ -220,9 +221,6 @@ class ModelTreeDrafter:
             for child in children:
                 tokens[child] = torch.multinomial(law, 1, generator=generator)[0]
                 probs[child] = law
-
-    def accepted(self, sequence_length: int) -> None:
-        """Nothing to roll back: the cache already holds only committed tokens."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,7 +335,7 @@ def tree_speculative_generate(
     generator = torch.Generator(device=device).manual_seed(int(seed))
     sequence = prompt.to(device)
     target_kv = TargetTreeCache(target, sequence)
-    drafter.start(sequence)
+    drafter.start()
     stats = TreeStats(depth=int(shape.depth.max()))
 
     while len(sequence) - len(prompt) < max_new_tokens:
@@ -349,7 +347,6 @@ def tree_speculative_generate(
         target_kv.keep_path(shape, int(result.last_node[0]))  # 4. keep the accepted path's KV entries
         accepted = int(result.num_accepted[0])
         sequence = torch.cat([sequence, result.emitted[0, :accepted + 1]])
-        drafter.accepted(len(sequence))
         stats.accepted_lengths.append(accepted)
         stats.draft_seconds += middle - start
         stats.target_seconds += time.perf_counter() - middle

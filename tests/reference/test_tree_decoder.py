@@ -19,14 +19,13 @@ rejected by the same sequence-level test (its exact TV is computed and printed f
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-import reference.tree_decoder as tree_decoder
+from reference import tree_decoder
 from reference.drafters import truncated_view
 from reference.tree_decoder import (
     TREE_SCHEMES,
@@ -38,7 +37,12 @@ from reference.tree_decoder import (
 from specverify.core import stats, tree_exact
 from specverify.core.processing import SamplingParams
 from specverify.core.seeding import derive_seed
-from specverify.core.tree_exact import binary_shape, chain_shape, eagle_shape, star_shape
+from specverify.core.tree_exact import (
+    binary_shape,
+    chain_shape,
+    eagle_shape,
+    star_shape,
+)
 from specverify.core.tree_rules import unchanged_target_tree_verify
 from specverify.hf.tiny_models import continuation_distribution, tiny_target_and_draft
 
@@ -137,11 +141,11 @@ def test_tree_pass_check_fails_on_a_broken_mask_or_positions(models, monkeypatch
 
 @pytest.mark.parametrize("name", ["binary6", "eagle231"])
 def test_draft_laws_are_the_draft_model_laws_at_each_parent(name, models):
-    target, draft = models
+    _, draft = models
     shape = TreeShape.of(SHAPES[name])
     drafter = ModelTreeDrafter(draft)
     sequence = torch.tensor(PROMPT)
-    drafter.start(sequence)
+    drafter.start()
     generator = torch.Generator().manual_seed(derive_seed("draft laws", name))
     for _ in range(2):  # the second call runs on a warm cache
         tree = drafter.propose(sequence, shape, "independent", SamplingParams(), generator)
@@ -215,13 +219,15 @@ class ModelChain:
     def __init__(self, target, draft, prompt, params: SamplingParams) -> None:
         self.models, self.prompt, self.params = {"target": target, "draft": draft}, tuple(prompt), params
         self.vocab_size = target.config.vocab_size
+        self.laws: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
 
-    @functools.lru_cache(maxsize=None)
     def _law(self, which: str, prefix: tuple[int, ...]) -> np.ndarray:
-        with torch.no_grad():
-            logits = self.models[which](input_ids=torch.tensor([self.prompt + prefix])).logits[0, -1:]
-        law = self.params.apply(logits.float())[0].double().numpy()
-        return law / law.sum()
+        if (which, prefix) not in self.laws:
+            with torch.no_grad():
+                logits = self.models[which](input_ids=torch.tensor([self.prompt + prefix])).logits[0, -1:]
+            law = self.params.apply(logits.float())[0].double().numpy()
+            self.laws[which, prefix] = law / law.sum()
+        return self.laws[which, prefix]
 
     def target(self, prefix: tuple[int, ...]) -> np.ndarray:
         return self._law("target", tuple(prefix))
