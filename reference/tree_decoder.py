@@ -223,6 +223,47 @@ class ModelTreeDrafter:
                 probs[child] = law
 
 
+class PromptLookupTreeDrafter:
+    """Prompt lookup for trees (deterministic children, no draft model): the children of a node are
+    the distinct tokens that followed earlier occurrences of the committed text + path's last
+    ``n``-gram, longest ``n`` (``max_ngram`` down to 1) and most recent occurrence first; a node with
+    fewer candidates than children is filled with the smallest unused token ids (any distinct tokens
+    keep the one-hot rule lossless)."""
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        if max_ngram < 1:
+            raise ValueError(f"max_ngram: expected >= 1, got {max_ngram}")
+        self.max_ngram = max_ngram
+
+    def start(self) -> None:
+        """Begin a request (no state)."""
+
+    def candidates(self, text: list[int], count: int) -> list[int]:
+        """The first ``count`` candidate next tokens after ``text`` (see the class docstring)."""
+        found: list[int] = []
+        for n in range(min(self.max_ngram, len(text) - 1), 0, -1):
+            suffix = text[-n:]
+            for start in range(len(text) - n - 1, -1, -1):  # most recent occurrence first, the suffix itself excluded
+                if text[start:start + n] == suffix and text[start + n] not in found:
+                    found.append(text[start + n])
+        filler = (token for token in range(count + len(found)) if token not in found)
+        return (found + [next(filler) for _ in range(max(0, count - len(found)))])[:count]
+
+    def propose(self, sequence: torch.Tensor, shape: TreeShape, scheme: str, params: SamplingParams,
+                generator: torch.Generator) -> TreeDraft:
+        if scheme != "deterministic":
+            raise ValueError(f"scheme: prompt lookup drafts deterministic children, got {scheme!r}")
+        text = sequence.tolist()
+        tokens = [-1] * shape.num_nodes
+        for node in [-1, *range(shape.num_nodes)]:
+            children = shape.children(node)
+            if children:
+                path = [tokens[m] for m in shape.path_to(node)]
+                for child, token in zip(children, self.candidates(text + path, len(children))):
+                    tokens[child] = token
+        return TreeDraft(torch.tensor(tokens, dtype=torch.int64, device=sequence.device), None)
+
+
 # --------------------------------------------------------------------------------------------
 # 2–4. Score, verify, keep
 # --------------------------------------------------------------------------------------------
@@ -311,7 +352,7 @@ class TreeGeneration(NamedTuple):
 @torch.no_grad()
 def tree_speculative_generate(
     target: torch.nn.Module,
-    drafter: ModelTreeDrafter,
+    drafter: ModelTreeDrafter | PromptLookupTreeDrafter,
     prompt: torch.Tensor,
     *,
     parents: Sequence[int],

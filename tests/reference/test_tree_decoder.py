@@ -30,6 +30,7 @@ from reference.drafters import truncated_view
 from reference.tree_decoder import (
     TREE_SCHEMES,
     ModelTreeDrafter,
+    PromptLookupTreeDrafter,
     TargetTreeCache,
     TreeShape,
     tree_speculative_generate,
@@ -160,6 +161,15 @@ def test_draft_laws_are_the_draft_model_laws_at_each_parent(name, models):
     assert top.tokens[list(shape.children(-1))].tolist() == root.argsort(descending=True, stable=True)[:2].tolist()
 
 
+def test_prompt_lookup_children_are_the_followers_of_the_last_ngram():
+    drafter = PromptLookupTreeDrafter(max_ngram=2)
+    text = [5, 6, 7, 5, 6, 8, 1, 5, 6]
+    assert drafter.candidates(text, 3) == [8, 7, 0]  # after "5 6": 8 (most recent), 7; "6" adds nothing; fill 0
+    tree = drafter.propose(torch.tensor(text), TreeShape.of(binary_shape(4)), "deterministic", SamplingParams(), None)
+    assert tree.tokens.tolist()[:2] == [8, 7] and tree.probs is None
+    assert len(set(tree.tokens.tolist()[2:])) == 2  # distinct siblings
+
+
 # --------------------------------------------------------------------------------------------
 # Exact: greedy identity
 # --------------------------------------------------------------------------------------------
@@ -171,12 +181,17 @@ def greedy_reference(target, prompt, new_tokens) -> list[int]:
     return output[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("drafter", ["model", "early-exit"])
+def make_drafter(kind: str, target, draft):
+    if kind == "lookup":
+        return PromptLookupTreeDrafter()
+    return ModelTreeDrafter(draft if kind == "model" else truncated_view(target, 1))
+
+
+@pytest.mark.parametrize("drafter", ["model", "early-exit", "lookup"])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_greedy_equals_target_generate(name, drafter, models):
     target, draft = models
-    draft_model = draft if drafter == "model" else truncated_view(target, 1)
-    generation = tree_speculative_generate(target, ModelTreeDrafter(draft_model), torch.tensor(PROMPT),
+    generation = tree_speculative_generate(target, make_drafter(drafter, target, draft), torch.tensor(PROMPT),
                                            parents=SHAPES[name], max_new_tokens=NEW_TOKENS, temperature=0.0)
     assert generation.tokens.tolist() == greedy_reference(target, PROMPT, NEW_TOKENS)
     assert 1.0 <= generation.stats.tokens_per_pass <= tree_exact.tree_depth(SHAPES[name]) + 1
