@@ -17,15 +17,19 @@ import time
 import torch
 
 from reference.drafters import truncated_view
-from reference.tree_decoder import ModelTreeDrafter, PromptLookupTreeDrafter, tree_speculative_generate
+from reference.tree_decoder import (
+    ModelTreeDrafter,
+    PromptLookupTreeDrafter,
+    tree_speculative_generate,
+)
 from specverify.core.tree_exact import binary_shape, chain_shape, eagle_shape
 from specverify.hf.packaged import DEFAULT_TARGET, load_causal_lm, load_tokenizer
 
 PROMPTS = (
-    "def total(xs):\n    if not xs:\n        return 0\n    return xs[0] + total(xs[1:])\n\n"
-    "Rewrite total with a loop instead of recursion:\n",
-    '{"name": "Ada Lovelace", "born": 1815, "field": "mathematics"},\n{"name": "Alan Turing", "born": 1912, '
-    '"field": "computer science"},\n{"name": "Grace Hopper", "born": 1906, ',
+    ("def total(xs):\n    if not xs:\n        return 0\n    return xs[0] + total(xs[1:])\n\n"
+     "Rewrite total with a loop instead of recursion:\n"),
+    ('{"name": "Ada Lovelace", "born": 1815, "field": "mathematics"},\n{"name": "Alan Turing", "born": 1912, '
+     '"field": "computer science"},\n{"name": "Grace Hopper", "born": 1906, '),
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
 )
 
@@ -53,7 +57,7 @@ def main() -> None:
         make_drafter, label = PromptLookupTreeDrafter, "prompt-lookup tree draft (max n-gram 3)"
     else:
         draft = truncated_view(target, args.draft_layers)
-        make_drafter = lambda: ModelTreeDrafter(draft)  # noqa: E731
+        make_drafter = lambda: ModelTreeDrafter(draft)
         label = f"early-exit draft ({args.draft_layers} of {target.config.num_hidden_layers} layers), top-k children"
     print(f"{DEFAULT_TARGET}, CPU fp32, greedy, {label}, {args.new_tokens} new tokens")
     for num_nodes in args.nodes:
