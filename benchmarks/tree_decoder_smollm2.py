@@ -38,6 +38,8 @@ def shapes(num_nodes: int) -> dict[str, tuple[int, ...]]:
     result = {f"chain N={num_nodes}": chain_shape(num_nodes), f"binary N={num_nodes}": binary_shape(num_nodes)}
     if num_nodes == 6:
         result["eagle(2,3,1) N=6"] = eagle_shape(2, 3, 1)
+        result["chain5+alt N=6"] = chain_shape(5) + (-1,)  # a 5-chain and a second candidate for the next token
+        result["2 chains of 3"] = (-1, 0, 1, -1, 3, 4)
     return result
 
 
@@ -49,6 +51,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--nodes", type=int, nargs="+", default=[6])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shapes", nargs="+", default=None, help="names of the shapes to run (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_causal_lm(DEFAULT_TARGET, dtype=torch.float32)
@@ -66,6 +69,8 @@ def main() -> None:
             prompt = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.int64)
             outputs = {}
             for name, parents in shapes(num_nodes).items():
+                if args.shapes and name not in args.shapes:
+                    continue
                 start = time.perf_counter()
                 generation = tree_speculative_generate(target, make_drafter(), prompt, parents=parents,
                                                        max_new_tokens=args.new_tokens, temperature=0.0)
@@ -75,7 +80,7 @@ def main() -> None:
                 depth = ", ".join(f"{a:.2f}" for a in s.acceptance_by_depth)
                 print(f"prompt {prompt_index} {name:17s}: tokens/pass {s.tokens_per_pass:.3f} "
                       f"({s.target_passes} target passes), P(accepted >= d) = [{depth}], {seconds:.1f} s")
-            assert len({tuple(tokens) for tokens in outputs.values()}) == 1, "greedy outputs differ between shapes"
+            assert len({tuple(tokens) for tokens in outputs.values()}) <= 1, "greedy outputs differ between shapes"
 
 
 if __name__ == "__main__":
