@@ -79,7 +79,8 @@ def main() -> None:
                 s = generation.stats
                 depth = ", ".join(f"{a:.2f}" for a in s.acceptance_by_depth)
                 print(f"prompt {prompt_index} {name:17s}: tokens/pass {s.tokens_per_pass:.3f} "
-                      f"({s.target_passes} target passes), P(accepted >= d) = [{depth}], {seconds:.1f} s")
+                      f"({s.target_passes} target passes), P(accepted >= d) = [{depth}], {seconds:.1f} s, "
+                      f"tokens hash {hash(tuple(outputs[name])) % 10**8}")
             assert len({tuple(tokens) for tokens in outputs.values()}) <= 1, "greedy outputs differ between shapes"
 
 
