@@ -216,11 +216,16 @@ def smollm2_or_skip():
 def test_greedy_equals_target_generate_on_smollm2():
     torch.set_num_threads(2)
     target = smollm2_or_skip()
-    prompt = (1, 504, 3458, 282, 4649, 314, 253) * 2  # token ids; any ids in the vocabulary do
+    from specverify.hf.packaged import DEFAULT_TARGET, load_tokenizer
+
+    text = ('{"name": "Ada Lovelace", "born": 1815, "field": "mathematics"},\n{"name": "Alan Turing", "born": 1912, '
+            '"field": "computer science"},\n{"name": "Grace Hopper", "born": 1906, ')  # lookup finds copies here
+    prompt = tuple(load_tokenizer(DEFAULT_TARGET)(text)["input_ids"])
     generation = tree_speculative_generate(target, PromptLookupTreeDrafter(), torch.tensor(prompt),
                                            parents=eagle_shape(2, 3, 1), max_new_tokens=32, temperature=0.0)
     assert generation.tokens.tolist() == greedy_reference(target, prompt, 32)
     print(f"SmolLM2 greedy identity, eagle(2,3,1), prompt lookup: tokens/pass {generation.stats.tokens_per_pass:.3f}")
+    assert generation.stats.tokens_per_pass > 1.2, "no tree path was accepted: the identity did not exercise the KV gather"
 
 
 # --------------------------------------------------------------------------------------------
