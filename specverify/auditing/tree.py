@@ -27,7 +27,11 @@ The battery (in run order), per declared scheme ``s``:
   ``Σ_t min(p(t), P(t is drafted at the root))`` — the emitted first token follows ``p`` and an
   accepted one was drafted, so no lossless rule can exceed this coupling bound; the message
   compares the mean accepted length with recursive rejection sampling's exact expectation;
-- ``inputs-unchanged`` (contract).
+- ``inputs-unchanged`` (contract);
+- ``outputs-unaliased`` (contract): no call overwrote a tensor an earlier call returned.
+
+The function runs in a worker process (:class:`specverify.auditing.guarded.GuardedTreeFunction`,
+``isolation="process"``, the default of :func:`specverify.audit`) or in the audit's own.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from specverify.auditing.checks import (
     goodness_of_fit_result,
 )
 from specverify.auditing.sampler import EXACT_TOLERANCE
+from specverify.auditing.sampler_coverage import contract_checks
 from specverify.core.rules import accepts_uniforms
 from specverify.core import stats, tree_exact
 from specverify.core.chains import random_markov_chain
@@ -403,4 +408,5 @@ class TreeBattery:
                                     tree_bank(f"tree-acceptance-{scheme}", 4, 1), (-1, -1), scheme),
             ]
         checks.append(InputsUnchangedCheck("inputs-unchanged", "No call may modify the tensors it is given."))
+        checks += contract_checks()
         return checks

@@ -103,8 +103,6 @@ class Worker:
         return self.generators[handle.key]
 
     def steps(self, request: dict[str, Any]) -> tuple:
-        import torch
-
         from specverify.auditing.guarded import checked_emitted, exception_message
         from specverify.auditing.faults import Fault
 

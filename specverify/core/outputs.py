@@ -142,11 +142,11 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
         broken = on_path & ~match.any(-1)
         if bool(broken.any()):
             row = int(broken.nonzero()[0, 0])
-            raise MalformedOutput([
+            raise MalformedOutput([(
                 f"row {row}: emitted {emitted[row].tolist()}, whose accepted tokens are not a root-to-node path of "
                 f"the tree (slot {j}: token {int(emitted[row, j])} is not a child of the path so far; tree_tokens "
                 f"{tree_tokens[row].tolist()}, parents {parents[row].tolist()}): only the tokens of an accepted "
-                "path may precede the correction-or-bonus token"])
+                "path may precede the correction-or-bonus token")])
         current = torch.where(on_path, match.to(torch.int64).argmax(-1), current)
         reached = torch.where(on_path[:, None], torch.cat([torch.zeros(batch, 1, dtype=torch.bool), match], 1), reached)
     return emitted, lengths, current
