@@ -27,8 +27,12 @@ from typing import Any
 
 import torch
 
-from specverify.auditing.faults import Fault, call_with_deadline, mutated_arguments, validate_emitted
-from specverify.core.outputs import emitted_tensor
+from specverify.auditing.faults import (
+    Fault,
+    call_with_deadline,
+    mutated_arguments,
+    validate_emitted,
+)
 from specverify.auditing.isolation import (
     START_TIMEOUT_S,
     CapturedStream,
@@ -42,6 +46,7 @@ from specverify.auditing.isolation import (
     layout,
     worker_target,
 )
+from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0
 """A call is a hang when it runs this many times longer than its expected time (and past the floor)."""
@@ -195,7 +200,9 @@ class _Session:
 
     level = "sampler"
 
-    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str, isolation: str) -> None:
+    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
+                 isolation: str = "none") -> None:
+        self.alias_watch = AliasWatch()
         self.timeout_s = float(timeout_s)
         self.device = torch.device(device)
         self.log = CallLog()
@@ -235,6 +242,7 @@ class _Session:
             from specverify.auditing.loading import load_target
 
             self.fn = load_target(fn, self.level)
+        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
 
     # -- worker lifecycle --------------------------------------------------------------------
 
@@ -326,12 +334,6 @@ class GuardedFunction(_Session):
     """
 
     level = "sampler"
-
-    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
-                 isolation: str = "none") -> None:
-        self.alias_watch = AliasWatch()
-        super().__init__(fn, timeout_s=timeout_s, device=device, isolation=isolation)
-        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -568,9 +570,7 @@ class GuardedTreeFunction(_Session):
 
     def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
                  isolation: str = "none") -> None:
-        self.alias_watch = AliasWatch()
         super().__init__(fn, timeout_s=timeout_s, device=device, isolation=isolation)
-        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
         self.draft_schemes = (getattr(self.fn, "draft_schemes", None) if self.isolation == "none"
                               else self.info.get("draft_schemes"))
 

@@ -43,15 +43,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from specverify.auditing.faults import (
-    Fault,
-    FaultKind,
-    call_with_deadline,
-    probe_randomness,
-    seed_global_rng,
-    validate_tree_emitted,
-)
-from specverify.auditing.guarded import GuardedTreeFunction
 from specverify.auditing.checks import (
     Check,
     CheckKind,
@@ -64,15 +55,23 @@ from specverify.auditing.checks import (
     binomial_sample_size,
     goodness_of_fit_result,
 )
+from specverify.auditing.faults import (
+    Fault,
+    FaultKind,
+    call_with_deadline,
+    probe_randomness,
+    seed_global_rng,
+    validate_tree_emitted,
+)
+from specverify.auditing.guarded import GuardedTreeFunction
 from specverify.auditing.sampler import EXACT_TOLERANCE
 from specverify.auditing.sampler_coverage import contract_checks
-from specverify.core.rules import accepts_uniforms
 from specverify.core import stats, tree_exact
-from specverify.core.chains import random_markov_chain
+from specverify.core.chains import MarkovBank, random_markov_chain
+from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
-from specverify.core.chains import MarkovBank
 from specverify.testing.harness import markov_prefix_law
 from specverify.testing.tree_harness import (
     DEFAULT_TREE_ROWS,

@@ -103,8 +103,8 @@ class Worker:
         return self.generators[handle.key]
 
     def steps(self, request: dict[str, Any]) -> tuple:
-        from specverify.auditing.guarded import checked_emitted, exception_message
         from specverify.auditing.faults import Fault
+        from specverify.auditing.guarded import checked_emitted, exception_message
 
         target, draft, tokens, output = self._views(request)
         vocab = target.shape[-1]
@@ -200,8 +200,11 @@ class Worker:
     def generate(self, request: dict[str, Any]) -> tuple:
         import torch
 
-        from specverify.auditing.faults import validate_new_tokens
-        from specverify.auditing.faults import Fault, seed_global_rng
+        from specverify.auditing.faults import (
+            Fault,
+            seed_global_rng,
+            validate_new_tokens,
+        )
         from specverify.auditing.guarded import exception_message
 
         seed_global_rng(request["global_seed"])
