@@ -179,6 +179,12 @@ def validate_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) -
     return _malformed_as_fault(outputs.validate_emitted, result, draft_tokens, vocab_size)
 
 
+def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor,
+                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`specverify.core.outputs.validate_tree_emitted` for a guarded call (SPEC §3)."""
+    return _malformed_as_fault(outputs.validate_tree_emitted, result, tree_tokens, parents, vocab_size)
+
+
 def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:
     """:func:`specverify.core.outputs.validate_new_tokens` for a guarded call (SPEC §2)."""
     return _malformed_as_fault(outputs.validate_new_tokens, result, max_new_tokens, vocab_size)

@@ -27,8 +27,12 @@ from typing import Any
 
 import torch
 
-from specverify.auditing.faults import Fault, call_with_deadline, mutated_arguments, validate_emitted
-from specverify.core.outputs import emitted_tensor
+from specverify.auditing.faults import (
+    Fault,
+    call_with_deadline,
+    mutated_arguments,
+    validate_emitted,
+)
 from specverify.auditing.isolation import (
     START_TIMEOUT_S,
     CapturedStream,
@@ -42,6 +46,7 @@ from specverify.auditing.isolation import (
     layout,
     worker_target,
 )
+from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0
 """A call is a hang when it runs this many times longer than its expected time (and past the floor)."""
@@ -195,7 +200,9 @@ class _Session:
 
     level = "sampler"
 
-    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str, isolation: str) -> None:
+    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
+                 isolation: str = "none") -> None:
+        self.alias_watch = AliasWatch()
         self.timeout_s = float(timeout_s)
         self.device = torch.device(device)
         self.log = CallLog()
@@ -204,6 +211,7 @@ class _Session:
         self.note: str | None = None
         self.worker: WorkerProcess | None = None
         self.info: dict[str, Any] = {}
+        self.buffer: SharedBuffer | None = None  # shared memory of the calls' tensors (worker sessions)
         self.isolation = check_isolation(isolation)
         self.life_calls = self.life_rows = 0  # calls and rows since the current worker started
         self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
@@ -234,6 +242,7 @@ class _Session:
             from specverify.auditing.loading import load_target
 
             self.fn = load_target(fn, self.level)
+        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
 
     # -- worker lifecycle --------------------------------------------------------------------
 
@@ -270,6 +279,29 @@ class _Session:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.stop()
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def generator(self, seed: int) -> Any:
+        """A fresh generator for the function, seeded with ``seed`` (a handle to one in the worker)."""
+        if self.isolation == "none":
+            return torch.Generator(device=self.device).manual_seed(seed)
+        return FunctionGenerator(next(_generator_keys), int(seed), global_rng_fingerprint())
+
+    def _returned(self, calls: int, rows: int) -> None:
+        """Count calls that returned (valid output or not)."""
+        self.log.calls += calls
+        self.log.rows += rows
+        self.life_calls += calls
+        self.life_rows += rows
+
+    def _ensure_buffer(self, nbytes: int) -> SharedBuffer:
+        if self.buffer is None or self.buffer.size < nbytes:
+            if self.buffer is not None:
+                self.buffer.close()
+            self.buffer = SharedBuffer.create(nbytes)
+        return self.buffer
 
     def describe(self) -> dict[str, Any]:
         """The report's ``isolation`` entry: mode, note, restarts, captured output."""
@@ -303,19 +335,6 @@ class GuardedFunction(_Session):
 
     level = "sampler"
 
-    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
-                 isolation: str = "none") -> None:
-        self.buffer: SharedBuffer | None = None
-        self.alias_watch = AliasWatch()
-        super().__init__(fn, timeout_s=timeout_s, device=device, isolation=isolation)
-        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
-
-    def generator(self, seed: int) -> Any:
-        """A fresh generator for the function, seeded with ``seed`` (a handle to one in the worker)."""
-        if self.isolation == "none":
-            return torch.Generator(device=self.device).manual_seed(seed)
-        return FunctionGenerator(next(_generator_keys), int(seed), global_rng_fingerprint())
-
     # -- calls -------------------------------------------------------------------------------
 
     def __call__(self, proposal: Any, generator: Any, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,13 +355,6 @@ class GuardedFunction(_Session):
         else:
             emitted = self._groups_in_worker(proposal, generator, sizes, where)
         return validate_emitted(emitted, proposal.draft_tokens, vocab)
-
-    def _returned(self, calls: int, rows: int) -> None:
-        """Count calls that returned (valid output or not)."""
-        self.log.calls += calls
-        self.log.rows += rows
-        self.life_calls += calls
-        self.life_rows += rows
 
     def _split(self, batch: int, width: int, vocab: int) -> list[int]:
         per_row = (2 * width - 1) * vocab
@@ -413,13 +425,6 @@ class GuardedFunction(_Session):
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return torch.cat(outputs)
 
-    def _ensure_buffer(self, nbytes: int) -> SharedBuffer:
-        if self.buffer is None or self.buffer.size < nbytes:
-            if self.buffer is not None:
-                self.buffer.close()
-            self.buffer = SharedBuffer.create(nbytes)
-        return self.buffer
-
     def _groups_in_worker(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str) -> torch.Tensor:
         if not isinstance(generator, FunctionGenerator):
             raise ValueError("generator: pass a generator made by GuardedFunction.generator(seed)")
@@ -465,12 +470,6 @@ class GuardedFunction(_Session):
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return views[3].clone()
-
-    def close(self) -> None:
-        super().close()
-        if self.buffer is not None:
-            self.buffer.close()
-            self.buffer = None
 
 
 class RawProxy:
@@ -555,3 +554,94 @@ class GuardedGenerate(_Session):
         if mutated:
             self.log.mutations.append(f"{where}: modified input_ids in place")
         return tokens
+
+
+TREE_INPUTS = ("target_probs", "draft_probs", "tree_tokens", "parents")
+
+
+class GuardedTreeFunction(_Session):
+    """The SPEC §3 ``verify_tree`` function of an audit, called on a harness tree proposal
+    (``target_probs``, ``draft_probs``, ``tree_tokens``, ``parents``) with every guard of
+    :class:`GuardedFunction`: in a worker (the four tensors and the output cross by shared
+    memory; killed at the deadline, restarted after an abnormal end) or in this process.
+    ``draft_schemes`` is the function's declared ``draft_schemes`` attribute (None when absent)."""
+
+    level = "tree"
+
+    def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
+                 isolation: str = "none") -> None:
+        super().__init__(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+        self.draft_schemes = (getattr(self.fn, "draft_schemes", None) if self.isolation == "none"
+                              else self.info.get("draft_schemes"))
+
+    def __call__(self, proposal: Any, generator: Any, *,
+                 where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One call on the whole proposal; returns ``(emitted, lengths, last_node)`` (SPEC §3
+        validated: the accepted tokens are a root-to-node path of each row's tree)."""
+        from specverify.auditing.faults import validate_tree_emitted
+
+        batch, nodes = proposal.tree_tokens.shape
+        vocab = proposal.target_probs.shape[-1]
+        elements = (2 * nodes + 1) * vocab * batch
+        deadline = self.speed.deadline(1, elements, self.timeout_s)
+        what = f"the function (in {where})"
+        if self.isolation == "none":
+            emitted, seconds = self._tree_in_process(proposal, generator, deadline, what, where)
+        else:
+            emitted, seconds = self._tree_in_worker(proposal, generator, deadline, what, where)
+        self.speed.record(1, elements, seconds)
+        self.log.function_seconds += seconds
+        return validate_tree_emitted(emitted, proposal.tree_tokens, proposal.parents, vocab)
+
+    def _tree_in_process(self, proposal: Any, generator: Any, deadline: float, what: str,
+                         where: str) -> tuple[Any, float]:
+        originals = {name: getattr(proposal, name) for name in TREE_INPUTS}
+        passed = {name: tensor.to(self.device, copy=True) for name, tensor in originals.items()}
+        started = time.perf_counter()
+        try:
+            result = self._in_process(lambda: self.fn(*passed.values(), generator), deadline, what, where)
+        except Fault as fault:
+            if fault.kind == "exception" and fault.__cause__ is not None:
+                raise Fault("exception", exception_message(fault.__cause__, what)) from None
+            raise
+        seconds = time.perf_counter() - started
+        self._returned(1, proposal.tree_tokens.shape[0])
+        if self.alias_watch.after_call(result) and not self.log.aliasing:
+            self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
+        changed = mutated_arguments(originals, passed)
+        if changed:
+            self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
+        try:
+            emitted = emitted_tensor(result)
+            return torch.Tensor.clone(emitted.detach()).as_subclass(torch.Tensor), seconds
+        except Exception:
+            return result, seconds  # validated (and reported as malformed) by the caller
+
+    def _tree_in_worker(self, proposal: Any, generator: Any, deadline: float, what: str,
+                        where: str) -> tuple[torch.Tensor, float]:
+        if not isinstance(generator, FunctionGenerator):
+            raise ValueError("generator: pass a generator made by GuardedTreeFunction.generator(seed)")
+        inputs = [getattr(proposal, name) for name in TREE_INPUTS]
+        batch, nodes = proposal.tree_tokens.shape
+        parts = [(t.dtype, tuple(t.shape)) for t in inputs] + [(torch.int64, (batch, nodes + 1))]
+        offsets, nbytes = layout(parts)
+        buffer = self._ensure_buffer(nbytes)
+        views = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
+        for view, tensor in zip(views, inputs):
+            view.copy_(tensor)
+        message = {"op": "tree", "buffer": (buffer.path, buffer.size), "offsets": offsets,
+                   "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
+                   "shapes": [shape for _, shape in parts], "generator": generator}
+        reply = self._request(message, deadline, what, where)
+        if reply[0] == "fault":
+            _, kind, text, _ = reply
+            self._returned(int(kind == "malformed"), batch if kind == "malformed" else 0)
+            raise Fault(kind, text.replace("{what}", what))
+        _, seconds, aliased = reply
+        self._returned(1, batch)
+        if aliased and not self.log.aliasing:
+            self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
+        changed = [name for name, view, tensor in zip(TREE_INPUTS, views, inputs) if not torch.equal(view, tensor)]
+        if changed:
+            self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
+        return views[4].clone(), seconds

@@ -27,53 +27,59 @@ The battery (in run order), per declared scheme ``s``:
   ``Σ_t min(p(t), P(t is drafted at the root))`` — the emitted first token follows ``p`` and an
   accepted one was drafted, so no lossless rule can exceed this coupling bound; the message
   compares the mean accepted length with recursive rejection sampling's exact expectation;
-- ``inputs-unchanged`` (contract).
+- ``inputs-unchanged`` (contract);
+- ``outputs-unaliased`` (contract): no call overwrote a tensor an earlier call returned.
+
+The function runs in a worker process (:class:`specverify.auditing.guarded.GuardedTreeFunction`,
+``isolation="process"``, the default of :func:`specverify.audit`) or in the audit's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from specverify.auditing.faults import (
-    Fault,
-    call_with_deadline,
-    probe_randomness,
-    seed_global_rng,
-)
 from specverify.auditing.checks import (
+    Check,
+    CheckKind,
     CheckResult,
     ChiSquareCheck,
     InputsUnchangedCheck,
     Plan,
+    Verdict,
     binomial_detectable_rate,
     binomial_sample_size,
     goodness_of_fit_result,
-    skipped_result,
 )
+from specverify.auditing.faults import (
+    Fault,
+    FaultKind,
+    call_with_deadline,
+    probe_randomness,
+    seed_global_rng,
+    validate_tree_emitted,
+)
+from specverify.auditing.guarded import GuardedTreeFunction
 from specverify.auditing.sampler import EXACT_TOLERANCE
-from specverify.core.rules import accepts_uniforms
+from specverify.auditing.sampler_coverage import contract_checks
 from specverify.core import stats, tree_exact
-from specverify.core.chains import random_markov_chain
+from specverify.core.chains import MarkovBank, random_markov_chain
+from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
-from specverify.core.chains import ChainBank, MarkovBank
 from specverify.testing.harness import markov_prefix_law
 from specverify.testing.tree_harness import (
     DEFAULT_TREE_ROWS,
-    GuardedTreeFunction,
-    TreeTables,
     draft_trees,
     padded_parents,
     present_nodes,
     sample_tree_runs,
     sample_tree_steps,
-    validate_tree_emitted,
 )
 
 CLOSENESSES = (0.0, 0.5)
@@ -82,10 +88,14 @@ CLOSENESSES = (0.0, 0.5)
 
 def declared_schemes(fn: Callable[..., Any]) -> tuple[str, ...]:
     """``fn.draft_schemes`` (SPEC §3), or all three schemes when the attribute is absent."""
-    declared = getattr(fn, "draft_schemes", None)
+    return parse_schemes(getattr(fn, "draft_schemes", None))
+
+
+def parse_schemes(declared: Any) -> tuple[str, ...]:
+    """The schemes of a ``draft_schemes`` value (None: all three); a malformed value is a Fault."""
     if declared is None:
         return DRAFT_SCHEMES
-    schemes = (declared,) if isinstance(declared, str) else tuple(declared)
+    schemes = (declared,) if isinstance(declared, str) else tuple(declared) if isinstance(declared, (tuple, list)) else ()
     unknown = [s for s in schemes if s not in DRAFT_SCHEMES]
     if unknown or not schemes:
         raise Fault("malformed", f"draft_schemes = {declared!r}: expected a non-empty tuple of "
@@ -93,7 +103,7 @@ def declared_schemes(fn: Callable[..., Any]) -> tuple[str, ...]:
     return schemes
 
 
-def tree_bank(name: str, vocab_size: int, order: int) -> ChainBank:
+def tree_bank(name: str, vocab_size: int, order: int) -> MarkovBank:
     """The fixed bank of a check (seeded by its name): one Markov chain per entry of CLOSENESSES."""
     chains = [random_markov_chain(vocab_size, order, derive_seed("tree-bank", name, i) % 2**31, closeness=c)
               for i, c in enumerate(CLOSENESSES)]
@@ -113,7 +123,7 @@ class TreeSession:
     scheme_error: str | None = None  # a malformed ``draft_schemes`` attribute (reported by randomness-source)
 
 
-def _labels(bank: ChainBank, length: int) -> tuple[str, ...]:
+def _labels(bank: MarkovBank, length: int) -> tuple[str, ...]:
     v = bank.vocab_size
     return tuple(f"chain {r} tokens {tuple(int(d) for d in np.unravel_index(i, (v,) * length))}"
                  for r in range(bank.num_chains) for i in range(v**length))
@@ -126,12 +136,11 @@ class TreeLawCheck(ChiSquareCheck):
 
     name: str
     description: str
-    bank: ChainBank
+    bank: MarkovBank
     shapes: tuple[tuple[int, ...], ...]
     scheme: str
     length: int
     loop: bool = False
-    kind: str = "goodness-of-fit"
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -175,7 +184,7 @@ class TreeLawCheck(ChiSquareCheck):
 
 
 @dataclass
-class TreeAcceptanceCheck:
+class TreeAcceptanceCheck(Check):
     """P(a root child is accepted) ≤ ``Σ_t min(p(t), P(t ∈ root children))`` (coupling bound:
     the first emitted token follows ``p`` and an accepted one is one of the drafted tokens).
     One-sided exact binomial test; the mean accepted length is reported against recursive
@@ -183,12 +192,13 @@ class TreeAcceptanceCheck:
 
     name: str
     description: str
-    bank: ChainBank
+    bank: MarkovBank
     shape: tuple[int, ...]
     scheme: str
-    kind: str = "binomial"
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 2
+    kind: ClassVar[CheckKind] = CheckKind.BINOMIAL
+    statistical: ClassVar[bool] = True
+    num_cells: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
         bounds, optimum = [], []
@@ -205,8 +215,6 @@ class TreeAcceptanceCheck:
         self.optimum = float(np.mean(optimum))
         self.parameters = {"scheme": self.scheme, "shape": list(self.shape), "V": self.bank.vocab_size,
                            "chains": self.bank.num_chains, "acceptance bound": round(self.bound, 12)}
-
-    statistical = True
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
         return binomial_sample_size(epsilon, min(self.bound, 1 - 1e-9), alpha, power)
@@ -233,28 +241,24 @@ class TreeAcceptanceCheck:
         else:
             message = (f"acceptance {test.estimate:.4f} within the bound {self.bound:.4f} (p-value "
                        f"{test.pvalue:.3g}); {efficiency}")
-        return CheckResult(
-            self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass", message,
-            n=plan.n, n_required=plan.n_required, num_cells=2, statistic=float(accepted), pvalue=float(test.pvalue),
-            alpha=plan.alpha, empirical_tv=max(0.0, test.estimate - self.bound), detectable_tv=plan.detectable_tv,
+        return self.report(
+            plan, Verdict.FAIL if failed else Verdict.PASS, message, n=plan.n, statistic=float(accepted),
+            pvalue=float(test.pvalue), empirical_tv=max(0.0, test.estimate - self.bound),
             observed=(accepted, plan.n - accepted), expected=(self.bound, 1.0 - self.bound),
             cell_labels=("a root child accepted", "no root child accepted"),
         )
 
 
 @dataclass
-class ExactTreeCheck:
+class ExactTreeCheck(Check):
     """Exact integration over the uniforms (:mod:`specverify.core.tree_exact`) of one step on
     small trees for every declared scheme; only for functions taking ``uniforms=``."""
 
     name: str
     description: str
     cases: tuple[tuple[str, Any, tuple[int, ...], str], ...]  # (label, chain, shape, scheme)
-    kind: str = "exact"
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-
-    statistical = False
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
 
     def __post_init__(self) -> None:
         self.parameters = {"cases": [f"{label} {list(shape)} ({scheme}, V={chain.vocab_size})"
@@ -284,7 +288,7 @@ class ExactTreeCheck:
 
         outcome = call_with_deadline(integrate, (), 10 * session.timeout_s, what=f"exact integration ({self.name})")
         if isinstance(outcome, str):
-            return skipped_result(self, plan, f"exact integration not possible: {outcome}")
+            return self.skipped(plan, f"exact integration not possible: {outcome}")
         worst = max(range(len(outcome)), key=lambda i: outcome[i])
         failed = outcome[worst] > EXACT_TOLERANCE
         label, _, shape, scheme = self.cases[worst]
@@ -294,26 +298,22 @@ class ExactTreeCheck:
         message = (f"exact TV of one step = {outcome[worst]:.6g} on {label} {list(shape)} ({scheme}) "
                    f"(> {EXACT_TOLERANCE:g}): lossy; per case {summary}" if failed
                    else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters),
-                           "fail" if failed else "pass", message, empirical_tv=float(outcome[worst]),
-                           statistic=float(outcome[worst]))
+        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message,
+                           empirical_tv=float(outcome[worst]), statistic=float(outcome[worst]))
 
 
 @dataclass
-class TreeRandomnessCheck:
+class TreeRandomnessCheck(Check):
     """All randomness must come from ``generator`` (same probe as the sampler level)."""
 
     name: str
     description: str
-    bank: ChainBank
+    bank: MarkovBank
     shape: tuple[int, ...]
     scheme: str
     rows: int
-    kind: str = "contract"
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-
-    statistical = False
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
 
     def __post_init__(self) -> None:
         self.parameters = {"shape": list(self.shape), "scheme": self.scheme, "V": self.bank.vocab_size,
@@ -322,10 +322,9 @@ class TreeRandomnessCheck:
     def run(self, session: TreeSession, plan: Plan) -> CheckResult:
         if session.scheme_error is not None:
             raise Fault("malformed", session.scheme_error)
-        tables = TreeTables(self.bank)
         chain = torch.arange(self.rows) % self.bank.num_chains
         shape_of_row = torch.zeros(self.rows, dtype=torch.int64)
-        drafted = draft_trees(tables, chain, tables.prompt_states[chain], padded_parents([self.shape], shape_of_row),
+        drafted = draft_trees(self.bank, chain, self.bank.prompt_states(chain), padded_parents([self.shape], shape_of_row),
                               present_nodes([self.shape], shape_of_row), self.scheme,
                               torch.Generator().manual_seed(derive_seed(plan.seed, "harness")))
 
@@ -338,8 +337,7 @@ class TreeRandomnessCheck:
         probe = probe_randomness(run_twice, derive_seed(plan.seed, "function"),
                                  (derive_seed(plan.seed, "global", 1), derive_seed(plan.seed, "global", 2)))
         if probe.uses_only_generator:
-            return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "pass",
-                               "the output depends on the generator's stream only")
+            return self.report(plan, Verdict.PASS, "the output depends on the generator's stream only")
         if not probe.repeatable:
             message = ("the output changed between two runs with the same generator seed and the same global seeds: "
                        "the function draws randomness from outside both; draw everything from `generator`")
@@ -349,8 +347,7 @@ class TreeRandomnessCheck:
         else:
             message = ("two successive calls with the same generator gave identical outputs: the function reseeds or "
                        "ignores `generator`, so successive steps reuse the same random numbers")
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail", message,
-                           fault="global-rng")
+        return self.report(plan, Verdict.FAIL, message, fault=FaultKind.GLOBAL_RNG)
 
 
 SIBLING_SHAPES = ((-1, -1, -1), (-1, -1))
@@ -370,16 +367,14 @@ class TreeBattery:
 
     def open_session(self, fn: Callable[..., Any] | str, *, device: str, timeout_s: float,
                      isolation: str = "none") -> TreeSession:
-        if isinstance(fn, str):
-            from specverify.auditing.loading import load_target
-
-            fn = load_target(fn, self.level)
+        """The guarded function (in a worker process with ``isolation="process"``) and the schemes
+        it declares (its ``draft_schemes`` attribute, read where it was loaded)."""
+        function = GuardedTreeFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
         try:
-            schemes, error = declared_schemes(fn), None
+            schemes, error = parse_schemes(function.draft_schemes), None
         except Fault as fault:
             schemes, error = DRAFT_SCHEMES, fault.message  # audited under every scheme, reported as an error
-        return TreeSession(GuardedTreeFunction(fn, timeout_s=timeout_s, device=device), fn, timeout_s, schemes,
-                           self.batch_rows, error)
+        return TreeSession(function, function.raw, timeout_s, schemes, self.batch_rows, error)
 
     def checks(self, session: TreeSession) -> list[Any]:
         schemes = session.schemes
@@ -412,4 +407,5 @@ class TreeBattery:
                                     tree_bank(f"tree-acceptance-{scheme}", 4, 1), (-1, -1), scheme),
             ]
         checks.append(InputsUnchangedCheck("inputs-unchanged", "No call may modify the tensors it is given."))
+        checks += contract_checks()
         return checks

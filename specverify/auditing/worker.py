@@ -10,6 +10,9 @@ and answers each one; it never raises out of a request (every exception of the f
 - ``steps``: call the SPEC §1 function once per group of consecutive rows of the shared buffer
   with one persistent generator, validate each output and copy it into the buffer at once;
   answer ``("ok", seconds, aliased)`` or ``("fault", kind, message, group)``;
+- ``tree``: one SPEC §3 call on the four tensors of the shared buffer with a persistent
+  generator, the output validated (a root-to-node path) and copied into the buffer; answer
+  ``("ok", seconds, aliased)`` or ``("fault", kind, message, 0)``;
 - ``raw``: call the function with the given (small) arguments, answer its result;
 - ``generate``: one SPEC §2 call on the worker's own models; answer the tokens and whether
   ``input_ids`` or the models' parameters changed (the models are then restored);
@@ -79,7 +82,15 @@ class Worker:
             from specverify.auditing.decoder import DecoderModels
 
             self.models = DecoderModels(self.device)
-        return ("loaded", {"parameters": parameters})
+        info: dict[str, Any] = {"parameters": parameters}
+        if self.level == "tree":
+            declared = getattr(self.fn, "draft_schemes", None)
+            try:
+                pickle.dumps(declared)
+            except Exception:
+                declared = repr(declared)  # reported as malformed by the audit
+            info["draft_schemes"] = declared
+        return ("loaded", info)
 
     def _generator(self, handle: Any) -> Any:
         import torch
@@ -92,20 +103,10 @@ class Worker:
         return self.generators[handle.key]
 
     def steps(self, request: dict[str, Any]) -> tuple:
-        import torch
-
-        from specverify.auditing.guarded import checked_emitted, exception_message
         from specverify.auditing.faults import Fault
-        from specverify.auditing.isolation import SharedBuffer
+        from specverify.auditing.guarded import checked_emitted, exception_message
 
-        path, size = request["buffer"]
-        if self.buffer is None or self.buffer.path != path:
-            if self.buffer is not None:
-                self.buffer.close()
-            self.buffer = SharedBuffer.open(path, size)
-        target, draft, tokens, output = (self.buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
-                                         for offset, dtype, shape in zip(request["offsets"], request["dtypes"],
-                                                                         request["shapes"]))
+        target, draft, tokens, output = self._views(request)
         vocab = target.shape[-1]
         generator = self._generator(request["generator"])
         on_cpu = self.device == "cpu"
@@ -133,6 +134,49 @@ class Worker:
             start += rows
         return ("ok", seconds, aliased)
 
+    def _views(self, request: dict[str, Any]) -> list[Any]:
+        import torch
+
+        from specverify.auditing.isolation import SharedBuffer
+
+        path, size = request["buffer"]
+        if self.buffer is None or self.buffer.path != path:
+            if self.buffer is not None:
+                self.buffer.close()
+            self.buffer = SharedBuffer.open(path, size)
+        return [self.buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
+                for offset, dtype, shape in zip(request["offsets"], request["dtypes"], request["shapes"])]
+
+    def tree(self, request: dict[str, Any]) -> tuple:
+        """One SPEC §3 call on the four input tensors of the shared buffer; the validated output
+        goes into its fifth tensor."""
+        from specverify.auditing.faults import Fault, validate_tree_emitted
+        from specverify.auditing.guarded import exception_message
+
+        *inputs, output = self._views(request)
+        tree_tokens, parents = inputs[2].clone(), inputs[3].clone()
+        generator = self._generator(request["generator"])
+        on_cpu = self.device == "cpu"
+        passed = inputs if on_cpu else [t.to(self.device) for t in inputs]
+        started = time.perf_counter()
+        try:
+            result = self.fn(*passed, generator)
+        except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt/SystemExit are the function's
+            return ("fault", "exception", exception_message(error, "{what}"), 0)
+        seconds = time.perf_counter() - started
+        aliased = self.alias_watch.after_call(result)
+        try:
+            emitted, _, _ = validate_tree_emitted(result, tree_tokens, parents, inputs[0].shape[-1])
+        except Fault as fault:
+            return ("fault", fault.kind.value, fault.message, 0)
+        except Exception as error:
+            return ("fault", "malformed", f"returned output the audit could not read ({type(error).__name__}: {error})", 0)
+        output.copy_(emitted)
+        if not on_cpu:
+            for view, tensor in zip(inputs, passed):
+                view.copy_(tensor)
+        return ("ok", seconds, aliased)
+
     def raw(self, request: dict[str, Any]) -> tuple:
         import torch
 
@@ -156,8 +200,11 @@ class Worker:
     def generate(self, request: dict[str, Any]) -> tuple:
         import torch
 
-        from specverify.auditing.faults import validate_new_tokens
-        from specverify.auditing.faults import Fault, seed_global_rng
+        from specverify.auditing.faults import (
+            Fault,
+            seed_global_rng,
+            validate_new_tokens,
+        )
         from specverify.auditing.guarded import exception_message
 
         seed_global_rng(request["global_seed"])
@@ -199,7 +246,8 @@ def main(descriptor: int) -> None:
     _die_with_parent()
     connection = Connection(descriptor)
     worker = Worker()
-    handlers = {"load": worker.load, "steps": worker.steps, "raw": worker.raw, "generate": worker.generate}
+    handlers = {"load": worker.load, "steps": worker.steps, "tree": worker.tree, "raw": worker.raw,
+                "generate": worker.generate}
     while True:
         try:
             request = pickle.loads(connection.recv_bytes())

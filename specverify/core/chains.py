@@ -277,7 +277,12 @@ class ChainBank:
 
     def rows_of(self, state: RowState) -> torch.Tensor:
         """int64 ``[N]``: each row's index into the flattened tables, ``chain·S + local state``."""
-        return state.chain * self.num_states + self.local_state(state)
+        return self.table_rows(state.chain, self.local_state(state))
+
+    def table_rows(self, chain: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """int64: the flattened-table index ``chain·S + local`` of local states ``local`` of the
+        given chains (any matching shapes)."""
+        return chain * self.num_states + local
 
     def advance(self, state: RowState, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> RowState:
         """The state after appending ``tokens [N]`` (only to the rows where ``mask`` is true)."""
@@ -344,6 +349,17 @@ class MarkovBank(ChainBank):
 
     def local_state(self, state: RowState) -> torch.Tensor:
         return _context_states(state.context, self.vocab_size)
+
+    def prompt_states(self, chain: torch.Tensor) -> torch.Tensor:
+        """int64 ``[N]``: the local state of each listed chain's prompt (before any token)."""
+        return self.local_state(self.initial_state(chain))
+
+    def next_state(self, local: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The local state after appending ``tokens`` to contexts in local state ``local`` (same
+        shapes): the base-``V`` number of the last ``order`` tokens, ``(s·V + t) mod V**order``,
+        the oldest digit dropped (always 0 for order 0).  For walking many paths at once (trees)
+        without a :class:`RowState` per path."""
+        return (local * self.vocab_size + tokens) % self.num_states
 
     def chain(self, index: int) -> MarkovChain:
         return MarkovChain(self.target[index], self.draft[index], self.order, tuple(int(t) for t in self.prompts[index]))

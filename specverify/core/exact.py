@@ -247,6 +247,15 @@ def sequence_distribution(
                 step_laws[key] = step_distribution(rule, chain, num_draft, at)
         return step_laws[key]
 
+    return prefix_law_of_steps(step_law, prefix, length)
+
+
+def prefix_law_of_steps(step_law: Callable[[tuple[int, ...]], Distribution], prefix: tuple[int, ...],
+                        length: int) -> Distribution:
+    """Exact law of the first ``length`` tokens of a decoding loop whose every step, after the
+    context ``prefix + sequence``, emits a tuple of tokens with law ``step_law(prefix + sequence)``:
+    P(x_1..x_L) = Σ over the step sequences that first reach length ≥ L with that prefix of the
+    product of their step probabilities (breadth-first over the partial sequences)."""
     finished: Distribution = defaultdict(float)
     frontier: Distribution = {(): 1.0} if length > 0 else {}
     if length == 0:

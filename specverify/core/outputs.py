@@ -1,4 +1,4 @@
-"""The one validator of what a verification step or a decoder returns (SPEC §1, §3 and §2).
+"""The one validator of what a verification step, a tree step or a decoder returns (SPEC §1, §3 and §2).
 
 Every consumer of emitted tokens (the audit's guarded calls, the exact integrator, the property
 suite) validates through this module and gets one exception type, :class:`MalformedOutput`,
@@ -113,6 +113,43 @@ def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size:
     if problems:
         raise MalformedOutput(problems)
     return emitted, lengths
+
+
+def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor,
+                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check one tree step's output against SPEC §3; return ``(emitted, lengths, last_node)`` on the CPU.
+
+    The layout is SPEC §1's with ``K+1 = N+1`` slots (:func:`validate_emitted` without draft
+    tokens); in addition the first ``m_b − 1`` tokens of row b must be the tokens of a
+    root-to-node path of the row's tree (``tree_tokens``, ``parents [B, N]``).  With duplicate
+    sibling tokens any matching child may continue the path; ``last_node`` is the lowest-index
+    node ending a matching path (-1 when nothing was accepted).  Raises :class:`MalformedOutput`.
+    """
+    batch, width = tree_tokens.shape
+    emitted, lengths = validate_emitted(result, None, vocab_size, num_positions=width + 1)
+    if emitted.shape[0] != batch:
+        raise MalformedOutput([f"returned shape {tuple(emitted.shape)}, expected [B, N+1] = [{batch}, {width + 1}]"])
+    tree_tokens, parents = tree_tokens.cpu(), parents.cpu()
+    # Candidate nodes after j accepted tokens (column 0: the root); with duplicate sibling tokens
+    # a token can match several children, so every matching path is followed.
+    present = tree_tokens >= 0
+    reached = torch.zeros(batch, width + 1, dtype=torch.bool)
+    reached[:, 0] = True
+    current = torch.full((batch,), -1, dtype=torch.int64)
+    for j in range(width):
+        on_path = j < lengths - 1
+        match = present & reached.gather(-1, parents + 1) & (tree_tokens == emitted[:, j:j + 1])
+        broken = on_path & ~match.any(-1)
+        if bool(broken.any()):
+            row = int(broken.nonzero()[0, 0])
+            raise MalformedOutput([(
+                f"row {row}: emitted {emitted[row].tolist()}, whose accepted tokens are not a root-to-node path of "
+                f"the tree (slot {j}: token {int(emitted[row, j])} is not a child of the path so far; tree_tokens "
+                f"{tree_tokens[row].tolist()}, parents {parents[row].tolist()}): only the tokens of an accepted "
+                "path may precede the correction-or-bonus token")])
+        current = torch.where(on_path, match.to(torch.int64).argmax(-1), current)
+        reached = torch.where(on_path[:, None], torch.cat([torch.zeros(batch, 1, dtype=torch.bool), match], 1), reached)
+    return emitted, lengths, current
 
 
 def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:

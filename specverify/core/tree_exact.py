@@ -37,7 +37,7 @@ import torch
 
 from specverify.core import exact
 from specverify.core.chains import Chain
-from specverify.core.exact import Distribution
+from specverify.core.exact import Distribution, prefix_law_of_steps
 from specverify.core.tree_rules import DRAFT_SCHEMES
 
 TreeRule = Callable[..., Any]
@@ -407,21 +407,7 @@ def tree_sequence_distribution(rule: TreeRule | None, chain: Chain, parents: Seq
                               else tree_step_distribution(rule, chain, shape, scheme, at))
         return step_laws[key]
 
-    finished: Distribution = defaultdict(float)
-    frontier: Distribution = {(): 1.0} if length > 0 else {}
-    if length == 0:
-        finished[()] = 1.0
-    while frontier:
-        next_frontier: Distribution = defaultdict(float)
-        for sequence, weight in frontier.items():
-            for emitted, prob in step_law(prefix + sequence).items():
-                extended = sequence + emitted
-                if len(extended) >= length:
-                    finished[extended[:length]] += weight * prob
-                else:
-                    next_frontier[extended] += weight * prob
-        frontier = next_frontier
-    return dict(finished)
+    return prefix_law_of_steps(step_law, prefix, length)
 
 
 def exact_tree_run_tv(rule: TreeRule | None, chain: Chain, parents: Sequence[int], scheme: str, length: int,

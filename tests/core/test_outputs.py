@@ -48,3 +48,25 @@ def test_new_tokens_report_dtype_and_shape_together():
     with pytest.raises(MalformedOutput) as error:
         validate_new_tokens(torch.zeros(1, 3), 3, 8)
     assert len(error.value.violations) == 2 and "batch dimension" in str(error.value)
+
+
+# SPEC §3: tree steps (root children 0 and 1 with tokens 2 and 3; node 2, token 1, under node 0)
+TREE_TOKENS = torch.tensor([[2, 3, 1]])
+PARENTS = torch.tensor([[-1, -1, 0]])
+
+
+def test_a_tree_output_along_a_path_gives_its_last_node():
+    from specverify.core.outputs import validate_tree_emitted
+
+    emitted, lengths, last = validate_tree_emitted(torch.tensor([[2, 1, 0, -1]]), TREE_TOKENS, PARENTS, 4)
+    assert lengths.tolist() == [3] and last.tolist() == [2]
+
+
+def test_a_tree_output_off_the_tree_and_a_bad_layout_are_malformed():
+    from specverify.core.outputs import validate_tree_emitted
+
+    with pytest.raises(MalformedOutput, match="not a root-to-node path"):
+        validate_tree_emitted(torch.tensor([[3, 1, 0, -1]]), TREE_TOKENS, PARENTS, 4)  # 1 is not under node 1
+    with pytest.raises(MalformedOutput) as error:
+        validate_tree_emitted(torch.zeros(1, 3), TREE_TOKENS, PARENTS, 4)
+    assert len(error.value.violations) == 2
