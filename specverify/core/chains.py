@@ -237,8 +237,10 @@ class ChainBank:
 
     def __init__(self, target: np.ndarray, draft: np.ndarray, order: int, prompts: np.ndarray) -> None:
         target, draft = np.asarray(target, dtype=np.float64), np.asarray(draft, dtype=np.float64)
-        if target.ndim != 3 or draft.shape != target.shape:
-            raise ValueError(f"draft: expected the target's shape [R, S, V] = {list(target.shape)}, got {list(draft.shape)}")
+        if target.ndim != 3:
+            raise ValueError(f"target: expected tables [R, S, V] (chains, states, tokens), got shape {list(target.shape)}")
+        if draft.shape != target.shape:
+            raise ValueError(f"draft: expected the target's shape {list(target.shape)}, got {list(draft.shape)}")
         self.target, self.draft, self.order = target, draft, order
         self.prompts = np.asarray(prompts, dtype=np.int64).reshape(target.shape[0], order)
         flat_shape = (self.num_chains * self.num_states, self.vocab_size)
