@@ -261,12 +261,19 @@ def _check_structure(target_probs, draft_probs, draft_tokens, generator, uniform
         if tuple(num_draft.shape) != (batch,):
             raise ValueError(f"num_draft: expected shape [B] = [{batch}], got {list(num_draft.shape)}")
         _check_device("num_draft", num_draft.device, device)
-    if not needs_randomness:
-        return
+    if needs_randomness:
+        check_randomness_source(generator, uniforms, (batch, positions), device, "[B, K+1]")
+
+
+def check_randomness_source(generator: torch.Generator | None, uniforms: torch.Tensor | None,
+                            shape: tuple[int, int], device: torch.device, shape_name: str) -> None:
+    """``ValueError`` unless exactly one of ``generator`` (a ``torch.Generator`` on ``device``) and
+    ``uniforms`` (a float tensor of ``shape``, named ``shape_name`` in messages, on ``device``) is given.
+    Shared by the chain rules (``[B, K+1]``) and the tree rules (``[B, N+1]``)."""
     if (generator is None) == (uniforms is None):
         raise ValueError(
             "generator/uniforms: pass exactly one source of randomness: a torch.Generator, or "
-            "uniforms [B, K+1] (to drive the rule exactly)"
+            f"uniforms {shape_name} (to drive the rule exactly)"
         )
     if generator is not None:
         if not isinstance(generator, torch.Generator):
@@ -274,9 +281,9 @@ def _check_structure(target_probs, draft_probs, draft_tokens, generator, uniform
         _check_device("generator", generator.device, device)
     if uniforms is not None:
         if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point():
-            raise ValueError("uniforms: expected a floating-point torch.Tensor of shape [B, K+1]")
-        if tuple(uniforms.shape) != (batch, positions):
-            raise ValueError(f"uniforms: expected shape [B, K+1] = {[batch, positions]}, got {list(uniforms.shape)}")
+            raise ValueError(f"uniforms: expected a floating-point torch.Tensor of shape {shape_name}")
+        if tuple(uniforms.shape) != shape:
+            raise ValueError(f"uniforms: expected shape {shape_name} = {list(shape)}, got {list(uniforms.shape)}")
         _check_device("uniforms", uniforms.device, device)
 
 

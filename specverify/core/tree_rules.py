@@ -74,7 +74,7 @@ from typing import NamedTuple
 
 import torch
 
-from specverify.core.rules import _check_device, _distribution_problems
+from specverify.core.rules import _check_device, _distribution_problems, check_randomness_source
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
@@ -204,21 +204,8 @@ def _check_tree_structure(target_probs, draft_probs, tree_tokens, parents, gener
             raise ValueError(f"draft_probs: expected shape [B, N, V] = {[batch, num_nodes, vocab]} (one row per node; "
                              f"target_probs has N+1 rows), got {list(draft_probs.shape)}")
         _check_device("draft_probs", draft_probs.device, device)
-    if not needs_randomness:
-        return
-    if (generator is None) == (uniforms is None):
-        raise ValueError("generator/uniforms: pass exactly one source of randomness: a torch.Generator, or "
-                         "uniforms [B, N+1] (to drive the rule exactly)")
-    if generator is not None:
-        if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-        _check_device("generator", generator.device, device)
-    if uniforms is not None:
-        if not isinstance(uniforms, torch.Tensor) or not uniforms.is_floating_point():
-            raise ValueError("uniforms: expected a floating-point torch.Tensor of shape [B, N+1]")
-        if tuple(uniforms.shape) != (batch, positions):
-            raise ValueError(f"uniforms: expected shape [B, N+1] = {[batch, positions]}, got {list(uniforms.shape)}")
-        _check_device("uniforms", uniforms.device, device)
+    if needs_randomness:
+        check_randomness_source(generator, uniforms, (batch, positions), device, "[B, N+1]")
 
 
 # --------------------------------------------------------------------------------------------
