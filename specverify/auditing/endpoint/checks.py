@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from specverify.auditing.endpoint.greedy import (
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
 from specverify.auditing.endpoint.scoring import completion_laws, echo_body
 from specverify.auditing.faults import Fault
-from specverify.auditing.sampler import CheckResult, Plan, goodness_of_fit_result, skipped_result
+from specverify.auditing.checks import Check, CheckKind, CheckResult, Plan, Verdict, goodness_of_fit_result
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
 
@@ -68,17 +68,13 @@ def greedy_body(prompt: Prompt, length: int) -> dict[str, Any]:
     return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=length, temperature=0.0, logprobs=GREEDY_LOGPROBS)
 
 
-def _result(check: Any, verdict: str, message: str, **extra: Any) -> CheckResult:
-    return CheckResult(check.name, check.description, check.kind, dict(check.parameters), verdict, message, **extra)
-
-
 # --------------------------------------------------------------------------------------------
 # Greedy identity and batch invariance
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass
-class GreedyIdentityCheck:
+class GreedyIdentityCheck(Check):
     """Temperature 0: the candidate's tokens equal the baseline's, except at explained near-ties
     (:mod:`specverify.auditing.endpoint.greedy`).  Without a baseline: every greedy token is the
     top-1 of the candidate's own returned law."""
@@ -88,10 +84,8 @@ class GreedyIdentityCheck:
     prompts: tuple[Prompt, ...]
     length: int
     burst: int
-    kind: str = "exact"
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-    statistical = False
 
     def __post_init__(self) -> None:
         self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length,
@@ -124,11 +118,12 @@ class GreedyIdentityCheck:
         if session.baseline and tau_cross > law_bound:
             where = max(((p.kind, pos, d) for p, a, b in zip(self.prompts, reference, candidate)
                          for pos, d in logprob_differences(a, b)), key=lambda t: t[2])
-            return CheckResult(self.name, self.description, self.kind, parameters, "fail",
+            return self.report(plan, Verdict.FAIL,
                                f"on tokens where both servers agree the candidate's logprobs differ from the "
                                f"baseline's by up to {tau_cross:.3g} nats ({where[0]} prompt, token {where[1]}), "
                                f"more than {law_bound:.3g} nats (max({LOGPROB_TOLERANCE}, {SAME_LAW_FACTOR:g} × the baseline's own "
-                               f"repeat/load/batch noise {tau_repeat:.3g})): the candidate computes a different law")
+                               f"repeat/load/batch noise {tau_repeat:.3g})): the candidate computes a different law",
+                               parameters=parameters)
         judged: list[Divergence] = []
         for prompt, ref, cand in zip(self.prompts, reference, candidate):
             found = (judge_divergence(prompt.kind, ref, cand, tol) if session.baseline
@@ -153,9 +148,9 @@ class GreedyIdentityCheck:
                        + "; ".join(d.describe() for d in unexplained)
                        + f" (gap > tolerance {tol:.3g}: the reference scores the candidate's token clearly below its "
                          f"own); {summary}; replay: {replay}")
-            return CheckResult(self.name, self.description, self.kind, parameters, "fail", message,
+            return self.report(plan, Verdict.FAIL, message, parameters=parameters,
                                statistic=float(unexplained[0].position))
-        return CheckResult(self.name, self.description, self.kind, parameters, "pass", summary)
+        return self.report(plan, Verdict.PASS, summary, parameters=parameters)
 
 
     def _batch_noise(self, session: Any, reference: Sequence[Completion]) -> float:
@@ -181,7 +176,7 @@ class GreedyIdentityCheck:
 
 
 @dataclass
-class BatchInvarianceCheck:
+class BatchInvarianceCheck(Check):
     """The candidate's greedy tokens for a prompt alone and inside a burst of concurrent requests
     are identical, or diverge only at a near-tie the alone run's logprobs explain."""
 
@@ -190,10 +185,8 @@ class BatchInvarianceCheck:
     prompts: tuple[Prompt, ...]
     length: int
     burst: int
-    kind: str = "exact"
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-    statistical = False
 
     def __post_init__(self) -> None:
         self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length,
@@ -216,10 +209,10 @@ class BatchInvarianceCheck:
                    f"{self.burst * len(self.prompts)} concurrent requests (tolerance {tol:.3g})"
                    + "".join(f"; EXPLAINED {d.describe()}" for d in judged if d.explained))
         if unexplained:
-            return _result(self, "fail", f"{len(unexplained)} UNEXPLAINED divergence(s) under concurrent load: "
+            return self.report(plan, Verdict.FAIL, f"{len(unexplained)} UNEXPLAINED divergence(s) under concurrent load: "
                                          + "; ".join(d.describe() for d in unexplained)
                                          + f": the output depends on the other requests in the batch; {summary}")
-        return _result(self, "pass", summary)
+        return self.report(plan, Verdict.PASS, summary)
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,7 +221,7 @@ class BatchInvarianceCheck:
 
 
 @dataclass
-class PitCheck:
+class PitCheck(Check):
     """Top-k sampling at temperature T: the sequential randomized PIT values of every sampled
     token (:mod:`specverify.auditing.endpoint.pit`) under the target's law at its prefix are
     i.i.d. uniform; Pearson goodness of fit of the first n of them in PIT_BINS equal cells, plus
@@ -249,10 +242,10 @@ class PitCheck:
     temperature: float
     top_k: int
     length: int
-    kind: str = "goodness-of-fit"
+    kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = PIT_BINS
-    statistical = True
+    statistical: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.parameters = {"temperature": self.temperature, "top_k": self.top_k, "top_p": 1.0, "min_p": 0.0,
@@ -347,7 +340,7 @@ def homogeneity_detectable_tv(n: int, *, alpha: float, power: float, num_cells: 
 
 
 @dataclass
-class TwoSampleCheck:
+class TwoSampleCheck(Check):
     """Sampling with settings whose processed law the logprobs cannot give (``top_p`` after
     temperature, engine defaults such as min-p or penalties): the first L tokens' joint law on
     candidate and baseline, same parameters, independent seeds, is the same (Pearson χ² test of
@@ -363,9 +356,9 @@ class TwoSampleCheck:
     settings: Mapping[str, float]
     length: int
     max_cells: int = 16
-    kind: str = "goodness-of-fit"
+    kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     parameters: dict[str, Any] = field(init=False)
-    statistical = True
+    statistical: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.num_cells = self.max_cells
@@ -415,10 +408,10 @@ class TwoSampleCheck:
         else:
             message = (f"candidate and baseline consistent (p-value {test.pvalue:.3g} > α share {plan.alpha:.3g}; "
                        f"{len(labels)} cells from a pilot of {pilot_n} requests per server)")
-        return CheckResult(self.name, self.description, self.kind, dict(self.parameters), "fail" if failed else "pass",
-                           message, n=2 * plan.n, n_required=plan.n_required, num_cells=len(labels),
-                           statistic=float(test.statistic), pvalue=float(test.pvalue), alpha=plan.alpha,
-                           empirical_tv=float(test.empirical_tv), detectable_tv=plan.detectable_tv,
+        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS,
+                           message, n=2 * plan.n, num_cells=len(labels),
+                           statistic=float(test.statistic), pvalue=float(test.pvalue),
+                           empirical_tv=float(test.empirical_tv),
                            observed=tuple(int(c) for c in counts[0]), expected=None, cell_labels=tuple(labels),
                            calls=2 * (plan.n + pilot_n))
 
@@ -444,7 +437,7 @@ def prometheus_totals(text: str | None) -> dict[str, float]:
 
 
 @dataclass
-class AcceptanceCheck:
+class AcceptanceCheck(Check):
     """Report the candidate's speculation counters per prompt kind, where it exposes them:
     llama.cpp's per-response ``timings`` (``draft_n``, ``draft_n_accepted``) or vLLM's Prometheus
     counters.  Informational (not charged to α); skipped when the server exposes neither."""
@@ -453,10 +446,8 @@ class AcceptanceCheck:
     description: str
     prompts: tuple[Prompt, ...]
     length: int
-    kind: str = "contract"
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
     parameters: dict[str, Any] = field(init=False)
-    num_cells: int = 0
-    statistical = False
 
     def __post_init__(self) -> None:
         self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length}
@@ -476,9 +467,9 @@ class AcceptanceCheck:
             if figures:
                 parts.append(f"{prompt.kind}: {figures}")
         if not parts:
-            return skipped_result(self, plan, "the candidate exposes no speculation counters (no `timings` in its "
+            return self.skipped(plan, "the candidate exposes no speculation counters (no `timings` in its "
                                               "responses, no vLLM spec_decode metrics at /metrics)")
-        return _result(self, "pass", "acceptance per prompt kind (greedy): " + "; ".join(parts))
+        return self.report(plan, Verdict.PASS, "acceptance per prompt kind (greedy): " + "; ".join(parts))
 
 
 def _acceptance_figures(completion: Completion, before: Mapping[str, float], after: Mapping[str, float]) -> str | None:
