@@ -120,6 +120,11 @@ class Plan:
     alpha: float | None
     detectable_tv: float | None
     seed: int
+    looks: tuple[int, ...] = ()
+    """Cumulative sample sizes at which a sequential check tests (the last is ``n``); empty for
+    deterministic checks and for checks tested once at ``alpha``."""
+    look_alphas: tuple[float, ...] = ()
+    """The level of each look (α-spending increments, summing to ``alpha``: :mod:`specverify.core.sequential`)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,11 @@ class CheckResult:
     calls: int = 0
     rows: int = 0
     seconds: float = 0.0
+    look: int | None = None
+    """For a sequential check: the look (1-based) whose test gave this verdict (the first that
+    rejected, or the last); ``level`` is that look's share of ``alpha``."""
+    num_looks: int = 0
+    level: float | None = None
 
     def __post_init__(self) -> None:
         # Results built from plain strings ("fail", "goodness-of-fit") get the enums, so that every
@@ -185,6 +195,9 @@ class Check:
     parameters: Mapping[str, Any]
     kind: ClassVar[CheckKind]
     statistical: ClassVar[bool] = False
+    sequential: ClassVar[bool] = False
+    """Sequential checks are tested at the looks of their plan (:class:`SequentialCheck`); the
+    other statistical checks once, at their whole α share."""
     num_cells: int = 0
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
@@ -254,32 +267,140 @@ def _top_deviations(counts: np.ndarray, expected: np.ndarray, labels: tuple[str,
     return "; ".join(f"{labels[i]}: observed {frequency[i]:.4f} vs expected {expected[i]:.4f}" for i in order)
 
 
+MAX_MONTE_CARLO_DRAWS = 1_000_000
+"""A Monte-Carlo p-value draws at most this many tables: a look whose level is below
+1/(1 + MAX_MONTE_CARLO_DRAWS) cannot reject on a Monte-Carlo p-value (its level is then unused,
+never spent on an invalid rejection).  Only tiny early looks fall back to Monte Carlo."""
+
+
+def level_of(plan: Plan, level: float | None) -> float:
+    """The level a test is run at: ``level`` (a look's), else the check's whole share ``plan.alpha``."""
+    level = plan.alpha if level is None else level
+    if level is None:
+        raise ValueError("plan: a statistical check needs a plan with an α share (plan.alpha is None)")
+    return level
+
+
+def level_phrase(plan: Plan, level: float | None, look: int | None) -> str:
+    """How the level of a test is named in messages: "α share 3.3e-05", or, at a look of a
+    sequential check, "level 2.9e-05 of look 5/5 (α share 3.3e-05)"."""
+    if look is None or not plan.looks:
+        return f"α share {level_of(plan, level):.3g}"
+    return f"level {level_of(plan, level):.3g} of look {look}/{len(plan.looks)} (α share {plan.alpha:.3g})"
+
+
 def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expected: np.ndarray,
-                           labels: tuple[str, ...], acceptance: Mapping[str, tuple[float, ...]] | None) -> CheckResult:
+                           labels: tuple[str, ...], acceptance: Mapping[str, tuple[float, ...]] | None,
+                           *, level: float | None = None, look: int | None = None) -> CheckResult:
     """Pearson goodness of fit of the observed cell counts against the target law (stats module:
     cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
-    a sample fell in a cell of probability 0)."""
-    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/α draws it could never
-    # fall below the check's α share, and the check could not fail.
-    draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
+    a sample fell in a cell of probability 0), at ``level`` (default: the check's α share)."""
+    level = level_of(plan, level)
+    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/level draws it could never
+    # fall below the level, and the check could not fail.
+    draws = min(MAX_MONTE_CARLO_DRAWS, max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
     fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=draws)
-    failed = fit.pvalue <= plan.alpha
+    failed = fit.pvalue <= level
+    where = level_phrase(plan, level, look)
     if fit.impossible_count:
         impossible = [labels[i] for i in np.flatnonzero((expected == 0) & (counts > 0))[:3]]
         message = (f"emitted {fit.impossible_count} sample(s) of target probability 0 "
                    f"({', '.join(impossible)}): certain loss")
     elif failed:
-        message = (f"the emitted tokens do not follow the target's law: p-value {fit.pvalue:.3g} ≤ α share "
-                   f"{plan.alpha:.3g}; estimated TV {fit.empirical_tv:.4f}; largest deviations: "
+        message = (f"the emitted tokens do not follow the target's law: p-value {fit.pvalue:.3g} ≤ {where}; "
+                   f"estimated TV {fit.empirical_tv:.4f}; largest deviations: "
                    f"{_top_deviations(counts, expected, labels)}")
     else:
-        message = f"consistent with the target's law (p-value {fit.pvalue:.3g} > α share {plan.alpha:.3g})"
+        message = f"consistent with the target's law (p-value {fit.pvalue:.3g} > {where})"
     return check_report(
         check, plan, Verdict.FAIL if failed else Verdict.PASS, message, n=int(counts.sum()), num_cells=len(expected),
         statistic=float(fit.statistic), pvalue=float(fit.pvalue), empirical_tv=float(fit.empirical_tv),
         observed=tuple(int(c) for c in counts), expected=tuple(float(e) for e in expected), cell_labels=labels,
-        acceptance=acceptance,
+        acceptance=acceptance, **_look_fields(plan, level, look),
     )
+
+
+def binomial_result(check: Check, plan: Plan, successes: int, n: int, bound: float, labels: tuple[str, str],
+                    *, failing: str, passing: str, level: float | None = None, look: int | None = None,
+                    note: str = "") -> CheckResult:
+    """One-sided exact binomial test of H0: P(success) ≤ ``bound`` on ``successes`` of ``n`` at
+    ``level``.  ``failing`` / ``passing`` describe the outcome; they may use ``{rate}``,
+    ``{bound}``, ``{pvalue}``, ``{where}`` and ``{excess}``; ``note`` is appended to the message."""
+    level = level_of(plan, level)
+    test = stats.binomial_test(successes, n, bound, "greater")
+    failed = test.pvalue <= level
+    text = (failing if failed else passing).format(
+        rate=test.estimate, bound=bound, pvalue=test.pvalue, where=level_phrase(plan, level, look),
+        excess=test.estimate - bound)
+    return check_report(check, plan, Verdict.FAIL if failed else Verdict.PASS, text + (f"; {note}" if note else ""),
+                        n=n, num_cells=2, statistic=float(successes), pvalue=float(test.pvalue),
+                        empirical_tv=max(0.0, test.estimate - bound), observed=(successes, n - successes),
+                        expected=(bound, 1.0 - bound), cell_labels=labels, **_look_fields(plan, level, look))
+
+
+def _look_fields(plan: Plan, level: float, look: int | None) -> dict[str, Any]:
+    if look is None or not plan.looks:
+        return {}
+    return {"look": look, "num_looks": len(plan.looks), "level": level}
+
+
+# --------------------------------------------------------------------------------------------
+# Sequential checks: test at a few looks, stop at the first that rejects
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a sequential check has drawn so far: ``n`` samples and named count arrays (cell
+    counts, acceptance lengths, calls ...).  ``a + b`` is the tally of both draws."""
+
+    n: int
+    counts: Mapping[str, np.ndarray]
+
+    def __add__(self, other: Tally) -> Tally:
+        if set(self.counts) != set(other.counts):
+            raise ValueError(f"other: a tally of {sorted(other.counts)} cannot be added to one of {sorted(self.counts)}")
+        return Tally(self.n + other.n, {key: self.counts[key] + other.counts[key] for key in self.counts})
+
+
+class SequentialCheck(Check):
+    """A statistical check tested at the looks of its plan (group-sequential design,
+    :mod:`specverify.core.sequential`: Lan & DeMets 1983 α-spending, union bound over looks).
+
+    Subclasses implement ``draw(session, plan, n, look) -> Tally`` (``n`` new samples, seeded by
+    the plan's seed and ``look``, so every look's samples are fresh and the run is reproducible)
+    and ``judge(plan, tally, level, look) -> CheckResult`` (the test of the cumulative tally at
+    ``level``).  :meth:`run` draws up to each look, judges, and stops at the first look that
+    fails; under H0 that happens with probability ≤ Σ_j level_j = α share whatever the dependence
+    between looks, and the final look alone keeps the planned power (its size is drawn from its
+    own level, :meth:`SequentialPlan.for_tv <specverify.core.sequential.SequentialPlan.for_tv>`).
+    """
+
+    statistical: ClassVar[bool] = True
+    sequential: ClassVar[bool] = True
+
+    def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        raise NotImplementedError
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        raise NotImplementedError
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        """Draw to each look of ``plan`` and judge the cumulative tally at that look's level;
+        return the first failing judgement, else the last one.  A plan without looks is tested
+        once, on ``plan.n`` samples at the whole share ``plan.alpha``."""
+        if not plan.looks:
+            return self.judge(plan, self.draw(session, plan, plan.n, 0), level_of(plan, None), None)
+        tally: Tally | None = None
+        result: CheckResult | None = None
+        for index, (size, level) in enumerate(zip(plan.looks, plan.look_alphas)):
+            part = self.draw(session, plan, size - (tally.n if tally else 0), index)
+            tally = part if tally is None else tally + part
+            result = self.judge(plan, tally, level, index + 1)
+            if result.verdict is Verdict.FAIL:
+                break
+        assert result is not None
+        return result
 
 
 @functools.lru_cache(maxsize=1024)
@@ -309,12 +430,11 @@ _sample_size_for_tv = functools.lru_cache(maxsize=4096)(stats.sample_size_for_tv
 _detectable_tv = functools.lru_cache(maxsize=4096)(stats.detectable_tv)
 
 
-class ChiSquareCheck(Check):
-    """A Pearson goodness-of-fit check; its planning on ``num_cells`` cells: the n that detects TV ε with the given
+class ChiSquareCheck(SequentialCheck):
+    """A sequential Pearson goodness-of-fit check; its planning on ``num_cells`` cells: the n that detects TV ε with the given
     power at level α, and the TV detectable at a given n (noncentral χ², :mod:`specverify.core.stats`)."""
 
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
-    statistical: ClassVar[bool] = True
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
         return _sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self.num_cells)

@@ -79,6 +79,8 @@ from specverify.auditing.checks import (
     InputsUnchangedCheck,
     Plan,
     SampleBudget,
+    SequentialCheck,
+    Tally,
     Verdict,
     goodness_of_fit_result,
     resolve_budget,
@@ -391,7 +393,7 @@ class CellMap:
 
 
 @dataclass
-class SequenceLawCheck(Check):
+class SequenceLawCheck(SequentialCheck):
     """The joint law of the L new tokens over strata (setting, prompt), against the exact law."""
 
     name: str
@@ -401,7 +403,6 @@ class SequenceLawCheck(Check):
     laws: np.ndarray  # [S, V**L]
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
-    statistical: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.vocab_size = round(self.laws.shape[1] ** (1 / self.length))
@@ -461,19 +462,25 @@ class SequenceLawCheck(Check):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return stats.detectable_tv(n, alpha=alpha, power=power, num_cells=max(2, self.cell_map(n).num_positive))
 
-    def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
-        cells = self.cell_map(plan.n)
-        rng = np.random.default_rng(derive_seed(plan.seed, "strata"))
-        strata = rng.integers(len(self.strata), size=plan.n)
-        counts = np.zeros(len(cells.expected), dtype=np.int64)
+    def draw(self, session: DecoderSession, plan: Plan, n: int, look: int) -> Tally:
+        """``n`` calls, each on a stratum drawn uniformly; call ``i`` of the check (counted over
+        all looks) gets the seed ``derive_seed(plan.seed, "call", i)``."""
+        first = plan.looks[look - 1] if plan.looks and look else 0
+        rng = np.random.default_rng(derive_seed(plan.seed, "strata", look))
         per_stratum = np.zeros(self.laws.shape, dtype=np.int64)
-        for call, s in enumerate(strata):
+        for call, s in enumerate(rng.integers(len(self.strata), size=n), start=first):
             tokens = session.function(self.strata[s], self.length, derive_seed(plan.seed, "call", call),
                                       where=f"{self.name}, call {call}")
-            sequence = sequence_index(tokens, self.vocab_size)
-            counts[cells.index[s, sequence]] += 1
-            per_stratum[s, sequence] += 1
-        result = goodness_of_fit_result(self, plan, counts, cells.expected, cells.labels, None)
+            per_stratum[s, sequence_index(tokens, self.vocab_size)] += 1
+        return Tally(n, {"per stratum": per_stratum})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        """The goodness of fit on the cells of ``cell_map(n)`` for the n drawn so far."""
+        per_stratum = tally.counts["per stratum"]
+        cells = self.cell_map(tally.n)
+        counts = np.bincount(cells.index.ravel(), weights=per_stratum.ravel(),
+                             minlength=len(cells.expected)).astype(np.int64)
+        result = goodness_of_fit_result(self, plan, counts, cells.expected, cells.labels, None, level=level, look=look)
         return dataclasses.replace(result, message=result.message + "; " + self._per_stratum(per_stratum))
 
     def _per_stratum(self, per_stratum: np.ndarray) -> str:

@@ -19,3 +19,16 @@ BUDGET_ENV = "SPECVERIFY_BUDGET"
 the pytest plugin's ``--specverify-budget`` sets it for the run)."""
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+
+FAIL_FAST_BUDGETS = frozenset({"quick", "standard"})
+"""Budgets whose audits stop at the first failing check unless told otherwise (``fail_fast=``,
+``--no-fail-fast``): a gate wants the verdict, not the whole pattern.  ``thorough`` and fixed
+budgets (N samples per check) run every check, which the diagnosis needs."""
+
+FAIL_FAST_SKIP = "not run: the audit stopped at the first failing check"
+"""How a check skipped by fail-fast begins its message (the diagnosis and the reports read it)."""
+
+
+def default_fail_fast(budget_name: str) -> bool:
+    """Whether an audit with the budget named ``budget_name`` stops at its first failing check by default."""
+    return budget_name in FAIL_FAST_BUDGETS

@@ -53,12 +53,18 @@ def acceptance_deviations(checks: Sequence[Any]) -> list[str]:
     return found
 
 
-def diagnose(checks: Sequence[Any], level: str = "sampler") -> str:
+def diagnose(checks: Sequence[Any], level: str = "sampler", *, stopped_early: bool = False) -> str:
     """One or two sentences on where the loss is, from the verdicts of ``checks`` (``""`` when no
-    check failed).  Sampler level; other levels get a summary of the failing check kinds."""
+    check failed).  Sampler level; other levels get a summary of the failing check kinds.
+    ``stopped_early``: fail-fast skipped the checks after the first failure, so the pattern is
+    incomplete and no reading of *where* is attempted (it could point at the wrong place)."""
     failed = [c for c in checks if str(c.verdict) == "fail"]
     if not failed:
         return ""
+    if stopped_early:
+        return (f"The audit stopped at its first failing check ({failed[0].name}, fail-fast), so the pattern of "
+                "verdicts that locates a loss is incomplete; rerun with --no-fail-fast (fail_fast=False) for a "
+                "diagnosis of where it is.")
     verdict = _verdicts(checks)
     contract = [c.name for c in failed if str(c.kind) == "contract"]
     sentences = []

@@ -6,9 +6,11 @@ which is told the plan up front (``begin``), each check as it starts and finishe
 the rows evaluated so far inside a check from the session's call log.  Two are provided:
 
 - :class:`LineProgress` for logs (output not a terminal): the header at once, then one line per
-  finished check — name, verdict, n, p-value, seconds — each flushed as it is written;
+  finished check — name, verdict, n, p-value, seconds and, for a sequential check, the look that
+  decided it — each flushed as it is written;
 - :class:`BarProgress` for a terminal: the header, then a bar redrawn in place twice a second
-  (rows evaluated inside the current check, and an ETA) so that it moves within long checks.
+  (checks done, rows evaluated inside the current check, rows per second over the audit, and an
+  ETA) so that it moves within long checks.
 
 The expected time (:func:`expected_seconds`) is a cost model of the harness driving the
 reference rule on this project's 2-core CPU: ``1 s`` per statistical check (cells, exact laws,
@@ -16,7 +18,9 @@ p-values), ``4e-5 s`` per sampled step plus ``4e-8 s`` per
 probability entry handed to the function (``(2K+1)·V`` per row), ``1.5e-4 s`` per whole decoding
 loop, ``0.1 s`` per decoder-level call (the standard audit of ``reference``: model 223 s, measured
 212 s; ``tests/auditing/test_newuser_run.py`` checks the order of magnitude on a measured audit).  A slower function takes longer: once checks have run, the
-ETA rescales the rest of the plan by the measured/expected ratio so far.
+ETA rescales the rest of the plan by the measured/expected ratio so far.  The ETA assumes every
+check runs to its final look and no check fails: a sequential check that rejects early, or
+fail-fast, only makes the audit end sooner.
 """
 
 from __future__ import annotations
@@ -142,8 +146,9 @@ class LineProgress(_Tracker):
         self._finished(index)
         pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
         n = f"{result.n:,}" if result.n else "—"
+        look = f" look {result.look}/{result.num_looks}" if getattr(result, "look", None) else ""
         self.write(f"[{index + 1:>2}/{len(self.checks)}] {result.name:<22} {str(result.verdict):<7} n={n:<9} "
-                   f"p={pvalue:<9} {result.seconds:6.1f} s\n")
+                   f"p={pvalue:<9} {result.seconds:6.1f} s{look}\n")
         measured = measured_estimate(self.level, self.log, self.plans[index + 1:])
         if measured is not None and not getattr(self, "_measured_said", False):
             self._measured_said = True
@@ -183,8 +188,10 @@ class BarProgress(_Tracker):
         elapsed = time.perf_counter() - self.started
         name = self.checks[done].name if done < total else "done"
         rows = f" {self.rows_in_check():,} rows" if done < total and self.plans[done].n else ""
+        all_rows = getattr(self.log, "rows", 0) or 0
+        rate = f" {all_rows / elapsed:,.0f} rows/s" if all_rows and elapsed > 0 else ""
         return (f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {elapsed:5.0f}s "
-                f"ETA {duration(self.eta()):>8}  {name[:24]}{rows}")
+                f"ETA {duration(self.eta()):>8}  {name[:24]}{rows}{rate}")
 
     def draw(self) -> None:
         with self._lock:

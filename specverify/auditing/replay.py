@@ -102,8 +102,11 @@ def _importable_through_pth(module_name: str) -> bool:
 
 
 def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float,
-                   checks: tuple[str, ...] | None = None) -> str:
-    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]``."""
+                   checks: tuple[str, ...] | None = None, fail_fast: bool | None = None) -> str:
+    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]
+    [--fail-fast | --no-fail-fast]`` (the last only where it differs from the budget's default)."""
+    from specverify.auditing.defaults import default_fail_fast
+
     parts = ["specverify", "audit", _quoted(target)]
     if level != DEFAULTS["level"]:
         parts += ["--level", level]
@@ -112,6 +115,8 @@ def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: fl
         parts += ["--alpha", f"{alpha:g}"]
     if checks is not None:
         parts += ["--checks", _quoted(",".join(checks))]
+    if fail_fast is not None and fail_fast != default_fail_fast(budget):
+        parts.append("--fail-fast" if fail_fast else "--no-fail-fast")
     return " ".join(parts)
 
 

@@ -56,6 +56,7 @@ def check_to_dict(check: CheckResult) -> dict[str, Any]:
         "empirical_tv": check.empirical_tv, "detectable_tv": check.detectable_tv,
         "calls": check.calls, "rows": check.rows, "cells": cells,
         "acceptance": dict(check.acceptance) if check.acceptance is not None else None,
+        "look": check.look, "num_looks": check.num_looks, "level": check.level,
     })
 
 
@@ -70,7 +71,7 @@ def report_to_dict(report: AuditReport) -> dict[str, Any]:
         "device": report.device, "timeout_s": report.timeout_s,
         "checks": [check_to_dict(c) for c in report.checks],
         "diagnosis": report.diagnosis, "replay": report.replay_command, "warnings": list(report.warnings),
-        "timings": report.timings, "isolation": report.isolation,
+        "timings": report.timings, "isolation": report.isolation, "fail_fast": report.fail_fast,
     })
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specverify.auditing.findings import grouped_findings
 from specverify.auditing.runner import AuditReport
 
-_COLUMNS = ("check", "verdict", "n", "cells", "p-value", "α share", "TV seen", "TV detect.", "time")
+_COLUMNS = ("check", "verdict", "n", "look", "cells", "p-value", "α share", "TV seen", "TV detect.", "time")
 
 
 def _number(value: float | None, spec: str = ".3g") -> str:
@@ -15,15 +15,17 @@ def _number(value: float | None, spec: str = ".3g") -> str:
 def _row(check) -> tuple[str, ...]:
     tv = _number(check.empirical_tv, ".2e") if check.kind == "exact" else _number(check.empirical_tv, ".4f")
     return (
-        check.name, check.verdict, str(check.n) if check.n else "—", str(check.num_cells) if check.num_cells else "—",
+        check.name, check.verdict, str(check.n) if check.n else "—",
+        f"{check.look}/{check.num_looks}" if check.look else "—", str(check.num_cells) if check.num_cells else "—",
         _number(check.pvalue, ".3g"), _number(check.alpha, ".2g"), tv, _number(check.detectable_tv, ".4f"),
         f"{check.seconds:.1f}s",
     )
 
 
 def format_table(report: AuditReport) -> str:
-    """One line per check: verdict, samples, cells, p-value against the check's α share, observed
-    and detectable TV, wall time."""
+    """One line per check: verdict, samples, the look that decided (sequential checks: "2/5" when
+    the second of five looks rejected; "5/5" when every look passed), cells, p-value, the check's α
+    share (the look's own level is in the message), observed and detectable TV, wall time."""
     rows = [_COLUMNS] + [_row(c) for c in report.checks]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = []
@@ -39,7 +41,8 @@ def format_report(report: AuditReport) -> str:
     """The header, the table, the messages of failing/erroring checks, and the verdict line."""
     budget = report.budget.describe()
     header = (f"specverify audit of {report.target} — level {report.level}, budget {budget}, "
-              f"α = {report.alpha:g} family-wise ({report.correction}), seed {report.seed}, device {report.device}")
+              f"α = {report.alpha:g} family-wise ({report.correction}), seed {report.seed}, device {report.device}"
+              + ("; stops at the first failing check (--no-fail-fast runs them all)" if report.fail_fast else ""))
     parts = [header, ""]
     if report.checks:
         parts += [format_table(report), ""]

@@ -41,6 +41,7 @@ from specverify.auditing.captured import captured_warnings
 from specverify.auditing.isolation import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
+from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
 from specverify.auditing.defaults import (  # LEVELS is the registry of levels; all re-exported here
     BUDGET_ENV,
     DEFAULT_ALPHA,
@@ -49,7 +50,9 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     EXIT_ERROR,
     EXIT_FAIL,
     EXIT_PASS,
+    FAIL_FAST_SKIP,
     LEVELS,
+    default_fail_fast,
 )
 
 Progress = Callable[[int, int, str], None]
@@ -90,6 +93,13 @@ class AuditReport:
     in the report instead of the terminal; each once, with its count."""
     selected: tuple[str, ...] | None = None
     """The check names asked for with ``checks=`` (None: the whole battery); the replay repeats them."""
+    fail_fast: bool = False
+    """Whether the audit stopped at its first failing check (the later checks are then skipped)."""
+
+    @property
+    def stopped_early(self) -> bool:
+        """True when fail-fast skipped checks after a failure (the pattern of verdicts is incomplete)."""
+        return any(c.verdict is Verdict.SKIPPED and c.message.startswith(FAIL_FAST_SKIP) for c in self.checks)
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -126,13 +136,13 @@ class AuditReport:
         """Where the loss is, read from the pattern of verdicts (:func:`specverify.auditing.diagnosis.diagnose`)."""
         from specverify.auditing.diagnosis import diagnose
 
-        return diagnose(self.checks, self.level)
+        return diagnose(self.checks, self.level, stopped_early=self.stopped_early)
 
     @property
     def replay_command(self) -> str:
         """The shell command that repeats this audit, from the directory it ran in."""
         return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=self.alpha, checks=self.selected)
+                                     alpha=self.alpha, checks=self.selected, fail_fast=self.fail_fast)
 
 
 def _fmt(value: float | None) -> str:
@@ -182,8 +192,10 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
     """Each check's :class:`Plan` and the Bonferroni share α / m of the m statistical checks.
 
     Named budgets: n = the smallest sample size at which the check detects TV ε with power POWER
-    at its share of α (``check.required_samples``).  Fixed budgets: n = N and the check reports
-    the TV it can then detect.  Seeds: ``derive_seed(level, name, parameters, base=seed)``.
+    at the level its final test runs at (``check.required_samples``): the whole share for checks
+    tested once, the final look's level for sequential ones (:func:`plan_looks`).  Fixed budgets:
+    n = N and the check reports the TV it can then detect.  Seeds: ``derive_seed(level, name,
+    parameters, base=seed)``.
     """
     statistical = [c for c in checks if c.statistical]
     share = stats.bonferroni(alpha, len(statistical)) if statistical else None
@@ -194,13 +206,27 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         if not check.statistical:
             plans.append(Plan(0, 0, None, None, seed_of_check))
             continue
+        final_alpha = final_look_alpha(share) if getattr(check, "sequential", False) else share
         if budget.epsilon is not None:
-            n = check.required_samples(budget.epsilon, alpha=share, power=POWER)
+            n = check.required_samples(budget.epsilon, alpha=final_alpha, power=POWER)
         else:
             n = int(budget.samples)
-        detectable = check.detectable_tv(n, alpha=share, power=POWER)
-        plans.append(Plan(n, n, share, detectable, seed_of_check))
+        looks, look_alphas = plan_looks(check, n, share)
+        final_alpha = look_alphas[-1] if looks else share
+        detectable = check.detectable_tv(n, alpha=final_alpha, power=POWER)
+        plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas))
     return plans, share
+
+
+def plan_looks(check: Any, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The looks and their levels for ``check`` with final size ``n`` and level ``share``: the
+    default group-sequential design of :mod:`specverify.core.sequential` (looks at n/16, n/8, n/4,
+    n/2, n; spending α t³) for sequential checks with at least one sample per look; none (a
+    single test at the whole share) otherwise."""
+    if not getattr(check, "sequential", False) or n < len(DEFAULT_LOOKS):
+        return (), ()
+    design = SequentialPlan(n, share)
+    return design.looks, design.alphas
 
 
 def audit(
@@ -215,6 +241,7 @@ def audit(
     progress: Progress | None = None,
     checks: Sequence[str] | None = None,
     isolation: str = "process",
+    fail_fast: bool | None = None,
     **level_options: Any,
 ) -> AuditReport:
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
@@ -231,6 +258,10 @@ def audit(
     torch default dtype, thread count and numpy error state afterwards.  A callable that cannot
     be sent to a worker (a lambda, a closure) runs in-process, with a note in the report.
     A Ctrl-C stops the audit at once with a partial report (exit 2 unless a check had failed).
+    ``fail_fast``: stop at the first failing check and skip the rest (default: yes for the
+    ``quick`` and ``standard`` budgets, no for ``thorough`` and fixed budgets; the diagnosis of
+    where a loss is needs every check).  Statistical checks stop at their own first rejecting
+    look in any case (:class:`specverify.auditing.checks.SequentialCheck`).
     ``level_options``: passed to the level's battery (the endpoint level's ``baseline``, ``model``,
     ``concurrency``, ``deadline_s``).
     """
@@ -240,11 +271,15 @@ def audit(
     sample_budget = getattr(battery, "resolve_budget", resolve_budget)(budget)  # a level may size its own named budgets
     _check_arguments(alpha, timeout_s, device)
     check_isolation(isolation)
+    if fail_fast is None:
+        fail_fast = default_fail_fast(sample_budget.name)
+    if not isinstance(fail_fast, bool):
+        raise ValueError(f"fail_fast: expected True, False or None (the budget's default), got {fail_fast!r}")
     name = target_name(fn)
     started = time.perf_counter()
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
-                    selected=None if checks is None else tuple(checks))
+                    selected=None if checks is None else tuple(checks), fail_fast=fail_fast)
     with preserved_process_state():
         try:
             if isinstance(fn, str) and hasattr(battery, "load_target"):  # not Python (the endpoint's URL)
@@ -264,7 +299,7 @@ def audit(
                 progress.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
                                plans=plans, log=getattr(function, "log", None))
             with captured_warnings() as caught:
-                results, interrupted = _run_checks(selected, plans, session, seed, progress)
+                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast)
         finally:
             if hasattr(function, "close"):
                 function.close()
@@ -287,8 +322,11 @@ def audit(
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
-                progress: Progress | None) -> tuple[list[CheckResult], bool]:
+                progress: Progress | None, fail_fast: bool = False) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
+
+    With ``fail_fast`` the checks after the first failing one are skipped (their message begins
+    with :data:`FAIL_FAST_SKIP`).
 
     A fault stops only its own check: after a deadline or an abnormal end the worker is restarted
     and the next checks still run, until the function has hung or ended its process
@@ -300,6 +338,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     function = getattr(session, "function", None)
     log = getattr(function, "log", None)
     interrupted = False
+    first_failure: str | None = None
     with preserved_global_rng():
         for index, (check, plan) in enumerate(zip(checks, plans)):
             if hasattr(progress, "check_started"):
@@ -311,6 +350,9 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
             stop = function.stop_reason() if hasattr(function, "stop_reason") else None
             if interrupted:
                 result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
+            elif first_failure is not None:
+                result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
+                                                     "(fail_fast=False) for every check")
             elif stop is not None:
                 result = skipped_result(check, plan, f"not run: {stop}")
             else:
@@ -326,6 +368,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
             if log is not None:
                 extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
             results.append(dataclasses.replace(result, **extra))
+            if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
+                first_failure = check.name
             if hasattr(progress, "check_finished"):
                 progress.check_finished(index, results[-1])
     if hasattr(progress, "end"):

@@ -24,6 +24,7 @@ the same laws in every audit; the audit's seed only drives the sampling.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,8 +42,11 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     ChiSquareCheck,
     InputsUnchangedCheck,
     Plan,
+    SequentialCheck,
+    Tally,
     Verdict,
     binomial_detectable_rate,
+    binomial_result,
     binomial_sample_size,
     SampleBudget,
     goodness_of_fit_result,
@@ -58,7 +62,6 @@ from specverify.auditing.faults import (
     seed_global_rng,
     validate_emitted,
 )
-from specverify.core import stats
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.core.rules import accepts_uniforms
 from specverify.testing.harness import (
@@ -66,6 +69,7 @@ from specverify.testing.harness import (
     GuardedFunction,
     markov_prefix_law,
     positional_window_law,
+    StepSample,
     propose,
     sample_runs,
     sample_steps,
@@ -271,7 +275,7 @@ class StepLawCheck(ChiSquareCheck):
                 labels.append(f"chain {r} tokens ({', '.join(names)})")
         return tuple(labels)
 
-    def _acceptance(self, accepted: torch.Tensor) -> dict[str, tuple[float, ...]] | None:
+    def _acceptance(self, accepted: np.ndarray) -> dict[str, tuple[float, ...]] | None:
         """Observed counts of 0..K accepted drafts and their law under optimal acceptance
         (context-free chains only): P(A ≥ a) = Π_{i<a} α_i with α_i = Σ_x min(p_i(x), q_i(x))
         (Leviathan et al. 2023, eq. (1)), averaged over the bank's chains."""
@@ -284,17 +288,33 @@ class StepLawCheck(ChiSquareCheck):
         return {"observed": tuple(float(c) for c in accepted.tolist()),
                 "expected": tuple(float(e) for e in exactly.mean(axis=0))}
 
-    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
+    @functools.cached_property
+    def cells(self) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+        """The cell maps (:meth:`_cell_maps`), the expected law of the cells and their labels (fixed before sampling)."""
         maps = self._cell_maps()
-        sample = sample_steps(session.function, self.bank, num_draft=self.num_draft, window=self.window,
-                              n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
-                              function_seed=derive_seed(plan.seed, "function"), where=self.name)
+        return maps, self._expected(maps), self._labels(maps)
+
+    def cell_counts(self, sample: StepSample) -> np.ndarray:
+        """Counts of the sampled rows in the cells (chain × window tokens)."""
+        maps = self.cells[0]
         cells = torch.from_numpy(maps)[sample.chain[:, None], torch.arange(self.window[1]), sample.window]
         weights = self.cells_per_position ** torch.arange(self.window[1] - 1, -1, -1)
         index = sample.chain * self.cells_per_position ** self.window[1] + (cells * weights).sum(dim=1)
-        counts = torch.bincount(index, minlength=self.num_cells).numpy()
-        return goodness_of_fit_result(self, plan, counts, self._expected(maps), self._labels(maps),
-                                      self._acceptance(sample.accepted))
+        return torch.bincount(index, minlength=self.num_cells).numpy()
+
+    def tally(self, sample: StepSample, n: int) -> Tally:
+        return Tally(n, {"cells": self.cell_counts(sample), "accepted": sample.accepted.numpy()})
+
+    def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
+        sample = sample_steps(session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n,
+                              batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
+                              function_seed=derive_seed(plan.seed, "function", look), where=self.name)
+        return self.tally(sample, n)
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        _, expected, labels = self.cells
+        return goodness_of_fit_result(self, plan, tally.counts["cells"], expected, labels,
+                                      self._acceptance(tally.counts["accepted"]), level=level, look=look)
 
 
 @dataclass
@@ -315,28 +335,37 @@ class DecodingLoopCheck(ChiSquareCheck):
                            "chains": self.bank.num_chains, "L": self.length,
                            "K schedule": list(self.draft_schedule), "cells": self.num_cells}
 
-    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        bank, v, length = self.bank, self.bank.vocab_size, self.length
-        sample = sample_runs(session.function, bank, length=length, draft_schedule=self.draft_schedule,
-                             n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
-                             function_seed=derive_seed(plan.seed, "function"), where=self.name)
+    def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
+        v, length = self.bank.vocab_size, self.length
+        sample = sample_runs(session.function, self.bank, length=length, draft_schedule=self.draft_schedule, n=n,
+                             batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
+                             function_seed=derive_seed(plan.seed, "function", look), where=self.name)
         weights = v ** torch.arange(length - 1, -1, -1)
         index = sample.chain * v**length + (sample.tokens * weights).sum(dim=1)
-        counts = torch.bincount(index, minlength=self.num_cells).numpy()
+        return Tally(n, {"cells": torch.bincount(index, minlength=self.num_cells).numpy()})
+
+    @functools.cached_property
+    def cells(self) -> tuple[np.ndarray, tuple[str, ...]]:
+        """The expected law of the cells (chain × first L tokens) and their labels."""
+        bank, v, length = self.bank, self.bank.vocab_size, self.length
         expected = np.concatenate([markov_prefix_law(bank, r, length) for r in range(bank.num_chains)]) / bank.num_chains
         labels = tuple(f"chain {r} tokens {tuple(int(d) for d in np.unravel_index(i, (v,) * length))}"
                        for r in range(bank.num_chains) for i in range(v**length))
-        return goodness_of_fit_result(self, plan, counts, expected, labels, None)
+        return expected, labels
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        expected, labels = self.cells
+        return goodness_of_fit_result(self, plan, tally.counts["cells"], expected, labels, None, level=level, look=look)
 
 
 @dataclass
-class AcceptanceRateCheck(Check):
+class AcceptanceRateCheck(SequentialCheck):
     """Single-draft steps: P(first emitted token == draft token) must not exceed Σ_x min(p(x), q(x)).
 
     Coupling inequality: if the output y ~ p and the draft x ~ q, then P(y = x) ≤ 1 − TV(p, q) =
     Σ_x min(p(x), q(x)) (the maximal coupling; Leviathan et al. 2023, eq. (1)), so a verifier that
     keeps the draft more often than that is lossy, whatever its samples look like.  One-sided exact
-    binomial test of H0: rate ≤ mean over the bank's chains of Σ min(p, q).
+    binomial test of H0: rate ≤ mean over the bank's chains of Σ min(p, q), at each look.
     """
 
     name: str
@@ -351,34 +380,26 @@ class AcceptanceRateCheck(Check):
         self.parameters = {"chain": "positional", "family": "random", "K": 1, "V": self.bank.vocab_size,
                            "chains": self.bank.num_chains, "acceptance bound": round(self.bound, 12)}
 
-    statistical: ClassVar[bool] = True
-
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
         return binomial_sample_size(epsilon, self.bound, alpha, power)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return binomial_detectable_rate(n, self.bound, alpha, power)
 
-    def run(self, session: SamplerSession, plan: Plan) -> CheckResult:
-        sample = sample_steps(session.function, self.bank, num_draft=1, window=(0, 1), n=plan.n,
-                              batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
-                              function_seed=derive_seed(plan.seed, "function"), where=self.name)
-        test = stats.binomial_test(sample.first_is_draft, plan.n, self.bound, "greater")
-        failed = test.pvalue <= plan.alpha
-        rate = test.estimate
-        if failed:
-            message = (f"keeps the draft token in {rate:.4f} of steps, more than the maximal-coupling bound "
-                       f"Σ min(p, q) = {self.bound:.4f} (p-value {test.pvalue:.3g} ≤ α share {plan.alpha:.3g}): "
-                       f"its output law is at TV ≥ {rate - self.bound:.4f} from the target's")
-        else:
-            message = f"acceptance {rate:.4f} within the bound Σ min(p, q) = {self.bound:.4f} (p-value {test.pvalue:.3g})"
-        n_rejected = plan.n - sample.first_is_draft
-        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message,
-            n=plan.n, num_cells=2, statistic=float(sample.first_is_draft),
-            pvalue=float(test.pvalue), empirical_tv=max(0.0, rate - self.bound),
-            observed=(sample.first_is_draft, n_rejected),
-            expected=(self.bound, 1.0 - self.bound), cell_labels=("first token = draft", "first token ≠ draft"),
-        )
+    def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
+        sample = sample_steps(session.function, self.bank, num_draft=1, window=(0, 1), n=n,
+                              batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
+                              function_seed=derive_seed(plan.seed, "function", look), where=self.name)
+        return Tally(n, {"kept": np.array(sample.first_is_draft)})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        return binomial_result(
+            self, plan, int(tally.counts["kept"]), tally.n, self.bound, ("first token = draft", "first token ≠ draft"),
+            failing=("keeps the draft token in {rate:.4f} of steps, more than the maximal-coupling bound "
+                     "Σ min(p, q) = {bound:.4f} (p-value {pvalue:.3g} ≤ {where}): its output law is at TV ≥ "
+                     "{excess:.4f} from the target's"),
+            passing="acceptance {rate:.4f} within the bound Σ min(p, q) = {bound:.4f} (p-value {pvalue:.3g} > {where})",
+            level=level, look=look)
 
 
 @dataclass

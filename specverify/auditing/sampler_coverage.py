@@ -46,10 +46,10 @@ from specverify.auditing.sampler import (
     CheckResult,
     Plan,
     StepLawCheck,
-    goodness_of_fit_result,
     positional_family_bank,
     skipped_result,
 )
+from specverify.auditing.checks import Tally
 from specverify.core.seeding import derive_seed
 from specverify.core.chains import ChainBank, PositionalBank
 from specverify.testing.harness import StepSample, complete, propose
@@ -110,23 +110,17 @@ class GroupedStepCheck(StepLawCheck):
         super().__post_init__()
         self.parameters["batch sizes"] = list(self.pattern)
 
-    def _counts(self, sample: StepSample, maps: np.ndarray) -> np.ndarray:
-        cells = torch.from_numpy(maps)[sample.chain[:, None], torch.arange(self.window[1]), sample.window]
-        weights = self.cells_per_position ** torch.arange(self.window[1] - 1, -1, -1)
-        index = sample.chain * self.cells_per_position ** self.window[1] + (cells * weights).sum(dim=1)
-        return torch.bincount(index, minlength=self.num_cells).numpy()
+    def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        sample, calls = sample_steps_in_groups(
+            session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n, pattern=self.pattern,
+            harness_seed=derive_seed(plan.seed, "harness", look), function_seed=derive_seed(plan.seed, "function", look),
+            where=self.name)
+        tally = self.tally(sample, n)
+        return Tally(n, dict(tally.counts, calls=np.array(calls)))
 
-    def _sample(self, session: Any, plan: Plan, n: int, salt: str = "") -> tuple[StepSample, int]:
-        return sample_steps_in_groups(session.function, self.bank, num_draft=self.num_draft, window=self.window,
-                                      n=n, pattern=self.pattern, harness_seed=derive_seed(plan.seed, "harness", salt),
-                                      function_seed=derive_seed(plan.seed, "function", salt), where=self.name)
-
-    def run(self, session: Any, plan: Plan) -> CheckResult:
-        maps = self._cell_maps()
-        sample, calls = self._sample(session, plan, plan.n)
-        result = goodness_of_fit_result(self, plan, self._counts(sample, maps), self._expected(maps),
-                                        self._labels(maps), self._acceptance(sample.accepted))
-        return _with_note(result, f"{calls} calls of the function ({plan.n} rows)")
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        result = super().judge(plan, tally, level, look)
+        return _with_note(result, f"{int(tally.counts['calls'])} calls of the function ({tally.n} rows)")
 
 
 def _with_note(result: CheckResult, note: str) -> CheckResult:
@@ -147,10 +141,7 @@ class LateCallsCheck(GroupedStepCheck):
         warm_calls, warm_rows = _warm_up(function, self.bank, self.num_draft, derive_seed(plan.seed, "warm-up"),
                                          self.name)
         first_call, first_row = function.life_calls, function.life_rows
-        maps = self._cell_maps()
-        sample, calls = self._sample(session, plan, plan.n)
-        result = goodness_of_fit_result(self, plan, self._counts(sample, maps), self._expected(maps),
-                                        self._labels(maps), self._acceptance(sample.accepted))
+        result = super().run(session, plan)
         note = (f"tested calls {first_call + 1}–{function.life_calls} and rows {first_row + 1}–{function.life_rows} of "
                 f"the function's life (after {warm_calls} warm-up calls with {warm_rows} rows); calls and rows after "
                 "these are not covered")

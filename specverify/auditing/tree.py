@@ -36,6 +36,7 @@ The function runs in a worker process (:class:`specverify.auditing.guarded.Guard
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -50,8 +51,11 @@ from specverify.auditing.checks import (
     ChiSquareCheck,
     InputsUnchangedCheck,
     Plan,
+    SequentialCheck,
+    Tally,
     Verdict,
     binomial_detectable_rate,
+    binomial_result,
     binomial_sample_size,
     goodness_of_fit_result,
 )
@@ -66,7 +70,7 @@ from specverify.auditing.faults import (
 from specverify.auditing.guarded import GuardedTreeFunction
 from specverify.auditing.sampler import EXACT_TOLERANCE
 from specverify.auditing.sampler_coverage import contract_checks
-from specverify.core import stats, tree_exact
+from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
 from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
@@ -163,28 +167,37 @@ class TreeLawCheck(ChiSquareCheck):
                     law[len(emitted) - 1] += prob
         return law / law.sum()
 
-    def run(self, session: TreeSession, plan: Plan) -> CheckResult:
+    def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sampler = sample_tree_runs if self.loop else sample_tree_steps
         sample = sampler(session.function, self.bank, shapes=self.shapes, scheme=self.scheme, length=self.length,
-                         n=plan.n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness"),
-                         function_seed=derive_seed(plan.seed, "function"), where=self.name)
+                         n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
+                         function_seed=derive_seed(plan.seed, "function", look), where=self.name)
         v, length = self.bank.vocab_size, self.length
         weights = v ** torch.arange(length - 1, -1, -1)
         index = sample.chain * v**length + (sample.tokens * weights).sum(dim=1)
-        counts = torch.bincount(index, minlength=self.num_cells).numpy()
-        expected = np.concatenate([markov_prefix_law(self.bank, r, length)
-                                   for r in range(self.bank.num_chains)]) / self.bank.num_chains
-        acceptance = None
+        counts = {"cells": torch.bincount(index, minlength=self.num_cells).numpy()}
         if not self.loop:
             depth = max(tree_exact.tree_depth(s) for s in self.shapes)
-            observed = torch.bincount(sample.accepted, minlength=depth + 1)[: depth + 1]
-            acceptance = {"observed": tuple(float(c) for c in observed.tolist()),
+            counts["accepted"] = torch.bincount(sample.accepted, minlength=depth + 1)[: depth + 1].numpy()
+        return Tally(n, counts)
+
+    @functools.cached_property
+    def expected(self) -> np.ndarray:
+        """The target's exact law of the cells (chain × first ``length`` tokens)."""
+        return np.concatenate([markov_prefix_law(self.bank, r, self.length)
+                               for r in range(self.bank.num_chains)]) / self.bank.num_chains
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        acceptance = None
+        if not self.loop:
+            acceptance = {"observed": tuple(float(c) for c in tally.counts["accepted"].tolist()),
                           "expected": tuple(float(e) for e in self.expected_accepted)}
-        return goodness_of_fit_result(self, plan, counts, expected, _labels(self.bank, length), acceptance)
+        return goodness_of_fit_result(self, plan, tally.counts["cells"], self.expected, _labels(self.bank, self.length),
+                                      acceptance, level=level, look=look)
 
 
 @dataclass
-class TreeAcceptanceCheck(Check):
+class TreeAcceptanceCheck(SequentialCheck):
     """P(a root child is accepted) ≤ ``Σ_t min(p(t), P(t ∈ root children))`` (coupling bound:
     the first emitted token follows ``p`` and an accepted one is one of the drafted tokens).
     One-sided exact binomial test; the mean accepted length is reported against recursive
@@ -197,7 +210,6 @@ class TreeAcceptanceCheck(Check):
     scheme: str
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.BINOMIAL
-    statistical: ClassVar[bool] = True
     num_cells: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
@@ -222,31 +234,25 @@ class TreeAcceptanceCheck(Check):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return binomial_detectable_rate(n, min(self.bound, 1 - 1e-9), alpha, power)
 
-    def run(self, session: TreeSession, plan: Plan) -> CheckResult:
+    def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=(self.shape,), scheme=self.scheme, length=1,
-                                   n=plan.n, batch_rows=session.batch_rows,
-                                   harness_seed=derive_seed(plan.seed, "harness"),
-                                   function_seed=derive_seed(plan.seed, "function"), where=self.name)
-        accepted = int((sample.accepted >= 1).sum())
-        test = stats.binomial_test(accepted, plan.n, self.bound, "greater")
-        failed = test.pvalue <= plan.alpha
-        mean_length = float(sample.accepted.double().mean())
-        efficiency = (f"mean accepted length {mean_length:.4f} vs {self.optimum:.4f} for recursive rejection "
-                      "sampling")
-        if failed:
-            message = (f"accepts a drafted root child in {test.estimate:.4f} of steps, more than the coupling bound "
-                       f"Σ min(p, P(drafted)) = {self.bound:.4f} (p-value {test.pvalue:.3g} ≤ α share "
-                       f"{plan.alpha:.3g}): the emitted law is at TV ≥ {test.estimate - self.bound:.4f} from the "
-                       f"target's; {efficiency}")
-        else:
-            message = (f"acceptance {test.estimate:.4f} within the bound {self.bound:.4f} (p-value "
-                       f"{test.pvalue:.3g}); {efficiency}")
-        return self.report(
-            plan, Verdict.FAIL if failed else Verdict.PASS, message, n=plan.n, statistic=float(accepted),
-            pvalue=float(test.pvalue), empirical_tv=max(0.0, test.estimate - self.bound),
-            observed=(accepted, plan.n - accepted), expected=(self.bound, 1.0 - self.bound),
-            cell_labels=("a root child accepted", "no root child accepted"),
-        )
+                                   n=n, batch_rows=session.batch_rows,
+                                   harness_seed=derive_seed(plan.seed, "harness", look),
+                                   function_seed=derive_seed(plan.seed, "function", look), where=self.name)
+        return Tally(n, {"accepted": np.array(int((sample.accepted >= 1).sum())),
+                         "length": np.array(int(sample.accepted.sum()))})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        mean_length = float(tally.counts["length"]) / tally.n
+        return binomial_result(
+            self, plan, int(tally.counts["accepted"]), tally.n, self.bound,
+            ("a root child accepted", "no root child accepted"),
+            failing=("accepts a drafted root child in {rate:.4f} of steps, more than the coupling bound "
+                     "Σ min(p, P(drafted)) = {bound:.4f} (p-value {pvalue:.3g} ≤ {where}): the emitted law is at "
+                     "TV ≥ {excess:.4f} from the target's"),
+            passing="acceptance {rate:.4f} within the bound {bound:.4f} (p-value {pvalue:.3g} > {where})",
+            level=level, look=look,
+            note=f"mean accepted length {mean_length:.4f} vs {self.optimum:.4f} for recursive rejection sampling")
 
 
 @dataclass

@@ -48,6 +48,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--isolation", choices=("process", "none"), default="process",
                         help="process: run the function in a worker process that is killed at a deadline and "
                              "restarted after a crash (default); none: call it in the audit's own process")
+    parser.add_argument("--fail-fast", action=argparse.BooleanOptionalAction, default=None,
+                        help="stop at the first failing check (default for --budget quick and standard) or run "
+                             "every check (--no-fail-fast; default for thorough and N-sample budgets), which the "
+                             "diagnosis of where a loss is needs")
     parser.add_argument("--quiet", action="store_true",
                         help="print only the verdict line, no table or progress (otherwise the plan and its expected "
                              "time first, then a bar on a terminal or one line per finished check in a log)")
@@ -124,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
 
         report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
                        device=args.device, timeout_s=args.timeout, progress=progress, isolation=args.isolation,
+                       fail_fast=args.fail_fast,
                        checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
     except ValueError as error:
         print(f"specverify audit: could not audit: {error}", file=sys.stderr)

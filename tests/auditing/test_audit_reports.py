@@ -49,9 +49,10 @@ def test_json_schema_has_every_field(buggy_report, tmp_path):
                     "empirical_tv", "detectable_tv", "verdict", "message"):
             assert key in check
     bonus = next(c for c in document["checks"] if c["name"] == "bonus-position")
-    assert bonus["verdict"] == "fail" and bonus["n"] == 3000 and bonus["pvalue"] <= bonus["alpha_share"]
+    assert bonus["verdict"] == "fail" and bonus["pvalue"] <= bonus["level"] < bonus["alpha_share"]
+    assert bonus["num_looks"] == 5 and bonus["n"] <= 3000  # it stopped at the first look that rejected
     assert len(bonus["cells"]["observed"]) == len(bonus["cells"]["expected"]) == bonus["num_cells"]
-    assert sum(bonus["cells"]["observed"]) == 3000
+    assert sum(bonus["cells"]["observed"]) == bonus["n"]
 
 
 def test_terminal_report_lists_every_check_and_the_verdict(buggy_report):

@@ -1,0 +1,132 @@
+"""The audit's statistical checks are group-sequential and the audit stops at the first failure.
+
+- A gross loss stops its check at the first look (n/16 of the planned sample), a correct rule
+  runs every look to the planned n.
+- Fail-fast: the default for ``quick`` and ``standard``, off for ``thorough`` and fixed budgets,
+  switchable both ways; skipped checks say why, the diagnosis says it cannot locate the loss from
+  an incomplete pattern, and the replay line repeats a non-default choice.
+- Calibration: the false-positive rate of the sequential checks on the lossless reference, over
+  all their looks, with seeds drawn from the run's base seed (``--specverify-seed random`` for
+  fresh ones), is at most the level they were given (printed with its interval).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import specverify
+from specverify.auditing.checks import Plan, Verdict
+from specverify.auditing.defaults import FAIL_FAST_SKIP
+from specverify.auditing.runner import plan_looks
+from specverify.auditing.sampler import SamplerBattery
+from specverify.core import rules, stats
+from specverify.core.seeding import derive_seed
+
+WITHOUT_UNIFORMS = str(Path(__file__).resolve().parents[2] / "benchmarks" / "without_uniforms.py")
+
+
+def test_a_gross_loss_stops_at_the_first_look():
+    # residual_is_target (exact TV 0.12 on the catalog's example) without uniforms=: found by sampling.
+    report = specverify.audit(f"{WITHOUT_UNIFORMS}:residual_is_target", budget="standard", checks=["step-K1"],
+                              isolation="none")
+    (check,) = report.checks
+    assert check.verdict is Verdict.FAIL and (check.look, check.num_looks) == (1, 5)
+    assert check.n * 16 <= check.n_required + 16 and check.pvalue <= check.level < check.alpha
+    assert "of look 1/5" in check.message
+
+
+def test_a_correct_rule_runs_every_look_to_the_planned_size():
+    report = specverify.audit("reference", budget="quick", checks=["step-K1", "acceptance-rate"], isolation="none")
+    for check in report.checks:
+        assert check.verdict is Verdict.PASS and check.look == check.num_looks == 5
+        assert check.n == check.n_required
+    assert report.exit_code == 0
+
+
+def test_fail_fast_is_the_default_for_quick_and_standard():
+    report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none")
+    skipped = [c for c in report.checks if c.verdict is Verdict.SKIPPED]
+    assert report.fail_fast and report.exit_code == 1 and len(report.failed) == 1
+    assert skipped and all(c.message.startswith(FAIL_FAST_SKIP) for c in skipped)
+    assert report.checks.index(report.failed[0]) == len(report.checks) - len(skipped) - 1  # nothing ran after it
+    assert "--no-fail-fast" in report.diagnosis and "--no-fail-fast" not in report.replay_command
+
+
+def test_no_fail_fast_runs_every_check_and_the_replay_says_so():
+    report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none", fail_fast=False,
+                              checks=["exact-step", "step-K1", "bonus-position", "correction-position"])
+    assert not report.fail_fast and not any(c.verdict is Verdict.SKIPPED for c in report.checks)
+    assert "the correction token drawn after a rejection is wrong" in report.diagnosis.lower()
+    assert report.replay_command.endswith("--no-fail-fast")
+
+
+@pytest.mark.parametrize(("budget", "expected"), [("quick", True), ("standard", True), ("thorough", False), (300, False)])
+def test_default_fail_fast_per_budget(budget, expected):
+    report = specverify.audit("reference", budget=budget, checks=["inputs-unchanged"], isolation="none")
+    assert report.fail_fast is expected
+
+
+def test_fail_fast_must_be_a_bool():
+    with pytest.raises(ValueError, match="fail_fast"):
+        specverify.audit("reference", budget="quick", fail_fast="yes")
+
+
+CALIBRATION_LEVEL = 0.05
+CALIBRATION_N = 1600
+CALIBRATED_CHECKS = ("step-K1", "step-K8-tail", "bonus-position", "tiny-masses", "decoding-loop-order1",
+                     "acceptance-rate")
+
+
+def sequential_false_positives(runs_per_check: int, base_seed: int) -> dict[str, tuple[int, int, list[int]]]:
+    """``check -> (rejections, runs, rejections per look)``: each check of :data:`CALIBRATED_CHECKS`
+    run ``runs_per_check`` times on the reference rule with n = CALIBRATION_N at level
+    CALIBRATION_LEVEL spread over its five looks, each run with its own seed."""
+    battery = SamplerBattery(batch_rows=400)
+    session = battery.open_session(rules.verify, device="cpu", timeout_s=60.0, isolation="none")
+    checks = {c.name: c for c in battery.checks(session)}
+    counts = {}
+    for name in CALIBRATED_CHECKS:
+        check = checks[name]
+        looks, alphas = plan_looks(check, CALIBRATION_N, CALIBRATION_LEVEL)
+        by_look = [0] * len(looks)
+        for run in range(runs_per_check):
+            seed = derive_seed("sequential-calibration", name, run, base=base_seed)
+            result = check.run(session, Plan(CALIBRATION_N, CALIBRATION_N, CALIBRATION_LEVEL, None, seed, looks, alphas))
+            if result.verdict is Verdict.FAIL:
+                by_look[result.look - 1] += 1
+        counts[name] = (sum(by_look), runs_per_check, by_look)
+    return counts
+
+
+def assert_at_most_level(counts: dict[str, tuple[int, int, list[int]]], test_level: float) -> None:
+    rejections = sum(r for r, _, _ in counts.values())
+    runs = sum(m for _, m, _ in counts.values())
+    rows = [("all (pooled)", rejections, runs, [sum(c[2][j] for c in counts.values()) for j in range(5)])]
+    rows += [(name, r, m, looks) for name, (r, m, looks) in counts.items()]
+    print(f"\nfalse-positive rate of the sequential checks at level {CALIBRATION_LEVEL} over 5 looks (n = {CALIBRATION_N}):")
+    failures = []
+    for name, r, m, looks in rows:
+        test = stats.binomial_test(r, m, CALIBRATION_LEVEL, "greater")
+        interval = stats.binomial_test(r, m, CALIBRATION_LEVEL, "two-sided", confidence_level=0.95)
+        print(f"  {name:<22} {r:>4}/{m:<5} = {r / m:.4f} (95% CI [{interval.ci_low:.4f}, {interval.ci_high:.4f}]); "
+              f"rejections per look {looks}")
+        if test.pvalue <= test_level / len(rows):
+            failures.append(f"{name}: {r}/{m}")
+    assert not failures, f"false-positive rate above {CALIBRATION_LEVEL}: {failures}"
+
+
+@pytest.mark.statistical
+def test_sequential_checks_keep_their_level(specverify_base_seed, specverify_suite_alpha):
+    """6 checks × 40 seeds = 240 runs."""
+    assert_at_most_level(sequential_false_positives(40, derive_seed("fast", base=specverify_base_seed)),
+                         specverify_suite_alpha)
+
+
+@pytest.mark.slow
+@pytest.mark.statistical
+def test_sequential_checks_keep_their_level_thoroughly(specverify_base_seed, specverify_suite_alpha):
+    """6 checks × 500 seeds = 3000 runs."""
+    assert_at_most_level(sequential_false_positives(500, derive_seed("slow", base=specverify_base_seed)),
+                         specverify_suite_alpha)
