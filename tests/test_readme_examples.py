@@ -107,7 +107,9 @@ def test_replay_line_runs_where_the_test_ran(tmp_path):
     make_project(project)
     completed = run_as_console_script(command, project)
     assert completed.returncode == 1, completed.stdout[-2000:] + completed.stderr[-2000:]
-    assert "correction token" in completed.stdout
+    assert "--no-fail-fast" in completed.stdout  # stopped at the first failure, as the README shows
+    completed = run_as_console_script(command + " --no-fail-fast", project)
+    assert completed.returncode == 1 and "correction token" in completed.stdout, completed.stdout[-2000:]
 
 
 @pytest.mark.slow

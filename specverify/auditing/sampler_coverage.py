@@ -36,8 +36,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,7 +49,8 @@ from specverify.auditing.sampler import (
     positional_family_bank,
     skipped_result,
 )
-from specverify.auditing.checks import Tally
+from specverify.auditing.checks import Check, CheckKind, Tally, Verdict
+from specverify.auditing.faults import FaultKind
 from specverify.core.seeding import derive_seed
 from specverify.core.chains import ChainBank, PositionalBank
 from specverify.testing.harness import StepSample, complete, propose
@@ -232,28 +233,23 @@ class TruncatedVocabularyCheck(StepLawCheck):
 
 
 @dataclass
-class OutputsUnaliasedCheck:
+class OutputsUnaliasedCheck(Check):
     """After all other checks: no call may overwrite the tensor an earlier call returned."""
 
     name: str
     description: str
-    kind: str = "contract"
-    parameters: dict[str, Any] | None = None
-    num_cells: int = 0
-    statistical = False
-
-    def __post_init__(self) -> None:
-        self.parameters = {}
+    parameters: dict[str, Any] = field(default_factory=dict)
+    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         log = session.function.log
         if log.calls == 0:
-            return skipped_result(self, plan, "no call of the function completed")
+            return self.skipped(plan, "no call of the function completed")
         if getattr(log, "aliasing", None):
-            return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "fail", log.aliasing[0],
-                               fault="aliasing")
-        return CheckResult(self.name, self.description, self.kind, {"calls": log.calls}, "pass",
-                           f"no call changed an output returned earlier ({log.calls} calls)")
+            return self.report(plan, Verdict.FAIL, log.aliasing[0], parameters={"calls": log.calls},
+                               fault=FaultKind.ALIASING)
+        return self.report(plan, Verdict.PASS, f"no call changed an output returned earlier ({log.calls} calls)",
+                           parameters={"calls": log.calls})
 
 
 def coverage_checks() -> list[Any]:

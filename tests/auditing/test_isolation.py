@@ -103,11 +103,11 @@ def test_an_aliased_output_is_diagnosed_as_aliasing_not_as_generator_misuse():
 
 @pytest.mark.parametrize("option, path", [("--json", "/nonexistent-directory/report.json"), ("--html", "/")])
 def test_an_unwritable_report_path_is_refused_before_the_run(option, path):
-    started = time.perf_counter()
     result = cli("os_exit", option, path)
     assert result.returncode == EXIT_ERROR and "cannot write the report" in result.stderr
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    assert time.perf_counter() - started < 30
+    # Refused before the run: an audit that ran would have printed its report (and the
+    # os_exit target would have ended in "the function's process exited").
+    assert "Traceback" not in result.stderr and result.stdout == "" and "exited" not in result.stderr
 
 
 def test_a_slow_but_correct_function_gets_a_verdict():
