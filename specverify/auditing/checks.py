@@ -13,6 +13,13 @@ noncentral-χ² bound using χ² ≥ 4·TV², so it holds for every alternative 
 a fixed budget of N samples, it reports the ε it can detect (:func:`specverify.core.stats.detectable_tv`).
 Exact and contract checks are deterministic and take no share of α.
 
+Sequential checks (:class:`SequentialCheck`: every sampling check of the sampler, decoder and
+tree levels) test their cumulative sample at the looks of their plan, n/16, n/8, n/4, n/2 and n,
+each at its increment of the α-spending function α·t³ (:mod:`specverify.core.sequential`), and
+stop at the first look that rejects: P(reject | H0) ≤ Σ levels = α share by the union bound,
+whatever the dependence between looks.  Their n is sized at the final look's level (7/8 of the
+share), so the final look alone keeps the stated power.
+
 Every check derives from :class:`Check` (deterministic) or :class:`ChiSquareCheck` (a Pearson
 test on ``num_cells`` cells) and reports through :meth:`Check.report`, the one place a
 :class:`CheckResult` is built.
