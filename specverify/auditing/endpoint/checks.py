@@ -104,8 +104,8 @@ class GreedyIdentityCheck(Check):
                  for d in agreed_deviations(a, b)]
         echo_noise = self._batch_noise(session, reference)
         cross = [d for a, b in zip(reference, candidate) for d in agreed_deviations(a, b)] if session.baseline else []
-        law = same_law_test(cross, noise + echo_noise)
-        tau = max(law.noise_quantile, law.cross_quantile)
+        law = same_law_test(cross, [noise, echo_noise])
+        tau = max(upper_quantile(noise), law.cross_quantile)  # the noise of the comparisons judged
         session.tau = tau
         tol = tolerance(tau)
         parameters = dict(self.parameters, **{
@@ -123,8 +123,8 @@ class GreedyIdentityCheck(Check):
                                f"on tokens where both servers agree, {law.exceeding} of {law.n} positions of the "
                                f"candidate's logprobs differ from the baseline's by more than {law.threshold:.3g} nats, "
                                f"the baseline's own upper-decile noise between its evaluations of the same tokens "
-                               f"(repeat, under load, echo re-scoring; floor {LOGPROB_TOLERANCE}); one in ten is "
-                               f"expected of one law (p = {law.pvalue:.3g} ≤ {SAME_LAW_ALPHA:g}; candidate's upper "
+                               f"(repeat/under load or echo re-scoring, the larger; floor {LOGPROB_TOLERANCE}); one in "
+                               f"ten is expected of one law (p = {law.pvalue:.3g} ≤ {SAME_LAW_ALPHA:g}; candidate's upper "
                                f"decile {law.cross_quantile:.3g}, max {max(cross):.3g}): the candidate computes a "
                                f"different law", parameters=parameters)
         judged: list[Divergence] = []

@@ -10,20 +10,24 @@ forward change the last bits of the logits.  So each first divergence is judged 
 
 and is **explained** when ``gap ≤ tolerance``, where ``tolerance = max(2 τ, TOLERANCE_FLOOR)``.
 
-τ, the rounding noise, is measured on the same servers as a *position deviation*: at one position
+τ, the rounding noise, is measured on the same servers as *position deviations*: at one position
 of two evaluations of the same tokens, the largest |Δ logprob| of the first evaluation's top two
-tokens (the tokens a greedy flip is about).  The baseline's own noise ``N`` is its deviations
-between evaluations of its greedy tokens along different numeric paths: repeated alone, repeated
-inside a concurrent burst (batch composition), and re-scored in one batched prefill (``echo``; a
-verify pass evaluates its drafts as a batch too).  The candidate's deviations ``C`` are its
-logprobs against the baseline's on the tokens both emitted.  τ is the larger of the two upper
-deciles, ``max(Q₀.₉(N), Q₀.₉(C))``: a quantile, because the maximum of a numeric-noise sample is
-set by its rarest outlier (on llama-cpp-python one re-scored position in ~100 moved by 6 nats).
+tokens (the tokens a greedy flip is about).  Three samples of them:
 
-τ is bounded by :func:`same_law_test`: the candidate must not deviate from the baseline more
-often than the baseline deviates from itself, so a candidate computing another law (a corrupted
-model, a wrong temperature, a verify pass with wrong logits) fails on that alone and cannot widen
-τ to excuse its divergences.
+- ``R``: the reference's own greedy tokens repeated alone and inside a concurrent burst (batch
+  composition changes numerics);
+- ``E``: the baseline's greedy tokens re-scored in one batched prefill (``echo``), against the
+  logprobs it returned generating them one at a time: the other numeric path the API offers (a
+  verify pass evaluates its drafts as a batch too);
+- ``C``: the candidate's logprobs against the baseline's on the tokens both emitted.
+
+τ is the upper decile of the deviations between the evaluations whose divergences are judged,
+``τ = max(Q₀.₉(R), Q₀.₉(C))`` (a quantile, not the maximum: the maximum of a numeric-noise sample
+is its rarest outlier).  C may enter τ only after :func:`same_law_test` accepted it as noise:
+the candidate must not exceed the baseline's own upper-decile noise (of R or E, the larger) at more
+positions than one law explains, so a candidate computing another law (a corrupted model, a
+wrong temperature, a verify pass with wrong logits) fails on that alone and cannot widen τ to
+excuse its divergences.
 
 Without a baseline the candidate's own logprobs stand for the target's law (SPEC §4): each greedy
 token must be the top-1 of the candidate's own returned law at its position, within tolerance.
@@ -115,9 +119,10 @@ SAME_LAW_ALPHA = 1e-3
 
 @dataclass(frozen=True)
 class SameLawTest:
-    """Exceedance test of the candidate's position deviations against the baseline's own noise:
-    ``threshold = max(LOGPROB_TOLERANCE, Q₀.₉(noise))``; ``exceeding`` of the ``n`` candidate
-    deviations lie above it; ``pvalue = P(Binomial(n, 0.1) ≥ exceeding)``."""
+    """Exceedance test of the candidate's position deviations against the baseline's own noise
+    (:func:`same_law_test`): ``threshold`` = the noise sample's upper-decile order statistic (at
+    least :data:`LOGPROB_TOLERANCE`); ``exceeding`` of the ``n`` candidate deviations lie above it;
+    ``pvalue`` = P(that many or more) under exchangeability."""
 
     threshold: float
     exceeding: int
@@ -135,19 +140,42 @@ def upper_quantile(values: Sequence[float]) -> float:
     return float(np.quantile(np.asarray(values, dtype=np.float64), UPPER_QUANTILE)) if len(values) else 0.0
 
 
-def same_law_test(cross: Sequence[float], noise: Sequence[float]) -> SameLawTest:
+def exceedance_pvalue(exceeding: int, n: int, rank: int, m: int) -> float:
+    """P(X ≥ ``exceeding``), X = how many of n values exceed the ``rank``-th largest of m others,
+    all n + m exchangeable (Gumbel & von Schelling 1950, the exceedance distribution):
+
+        P(X = x) = C(x + r − 1, x) · C(n − x + m − r, n − x) / C(n + m, n)."""
+    total = math.comb(n + m, n)
+    tail = sum(math.comb(x + rank - 1, x) * math.comb(n - x + m - rank, n - x) for x in range(exceeding, n + 1))
+    return tail / total
+
+
+def same_law_test(cross: Sequence[float], noise_samples: Sequence[Sequence[float]]) -> SameLawTest:
     """Does the candidate deviate from the baseline more often than the baseline from itself?
 
-    Under H0 "the candidate's logprobs are the baseline's law, evaluated along another numeric
-    path whose noise is no larger than the baseline's own between its paths", a candidate
-    deviation exceeds the baseline's upper decile with probability at most 0.1, so the number of
-    exceedances among n positions is at most Binomial(n, 0.1) (positions taken as exchangeable;
-    hence the nominal level).  Another law shifts the logprobs at most positions, not one in ten.
-    The threshold never drops below :data:`LOGPROB_TOLERANCE` (the decimal-text rounding of a
-    deterministic engine would otherwise count as a law change)."""
-    threshold = max(LOGPROB_TOLERANCE, upper_quantile(noise))
+    ``noise_samples``: the baseline's own position deviations, one sample per pair of numeric
+    paths (repeat/load, echo re-scoring).  The threshold is the upper-decile order statistic
+    (the r-th largest, r = ⌈m/10⌉) of the sample where that is largest, floored at
+    :data:`LOGPROB_TOLERANCE` (a deterministic engine's decimal-text rounding is not a law
+    change).  Under H0 "the candidate's logprobs are the baseline's law along another numeric
+    path, as noisy as the baseline's noisiest", candidate and noise deviations are exchangeable
+    and the number above the threshold follows :func:`exceedance_pvalue` (≈ Binomial(n, r/m));
+    a higher threshold (the floor, the larger of the samples) only lowers it.  Another law moves
+    most positions, not one in ten.  Positions of one text are not independent draws, so the
+    level :data:`SAME_LAW_ALPHA` is nominal."""
+    samples = [list(sample) for sample in noise_samples if len(sample)]
+    noise = max(samples, key=upper_quantile, default=[])
+    m = len(noise)
+    rank = max(1, math.ceil((1.0 - UPPER_QUANTILE) * m)) if m else 0
+    order = sorted(noise, reverse=True)[rank - 1] if m else 0.0
+    threshold = max(LOGPROB_TOLERANCE, order)
     exceeding = sum(1 for d in cross if d > threshold)
-    pvalue = float(binom.sf(exceeding - 1, len(cross), 1.0 - UPPER_QUANTILE)) if cross else 1.0
+    if not cross:
+        pvalue = 1.0
+    elif m:
+        pvalue = exceedance_pvalue(exceeding, len(cross), rank, m)
+    else:  # no noise sample at all: one in ten above the floor, at most
+        pvalue = float(binom.sf(exceeding - 1, len(cross), 1.0 - UPPER_QUANTILE))
     return SameLawTest(threshold, exceeding, len(cross), pvalue, upper_quantile(noise), upper_quantile(cross))
 
 
