@@ -15,7 +15,8 @@ another request is in flight).  The baseline samples from the processed law dire
 
 Processing (like vLLM): temperature, then top-k, top-p, min-p.  Returned logprobs are raw.
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
-``"malformed"``; ``die_after`` = N (the server closes its socket after N completion requests);
+``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
+accepted draft); ``die_after`` = N (the server closes its socket after N completion requests);
 ``echo_shift`` (echo alternatives one position late, as llama-cpp-python 0.3.16 returns them).
 
 Numerics: ``path_noise`` = σ adds a deterministic N(0, σ²) perturbation, a pure function of the
@@ -145,6 +146,7 @@ def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[s
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     context, out = list(prompt), []
+    accepted_flags: list[bool] = []
     while len(out) < max_tokens:
         if not config.speculative:
             probs = process(state.target.logprobs(context), *settings)
@@ -169,11 +171,13 @@ def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[s
                           torch.tensor(drafts, dtype=torch.int64)[None], generator)
             emitted = [int(t) for t in result[0].tolist() if t >= 0]
         counters["draft_n"] += NUM_DRAFT
-        counters["draft_n_accepted"] += len(emitted) - 1
+        own = 0 if config.fault == "bad-counters" else 1  # BUG when 0: the pass's own token counted as a draft
+        accepted_flags += [True] * (len(emitted) - own) + [False] * own
         context.extend(emitted)
         out.extend(emitted)
         if config.batch_bug:
             time.sleep(0.002)
+    counters["draft_n_accepted"] = sum(accepted_flags[:max_tokens])  # the accepted drafts it emitted
     return out[:max_tokens]
 
 

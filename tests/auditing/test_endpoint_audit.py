@@ -34,7 +34,7 @@ def test_lossless_pair_passes_every_check(toy_server) -> None:
     assert report.detectable_tv == pytest.approx(homogeneity_detectable_tv(746, alpha=1e-3 / 3, power=0.99,
                                                                            num_cells=16))
     acceptance = next(c for c in report.checks if c.name == "acceptance")
-    assert "tokens per pass" in acceptance.message
+    assert "tokens per pass" in acceptance.message and acceptance.message.startswith("counters consistent")
 
 
 @pytest.mark.parametrize(("rule", "check", "budget"), [
@@ -166,3 +166,16 @@ def test_exceedance_distribution_is_exact_and_tends_to_the_binomial() -> None:
     threshold = np.sort(noise, axis=1)[:, -3]  # the 3rd largest of 30
     counts = (cross > threshold[:, None]).sum(axis=1)
     assert np.mean(counts >= 6) == pytest.approx(exceedance_pvalue(6, 20, 3, 30), abs=0.005)
+
+
+def test_inconsistent_speculation_counters_violate_the_acceptance_contract(toy_server) -> None:
+    """A server that counts each pass's own token as an accepted draft reports as many accepted
+    drafts as emitted tokens (and more than drafted on repetitive text): contract violated."""
+    candidate, baseline = toy_server(speculative=True, fault="bad-counters"), toy_server(speculative=False)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url,
+                   checks=["greedy-identity", "acceptance", "pit-T1-top8"])
+    verdicts = _verdicts(report)
+    assert verdicts == {"greedy-identity": "pass", "acceptance": "fail", "pit-T1-top8": "pass"}, report.explain()
+    assert report.verdict == "contract violated" and report.exit_code == 1
+    acceptance = next(c for c in report.checks if c.name == "acceptance")
+    assert "each pass emits one token of its own" in acceptance.message

@@ -443,9 +443,18 @@ def prometheus_totals(text: str | None) -> dict[str, float]:
 
 @dataclass
 class AcceptanceCheck(Check):
-    """Report the candidate's speculation counters per prompt kind, where it exposes them:
-    llama.cpp's per-response ``timings`` (``draft_n``, ``draft_n_accepted``) or vLLM's Prometheus
-    counters.  Informational (not charged to α); skipped when the server exposes neither."""
+    """The candidate's speculation counters, where it exposes them (llama.cpp's per-response
+    ``timings``: ``draft_n``, ``draft_n_accepted``, ``predicted_n``; vLLM's Prometheus counters),
+    reported per prompt kind (acceptance rate, tokens per pass) and checked for consistency
+    (a contract: a failure means the counters misreport speculation, not that tokens are lossy):
+
+    - per response: 0 ≤ accepted ≤ drafted; accepted < predicted_n (every verify pass emits one
+      token of its own, the correction or bonus, besides its accepted drafts; the check's
+      responses are ≥ 24 tokens, longer than any one pass); predicted_n equals the tokens returned
+      when the response stopped at ``max_tokens``;
+    - Prometheus: at every scrape accepted ≤ drafted, and no counter decreases between scrapes.
+
+    Skipped when the server exposes neither."""
 
     name: str
     description: str
@@ -458,23 +467,65 @@ class AcceptanceCheck(Check):
         self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length}
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
-        parts = []
+        parts: list[str] = []
+        violations: list[str] = []
         if session.candidate.metrics() is None:  # only per-response timings: the greedy runs carry them
             completions = session.greedy_alone or [session.candidate.complete(greedy_body(p, self.length))
                                                    for p in self.prompts]
-            parts = [f"{p.kind}: {figures}" for p, c in zip(self.prompts, completions)
-                     if (figures := _acceptance_figures(c, {}, {}))]
-        for prompt in self.prompts if not parts and session.candidate.metrics() is not None else ():
-            before = prometheus_totals(session.candidate.metrics())
-            completion = session.candidate.complete(greedy_body(prompt, self.length))
-            after = prometheus_totals(session.candidate.metrics())
-            figures = _acceptance_figures(completion, before, after)
-            if figures:
-                parts.append(f"{prompt.kind}: {figures}")
+            for prompt, completion in zip(self.prompts, completions):
+                figures = _acceptance_figures(completion, {}, {})
+                if figures:
+                    parts.append(f"{prompt.kind}: {figures}")
+                    violations += [f"{prompt.kind}: {v}" for v in timing_violations(completion)]
+        else:
+            for prompt in self.prompts:
+                before = prometheus_totals(session.candidate.metrics())
+                completion = session.candidate.complete(greedy_body(prompt, self.length))
+                after = prometheus_totals(session.candidate.metrics())
+                figures = _acceptance_figures(completion, before, after)
+                if figures:
+                    parts.append(f"{prompt.kind}: {figures}")
+                    violations += [f"{prompt.kind}: {v}" for v in metric_violations(before, after)]
         if not parts:
             return self.skipped(plan, "the candidate exposes no speculation counters (no `timings` in its "
-                                              "responses, no vLLM spec_decode metrics at /metrics)")
-        return self.report(plan, Verdict.PASS, "acceptance per prompt kind (greedy): " + "; ".join(parts))
+                                      "responses, no vLLM spec_decode metrics at /metrics)")
+        figures = "acceptance per prompt kind (greedy): " + "; ".join(parts)
+        if violations:
+            return self.report(plan, Verdict.FAIL, f"the speculation counters are inconsistent: "
+                                                   f"{'; '.join(violations)}; {figures}")
+        return self.report(plan, Verdict.PASS, f"counters consistent; {figures}")
+
+
+def timing_violations(completion: Completion) -> list[str]:
+    """The claims of :class:`AcceptanceCheck` a response's ``timings`` break."""
+    timings = completion.timings or {}
+    drafted, accepted = float(timings["draft_n"]), float(timings["draft_n_accepted"])
+    found = []
+    if drafted < 0 or accepted < 0:
+        found.append(f"negative counter (draft_n {drafted:g}, draft_n_accepted {accepted:g})")
+    if accepted > drafted:
+        found.append(f"{accepted:g} drafts accepted of {drafted:g} drafted")
+    produced = timings.get("predicted_n")
+    if produced is not None:
+        if len(completion.tokens) and accepted >= float(produced):
+            found.append(f"{accepted:g} accepted drafts in {float(produced):g} emitted tokens (each pass emits one "
+                         f"token of its own)")
+        if completion.finish_reason == "length" and completion.tokens and float(produced) != len(completion.tokens):
+            found.append(f"predicted_n {float(produced):g} but {len(completion.tokens)} tokens returned")
+    return found
+
+
+def metric_violations(before: Mapping[str, float], after: Mapping[str, float]) -> list[str]:
+    """The claims of :class:`AcceptanceCheck` two Prometheus scrapes break."""
+    found = []
+    for when, totals in (("before", before), ("after", after)):
+        accepted, drafted = totals.get(VLLM_COUNTERS["accepted"], 0.0), totals.get(VLLM_COUNTERS["drafted"], 0.0)
+        if accepted > drafted:
+            found.append(f"{VLLM_COUNTERS['accepted']} {accepted:g} > {VLLM_COUNTERS['drafted']} {drafted:g} ({when})")
+    for metric in VLLM_COUNTERS.values():
+        if after.get(metric, 0.0) < before.get(metric, 0.0):
+            found.append(f"{metric} decreased from {before[metric]:g} to {after.get(metric, 0.0):g}")
+    return found
 
 
 def _acceptance_figures(completion: Completion, before: Mapping[str, float], after: Mapping[str, float]) -> str | None:
@@ -491,6 +542,7 @@ def _acceptance_figures(completion: Completion, before: Mapping[str, float], aft
         return (f"{delta['accepted']:.0f}/{delta['drafted']:.0f} drafts accepted "
                 f"({delta['accepted'] / delta['drafted']:.2f}), {per_pass:.2f} tokens per pass")
     return None
+
 
 
 __all__ = ["AcceptanceCheck", "BatchInvarianceCheck", "GreedyIdentityCheck", "PitCheck", "Prompt", "TwoSampleCheck"]
