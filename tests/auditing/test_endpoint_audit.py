@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
 
 from specverify.auditing.catalog import CATALOG
-from specverify.auditing.endpoint.checks import homogeneity_detectable_tv
+from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
 from scipy.stats import binom
 
 from specverify.auditing.endpoint.greedy import exceedance_pvalue, same_law_test
@@ -179,3 +179,10 @@ def test_inconsistent_speculation_counters_violate_the_acceptance_contract(toy_s
     assert report.verdict == "contract violated" and report.exit_code == 1
     acceptance = next(c for c in report.checks if c.name == "acceptance")
     assert "each pass emits one token of its own" in acceptance.message
+
+
+def test_prometheus_counter_claims() -> None:
+    accepted, drafted = VLLM_COUNTERS["accepted"], VLLM_COUNTERS["drafted"]
+    assert metric_violations({accepted: 3, drafted: 8}, {accepted: 10, drafted: 20}) == []
+    assert "decreased" in " ".join(metric_violations({accepted: 3, drafted: 8}, {accepted: 3, drafted: 4}))
+    assert any(f"{accepted} 9 > {drafted} 8" in v for v in metric_violations({accepted: 9, drafted: 8}, {}))
