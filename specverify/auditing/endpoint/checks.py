@@ -140,7 +140,7 @@ class GreedyIdentityCheck(Check):
         explained = [d for d in judged if d.explained]
         identical = len(self.prompts) - len(judged)
         summary = ("".join(note + "; " for note in session.notes) + f"{identical}/{len(self.prompts)} prompts identical over {self.length} tokens; "
-                   f"τ = {tau:.3g} nats (tolerance {tol:.3g}; upper deciles of the baseline's own noise: "
+                   f"τ = {tau:.3g} nats (tolerance {tol:.3g}; upper deciles of the {'baseline' if session.baseline else 'candidate'}'s own noise: "
                    f"repeat/load {upper_quantile(noise):.3g}, echo re-scoring {upper_quantile(echo_noise):.3g}; "
                    f"candidate vs baseline {law.cross_quantile:.3g}, {law.exceeding}/{law.n} positions above "
                    f"the same-law threshold {law.threshold:.3g}, p = {law.pvalue:.3g}); "
