@@ -93,6 +93,10 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
     """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``."""
     samples = sum(getattr(p, "n", 0) or 0 for p in plans)
     unit = "calls" if level == "decoder" else "samples"
+    if level == "endpoint":  # the servers set the pace: no cost model of theirs
+        return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
+                f"{len(checks)} checks, {samples:,} {unit} in all; the time depends on the servers' speed "
+                f"(SmolLM2-135M on llama-cpp-python, 2 shared cores: ~30 min at `--budget quick`)")
     return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
             f"{len(checks)} checks, {samples:,} {unit} in all; expected ~{duration(expected_seconds(level, checks, plans))} "
             f"(at the reference implementation's speed on a 2-core CPU; `--budget quick` or "

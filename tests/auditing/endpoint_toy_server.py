@@ -15,8 +15,16 @@ another request is in flight).  The baseline samples from the processed law dire
 
 Processing (like vLLM): temperature, then top-k, top-p, min-p.  Returned logprobs are raw.
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
-``"malformed"``; ``die_after`` = N (the server closes its socket after N completion requests);
+``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
+accepted draft); ``die_after`` = N (the server closes its socket after N completion requests);
 ``echo_shift`` (echo alternatives one position late, as llama-cpp-python 0.3.16 returns them).
+
+Numerics: ``path_noise`` = σ adds a deterministic N(0, σ²) perturbation, a pure function of the
+context and of the numeric path, to the logprobs a server *returns* from a batched evaluation (the
+candidate's verify pass, anyone's ``echo`` prefill), as batch-shape rounding does on real engines
+(llama.cpp: up to ~0.5 nats between 1-token and 2…31-token batches); the tokens are unchanged.
+A planted different law: ``law_temperature`` = T′ makes the candidate's target the toy LM at
+temperature T′ (same argmax, so its greedy tokens stay the baseline's; only its logprobs differ).
 """
 
 from __future__ import annotations
@@ -109,6 +117,8 @@ class ToyConfig:
     die_after: int | None = None
     echo_shift: bool = False
     slow_s: float = 3.0
+    path_noise: float = 0.0
+    law_temperature: float = 1.0
 
 
 @dataclass
@@ -136,6 +146,7 @@ def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[s
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     context, out = list(prompt), []
+    accepted_flags: list[bool] = []
     while len(out) < max_tokens:
         if not config.speculative:
             probs = process(state.target.logprobs(context), *settings)
@@ -160,11 +171,13 @@ def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[s
                           torch.tensor(drafts, dtype=torch.int64)[None], generator)
             emitted = [int(t) for t in result[0].tolist() if t >= 0]
         counters["draft_n"] += NUM_DRAFT
-        counters["draft_n_accepted"] += len(emitted) - 1
+        own = 0 if config.fault == "bad-counters" else 1  # BUG when 0: the pass's own token counted as a draft
+        accepted_flags += [True] * (len(emitted) - own) + [False] * own
         context.extend(emitted)
         out.extend(emitted)
         if config.batch_bug:
             time.sleep(0.002)
+    counters["draft_n_accepted"] = sum(accepted_flags[:max_tokens])  # the accepted drafts it emitted
     return out[:max_tokens]
 
 
@@ -206,7 +219,7 @@ def completion(state: ToyState, body: dict[str, Any]) -> dict[str, Any]:
         else:
             tokens, entries, context = new, [], list(prompt)
             for token in new:
-                law = state.target.logprobs(context)
+                law = _returned(state, context, "verify") if config.speculative else state.target.logprobs(context)
                 entries.append((float(law[token]), _top(law, n, token)))
                 context.append(token)
         choice["logprobs"] = {"tokens": [ALPHABET[t] for t in tokens],
@@ -218,16 +231,28 @@ def completion(state: ToyState, body: dict[str, Any]) -> dict[str, Any]:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(new), "temperature": temperature}}
 
 
+def _returned(state: ToyState, context: list[int], path: str) -> np.ndarray:
+    """The target's logprobs after ``context`` as a batched evaluation on ``path`` returns them
+    (``path_noise``, module docstring)."""
+    law = state.target.logprobs(context)
+    sigma = state.config.path_noise
+    if not sigma:
+        return law
+    text = "".join(ALPHABET[t] for t in context)
+    noisy = law + np.random.default_rng(derive_seed("toy-path", path, text) % (2**32)).standard_normal(V) * sigma
+    return noisy - np.logaddexp.reduce(noisy)
+
+
 def _echo_entries(state: ToyState, prompt: list[int], new: list[int], n: int) -> list[tuple[Any, Any]]:
     tokens = prompt + new
     entries: list[tuple[Any, Any]] = [(None, None)]
     for position in range(1, len(tokens)):
-        law = state.target.logprobs(tokens[:position])
+        law = _returned(state, tokens[:position], "echo")
         entries.append((float(law[tokens[position]]), _top(law, n, tokens[position])))
     if state.config.echo_shift:  # llama-cpp-python 0.3.16: position i holds the law of token i+1
         shifted: list[tuple[Any, Any]] = []
         for position in range(len(tokens)):
-            law = state.target.logprobs(tokens[:position + 1])
+            law = _returned(state, tokens[:position + 1], "echo")
             shifted.append((float(law[tokens[position]]), _top(law, n, tokens[position])))
         return shifted
     return entries
@@ -296,7 +321,10 @@ class ToyServer(ThreadingHTTPServer):
 
     def __init__(self, config: ToyConfig) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.state = ToyState(config, ToyLM(config.lm_seed), ToyLM(config.lm_seed, scale=1.2, induction=1.5, noise=1.0))
+        if not config.law_temperature > 0:
+            raise ValueError(f"law_temperature: expected a positive temperature, got {config.law_temperature!r}")
+        target = ToyLM(config.lm_seed, scale=2.0 / config.law_temperature, induction=3.0 / config.law_temperature)
+        self.state = ToyState(config, target, ToyLM(config.lm_seed, scale=1.2, induction=1.5, noise=1.0))
         self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._stopped = threading.Event()

@@ -11,10 +11,14 @@ import pytest
 pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
 
 from specverify.auditing.catalog import CATALOG
-from specverify.auditing.endpoint.checks import homogeneity_detectable_tv
+from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
+from scipy.stats import binom
+
+from specverify.auditing.endpoint.greedy import exceedance_pvalue, same_law_test
 from specverify.auditing.endpoint.pit import pit_value, processed_law
 from specverify.auditing.runner import audit
 from specverify.core import stats
+from specverify.core.seeding import derive_seed
 
 
 def _verdicts(report) -> dict[str, str]:
@@ -30,7 +34,7 @@ def test_lossless_pair_passes_every_check(toy_server) -> None:
     assert report.detectable_tv == pytest.approx(homogeneity_detectable_tv(746, alpha=1e-3 / 3, power=0.99,
                                                                            num_cells=16))
     acceptance = next(c for c in report.checks if c.name == "acceptance")
-    assert "tokens per pass" in acceptance.message
+    assert "tokens per pass" in acceptance.message and acceptance.message.startswith("counters consistent")
 
 
 @pytest.mark.parametrize(("rule", "check", "budget"), [
@@ -113,3 +117,72 @@ def test_randomized_pit_is_exactly_uniform_under_the_law() -> None:
         assert pit_value(law, "d", 0.5, tie_tolerance=0.0) is None  # outside the top 3: probability 0
     expected = np.array([0.5, 0.3, 0.15]) ** (1 / 0.7)
     assert np.allclose(processed_law(top, temperature=0.7, top_k=3).probs, expected / expected.sum())
+
+
+def test_rounding_noise_of_batched_paths_is_not_a_different_law(toy_server) -> None:
+    """Both servers return batched evaluations (the candidate's verify pass, the baseline's echo)
+    with deterministic N(0, 0.1²) noise, as batch-shape rounding does: the same-law test accepts
+    the candidate, whose deviations are the size of the baseline's own between its paths."""
+    candidate = toy_server(speculative=True, path_noise=0.1)
+    baseline = toy_server(speculative=False, path_noise=0.1)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, checks=["greedy-identity"])
+    assert report.checks[0].verdict == "pass", report.explain()
+    parameters = report.checks[0].parameters
+    assert parameters["same-law threshold"] > 0.1  # the echo's upper decile, above the floor
+
+
+@pytest.mark.parametrize("path_noise", [0.0, 0.1])
+def test_planted_different_law_fails_the_same_law_test(toy_server, path_noise: float) -> None:
+    """A candidate serving the toy LM at temperature 1.1 (same greedy tokens, other logprobs)
+    fails greedy-identity on its logprobs alone, with or without rounding noise on both servers."""
+    candidate = toy_server(speculative=True, law_temperature=1.1, path_noise=path_noise)
+    baseline = toy_server(speculative=False, path_noise=path_noise)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, checks=["greedy-identity"])
+    greedy = report.checks[0]
+    assert greedy.verdict == "fail" and report.exit_code == 1, report.explain()
+    assert "different law" in greedy.message
+    assert greedy.parameters["same-law p-value"] <= 1e-3
+
+
+def test_same_law_test_counts_exceedances_of_the_baselines_upper_decile() -> None:
+    noise = list(np.linspace(0.0, 0.2, 101))  # 11th largest (upper decile): 0.18
+    one_in_ten = [0.01] * 90 + [0.3] * 10
+    assert same_law_test(one_in_ten, [noise, [0.0] * 50]).same_law
+    shifted = [0.19] * 60 + [0.01] * 40
+    test = same_law_test(shifted, [[0.0] * 50, noise])  # the noisier sample sets the threshold
+    assert not test.same_law and test.exceeding == 60 and test.threshold == pytest.approx(0.18)
+    assert same_law_test([0.04] * 50, [[0.0] * 50]).same_law  # below the floor: decimal rounding
+    assert not same_law_test([0.06] * 50, [[0.0] * 50]).same_law
+
+
+def test_exceedance_distribution_is_exact_and_tends_to_the_binomial() -> None:
+    """Σ_x P(X = x) = 1; for m → ∞ X ~ Binomial(n, r/m); simulated exchangeable draws agree."""
+    assert exceedance_pvalue(0, 20, 3, 30) == pytest.approx(1.0)
+    big = exceedance_pvalue(5, 40, 1000, 10000)
+    assert big == pytest.approx(float(binom.sf(4, 40, 0.1)), rel=0.05)
+    rng = np.random.default_rng(derive_seed("exceedance-test"))
+    draws = rng.standard_normal((20000, 50))
+    cross, noise = draws[:, :20], draws[:, 20:]
+    threshold = np.sort(noise, axis=1)[:, -3]  # the 3rd largest of 30
+    counts = (cross > threshold[:, None]).sum(axis=1)
+    assert np.mean(counts >= 6) == pytest.approx(exceedance_pvalue(6, 20, 3, 30), abs=0.005)
+
+
+def test_inconsistent_speculation_counters_violate_the_acceptance_contract(toy_server) -> None:
+    """A server that counts each pass's own token as an accepted draft reports as many accepted
+    drafts as emitted tokens (and more than drafted on repetitive text): contract violated."""
+    candidate, baseline = toy_server(speculative=True, fault="bad-counters"), toy_server(speculative=False)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url,
+                   checks=["greedy-identity", "acceptance", "pit-T1-top8"])
+    verdicts = _verdicts(report)
+    assert verdicts == {"greedy-identity": "pass", "acceptance": "fail", "pit-T1-top8": "pass"}, report.explain()
+    assert report.verdict == "contract violated" and report.exit_code == 1
+    acceptance = next(c for c in report.checks if c.name == "acceptance")
+    assert "each pass emits one token of its own" in acceptance.message
+
+
+def test_prometheus_counter_claims() -> None:
+    accepted, drafted = VLLM_COUNTERS["accepted"], VLLM_COUNTERS["drafted"]
+    assert metric_violations({accepted: 3, drafted: 8}, {accepted: 10, drafted: 20}) == []
+    assert "decreased" in " ".join(metric_violations({accepted: 3, drafted: 8}, {accepted: 3, drafted: 4}))
+    assert any(f"{accepted} 9 > {drafted} 8" in v for v in metric_violations({accepted: 9, drafted: 8}, {}))

@@ -99,17 +99,26 @@ def llama_pair() -> Iterator[tuple[str, str]]:
 
 
 def test_llama_cpp_prompt_lookup_is_audited(llama_pair: tuple[str, str]) -> None:
+    """llama-cpp-python's prompt lookup is lossless up to numerics: its logprobs are the baseline
+    model's own evaluated in verify-pass batches (``benchmarks/llamacpp_numeric_paths.py``: bit
+    for bit on replay), so the settled verdict is "no loss detected".  Greedy: the candidate's
+    deviations from the baseline stay below the baseline's own echo-vs-decode noise (the same-law
+    test), and its first divergences are near-ties within τ; the acceptance check is skipped
+    (llama-cpp-python reports no speculation counters)."""
     candidate, baseline = llama_pair
     report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300)
     print(report.explain())
     for check in report.checks:
         print(f"{check.name}: {check.verdict}: {check.message}")
     verdicts = {c.name: c.verdict for c in report.checks}
-    assert report.exit_code in (0, 1), report.explain()  # it audited: no fault of the harness or the servers
-    assert set(verdicts) == {"greedy-identity", "batch-invariance", "pit-T1-top8", "pit-T0.7-top8",
-                             "two-sample-top-p", "acceptance"}
+    assert report.exit_code == 0, report.explain()
+    assert verdicts == {"greedy-identity": "pass", "batch-invariance": "pass", "pit-T1-top8": "pass",
+                        "pit-T0.7-top8": "pass", "two-sample-top-p": "pass", "acceptance": "skipped"}
     greedy = next(c for c in report.checks if c.name == "greedy-identity")
     assert "late" in str(greedy.parameters["server notes"])  # llama-cpp-python's echo is one position late
+    assert greedy.parameters["same-law p-value"] > 1e-3
+    assert greedy.parameters["Q0.9 candidate-vs-baseline"] > 0.0  # verify passes do round differently
+    assert greedy.parameters["Q0.9 candidate-vs-baseline"] < greedy.parameters["same-law threshold"]
     pit = next(c for c in report.checks if c.name == "pit-T1-top8")
     assert pit.n == BUDGET and pit.detectable_tv is not None
 

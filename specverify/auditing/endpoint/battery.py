@@ -22,7 +22,9 @@ Checks, in order:
 - ``two-sample-top-p`` (homogeneity; needs a baseline): T = 0.8, top-p 0.9, standard fields only,
   which the logprobs cannot express (engines apply top-p before or after temperature, and keep
   their own defaults such as llama.cpp's min-p 0.05), so the two servers' samples are compared;
-- ``acceptance`` (informational): speculation counters per prompt kind, where exposed.
+- ``acceptance`` (contract): speculation counters per prompt kind, where exposed, checked for
+  consistency (:class:`~specverify.auditing.endpoint.checks.AcceptanceCheck`); a failure is
+  "contract violated": the counters misreport speculation.
 
 Out of reach of the PIT, and why: top-p (its order relative to temperature is engine-specific),
 min-p, penalties, grammars and logit bias (processing the logprobs do not show), top-k above the
@@ -276,7 +278,8 @@ class EndpointBattery:
                 "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
                 SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
         checks.append(AcceptanceCheck(
-            "acceptance", "Speculation counters per prompt kind where the server exposes them (informational).",
+            "acceptance", "Speculation counters per prompt kind where the server exposes them, checked for consistency "
+            "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",
             PROMPTS, length))
         return checks
 

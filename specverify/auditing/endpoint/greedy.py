@@ -8,16 +8,26 @@ forward change the last bits of the logits.  So each first divergence is judged 
 
     margin = lp(top 1) − lp(top 2)          gap = lp(reference token) − lp(other token)
 
-and is **explained** when ``gap ≤ tolerance``, where ``tolerance = max(2 τ, TOLERANCE_FLOOR)`` and
-τ, the rounding noise, is measured on the same servers: the largest |Δ logprob| of one token at
-one position between (a) the baseline's repeated requests alone and under a concurrent burst
-(batch composition changes numerics) and (b) the candidate's and the baseline's logprobs on the
-tokens where they agree.  A divergence with ``gap > tolerance`` is UNEXPLAINED: the other server
-emitted a token the reference scores clearly below its own choice, which no rounding explains.
+and is **explained** when ``gap ≤ tolerance``, where ``tolerance = max(2 τ, TOLERANCE_FLOOR)``.
 
-τ is bounded: a candidate whose logprobs on agreed tokens differ from the baseline's by more than
-:data:`LOGPROB_TOLERANCE` nats computes a different law, and the check fails on that alone (so a
-corrupted model cannot widen τ to excuse its divergences).
+τ, the rounding noise, is measured on the same servers as *position deviations*: at one position
+of two evaluations of the same tokens, the largest |Δ logprob| of the first evaluation's top two
+tokens (the tokens a greedy flip is about).  Three samples of them:
+
+- ``R``: the reference's own greedy tokens repeated alone and inside a concurrent burst (batch
+  composition changes numerics);
+- ``E``: the baseline's greedy tokens re-scored in one batched prefill (``echo``), against the
+  logprobs it returned generating them one at a time: the other numeric path the API offers (a
+  verify pass evaluates its drafts as a batch too);
+- ``C``: the candidate's logprobs against the baseline's on the tokens both emitted.
+
+τ is the upper decile of the deviations between the evaluations whose divergences are judged,
+``τ = max(Q₀.₉(R), Q₀.₉(C))`` (a quantile, not the maximum: the maximum of a numeric-noise sample
+is its rarest outlier).  C may enter τ only after :func:`same_law_test` accepted it as noise:
+the candidate must not exceed the baseline's own upper-decile noise (of R or E, the larger) at more
+positions than one law explains, so a candidate computing another law (a corrupted model, a
+wrong temperature, a verify pass with wrong logits) fails on that alone and cannot widen τ to
+excuse its divergences.
 
 Without a baseline the candidate's own logprobs stand for the target's law (SPEC §4): each greedy
 token must be the top-1 of the candidate's own returned law at its position, within tolerance.
@@ -30,14 +40,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from scipy.stats import binom
+
 from specverify.auditing.endpoint.client import Completion
 
 TOLERANCE_FLOOR = 1e-4
 """Smallest tolerance (nats): logprobs travel as decimal text of float32 values (~1e-7 relative)."""
 
 LOGPROB_TOLERANCE = 0.05
-"""Largest |Δ logprob| (nats) between candidate and baseline on agreed tokens that still counts as
-the same law; rounding noise of one model in fp16/bf16/fp32 on one engine is 1e-6…1e-2."""
+"""Floor (nats) of the same-law threshold: a deterministic engine's repeats agree exactly, and its
+logprobs travel as decimal text; one model's rounding noise in fp16/bf16/fp32 is 1e-6…1e-2."""
 
 
 @dataclass(frozen=True)
@@ -76,26 +89,94 @@ def first_difference(a: Sequence[str], b: Sequence[str]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def logprob_differences(a: Completion, b: Completion) -> list[tuple[int, float]]:
-    """(position, max |Δ logprob| over the tokens both return) at every position before the first
-    token difference of two completions of the same prompt."""
-    stop = first_difference(a.tokens, b.tokens)
-    stop = len(a.tokens) if stop is None else stop
-    differences = []
-    for position in range(stop):
-        top_a, top_b = a.top_logprobs[position] or {}, b.top_logprobs[position] or {}
-        shared = [abs(top_a[t] - top_b[t]) for t in top_a.keys() & top_b.keys()]
-        own_a, own_b = a.token_logprobs[position], b.token_logprobs[position]
-        if own_a is not None and own_b is not None:
-            shared.append(abs(own_a - own_b))
+def position_deviations(a: Sequence[Mapping[str, float] | None], b: Sequence[Mapping[str, float] | None],
+                        count: int) -> list[float]:
+    """Per position ``i < count``: the largest |Δ logprob| between the returned laws ``a[i]`` and
+    ``b[i]`` over ``a[i]``'s top two tokens that ``b[i]`` lists too (positions sharing none are
+    skipped)."""
+    deviations = []
+    for position in range(min(count, len(a), len(b))):
+        first, second = a[position] or {}, b[position] or {}
+        top_two = sorted(first.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+        shared = [abs(lp - second[token]) for token, lp in top_two if token in second]
         if shared:
-            differences.append((position, max(shared)))
-    return differences
+            deviations.append(max(shared))
+    return deviations
 
 
-def rounding_noise(pairs: Sequence[tuple[Completion, Completion]]) -> float:
-    """τ: the largest |Δ logprob| on agreed tokens over pairs of completions of the same prompt."""
-    return max((d for a, b in pairs for _, d in logprob_differences(a, b)), default=0.0)
+def agreed_deviations(a: Completion, b: Completion) -> list[float]:
+    """:func:`position_deviations` of two completions of one prompt before their first token difference."""
+    stop = first_difference(a.tokens, b.tokens)
+    return position_deviations(a.top_logprobs, b.top_logprobs, len(a.tokens) if stop is None else stop)
+
+
+UPPER_QUANTILE = 0.9
+"""τ and the same-law threshold are upper deciles of position deviations (module docstring)."""
+
+SAME_LAW_ALPHA = 1e-3
+"""Level of :func:`same_law_test` (nominal: positions of one text are not independent draws)."""
+
+
+@dataclass(frozen=True)
+class SameLawTest:
+    """Exceedance test of the candidate's position deviations against the baseline's own noise
+    (:func:`same_law_test`): ``threshold`` = the noise sample's upper-decile order statistic (at
+    least :data:`LOGPROB_TOLERANCE`); ``exceeding`` of the ``n`` candidate deviations lie above it;
+    ``pvalue`` = P(that many or more) under exchangeability."""
+
+    threshold: float
+    exceeding: int
+    n: int
+    pvalue: float
+    noise_quantile: float
+    cross_quantile: float
+
+    @property
+    def same_law(self) -> bool:
+        return self.pvalue > SAME_LAW_ALPHA
+
+
+def upper_quantile(values: Sequence[float]) -> float:
+    return float(np.quantile(np.asarray(values, dtype=np.float64), UPPER_QUANTILE)) if len(values) else 0.0
+
+
+def exceedance_pvalue(exceeding: int, n: int, rank: int, m: int) -> float:
+    """P(X ≥ ``exceeding``), X = how many of n values exceed the ``rank``-th largest of m others,
+    all n + m exchangeable (Gumbel & von Schelling 1950, the exceedance distribution):
+
+        P(X = x) = C(x + r − 1, x) · C(n − x + m − r, n − x) / C(n + m, n)."""
+    total = math.comb(n + m, n)
+    tail = sum(math.comb(x + rank - 1, x) * math.comb(n - x + m - rank, n - x) for x in range(exceeding, n + 1))
+    return tail / total
+
+
+def same_law_test(cross: Sequence[float], noise_samples: Sequence[Sequence[float]]) -> SameLawTest:
+    """Does the candidate deviate from the baseline more often than the baseline from itself?
+
+    ``noise_samples``: the baseline's own position deviations, one sample per pair of numeric
+    paths (repeat/load, echo re-scoring).  The threshold is the upper-decile order statistic
+    (the r-th largest, r = ⌈m/10⌉) of the sample where that is largest, floored at
+    :data:`LOGPROB_TOLERANCE` (a deterministic engine's decimal-text rounding is not a law
+    change).  Under H0 "the candidate's logprobs are the baseline's law along another numeric
+    path, as noisy as the baseline's noisiest", candidate and noise deviations are exchangeable
+    and the number above the threshold follows :func:`exceedance_pvalue` (≈ Binomial(n, r/m));
+    a higher threshold (the floor, the larger of the samples) only lowers it.  Another law moves
+    most positions, not one in ten.  Positions of one text are not independent draws, so the
+    level :data:`SAME_LAW_ALPHA` is nominal."""
+    samples = [list(sample) for sample in noise_samples if len(sample)]
+    noise = max(samples, key=upper_quantile, default=[])
+    m = len(noise)
+    rank = max(1, math.ceil((1.0 - UPPER_QUANTILE) * m)) if m else 0
+    order = sorted(noise, reverse=True)[rank - 1] if m else 0.0
+    threshold = max(LOGPROB_TOLERANCE, order)
+    exceeding = sum(1 for d in cross if d > threshold)
+    if not cross:
+        pvalue = 1.0
+    elif m:
+        pvalue = exceedance_pvalue(exceeding, len(cross), rank, m)
+    else:  # no noise sample at all: one in ten above the floor, at most
+        pvalue = float(binom.sf(exceeding - 1, len(cross), 1.0 - UPPER_QUANTILE))
+    return SameLawTest(threshold, exceeding, len(cross), pvalue, upper_quantile(noise), upper_quantile(cross))
 
 
 def tolerance(tau: float) -> float:
