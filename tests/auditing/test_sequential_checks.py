@@ -119,8 +119,8 @@ def assert_at_most_level(counts: dict[str, tuple[int, int, list[int]]], test_lev
 
 @pytest.mark.statistical
 def test_sequential_checks_keep_their_level(specverify_base_seed, specverify_suite_alpha):
-    """6 checks × 40 seeds = 240 runs."""
-    assert_at_most_level(sequential_false_positives(40, derive_seed("fast", base=specverify_base_seed)),
+    """6 checks × 25 seeds = 150 runs."""
+    assert_at_most_level(sequential_false_positives(25, derive_seed("fast", base=specverify_base_seed)),
                          specverify_suite_alpha)
 
 
