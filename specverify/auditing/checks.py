@@ -323,7 +323,7 @@ def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expecte
         check, plan, Verdict.FAIL if failed else Verdict.PASS, message, n=int(counts.sum()), num_cells=len(expected),
         statistic=float(fit.statistic), pvalue=float(fit.pvalue), empirical_tv=float(fit.empirical_tv),
         observed=tuple(int(c) for c in counts), expected=tuple(float(e) for e in expected), cell_labels=labels,
-        acceptance=acceptance, **_look_fields(plan, level, look),
+        acceptance=acceptance, **look_fields(plan, level, look),
     )
 
 
@@ -342,10 +342,11 @@ def binomial_result(check: Check, plan: Plan, successes: int, n: int, bound: flo
     return check_report(check, plan, Verdict.FAIL if failed else Verdict.PASS, text + (f"; {note}" if note else ""),
                         n=n, num_cells=2, statistic=float(successes), pvalue=float(test.pvalue),
                         empirical_tv=max(0.0, test.estimate - bound), observed=(successes, n - successes),
-                        expected=(bound, 1.0 - bound), cell_labels=labels, **_look_fields(plan, level, look))
+                        expected=(bound, 1.0 - bound), cell_labels=labels, **look_fields(plan, level, look))
 
 
-def _look_fields(plan: Plan, level: float, look: int | None) -> dict[str, Any]:
+def look_fields(plan: Plan, level: float, look: int | None) -> dict[str, Any]:
+    """The :class:`CheckResult` fields that say which look of a sequential check gave the verdict."""
     if look is None or not plan.looks:
         return {}
     return {"look": look, "num_looks": len(plan.looks), "level": level}

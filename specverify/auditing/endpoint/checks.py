@@ -34,7 +34,19 @@ from specverify.auditing.endpoint.greedy import (
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
 from specverify.auditing.endpoint.scoring import completion_laws, echo_body
 from specverify.auditing.faults import Fault
-from specverify.auditing.checks import Check, CheckKind, CheckResult, Plan, Verdict, goodness_of_fit_result
+from specverify.auditing.checks import (
+    Check,
+    CheckKind,
+    CheckResult,
+    Plan,
+    SequentialCheck,
+    Tally,
+    Verdict,
+    MAX_MONTE_CARLO_DRAWS,
+    goodness_of_fit_result,
+    level_phrase,
+    look_fields,
+)
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
 
@@ -225,7 +237,7 @@ class BatchInvarianceCheck(Check):
 
 
 @dataclass
-class PitCheck(Check):
+class PitCheck(SequentialCheck):
     """Top-k sampling at temperature T: the sequential randomized PIT values of every sampled
     token (:mod:`specverify.auditing.endpoint.pit`) under the target's law at its prefix are
     i.i.d. uniform; Pearson goodness of fit of the first n of them in PIT_BINS equal cells, plus
@@ -250,7 +262,6 @@ class PitCheck(Check):
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = PIT_BINS
-    statistical: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.parameters = {"temperature": self.temperature, "top_k": self.top_k, "top_p": 1.0, "min_p": 0.0,
@@ -266,26 +277,25 @@ class PitCheck(Check):
         return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=self.length, temperature=self.temperature,
                     top_k=self.top_k, top_p=1.0, min_p=0.0, seed=seed, logprobs=self.top_k)
 
-    def run(self, session: Any, plan: Plan) -> CheckResult:
-        uniforms = np.random.default_rng(derive_seed(plan.seed, "pit-uniforms") % (2**32))
+    def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        """``n`` more PIT values (or tokens outside the top k), from as many candidate requests as
+        they need; each look has its own request seeds and PIT uniforms."""
+        uniforms = np.random.default_rng(derive_seed(plan.seed, "pit-uniforms", look) % (2**32))
         tie = tolerance(session.tau or 0.0)
-        values: list[float] = []
-        positions: list[int] = []
-        impossible: list[str] = []
-        between: list[float] = []
+        bins = np.zeros((self.length, PIT_BINS + 1), dtype=np.int64)  # per position; the last column: outside the top k
+        between = np.zeros(2)  # sum and count of the TVs between the servers' laws at the sampled prefixes
+        drawn, issued = 0, 0
         batch = max(1, session.candidate.concurrency) * 4
-        issued = 0
-        while len(values) + len(impossible) < plan.n:
-            missing = plan.n - len(values) - len(impossible)
-            count = min(batch, max(1, math.ceil(missing / self.length)))
+        while drawn < n:
+            count = min(batch, max(1, math.ceil((n - drawn) / self.length)))
             bodies = [self.body(self.prompts[(issued + i) % len(self.prompts)],
-                                request_seed(plan.seed, "request", issued + i)) for i in range(count)]
+                                request_seed(plan.seed, "request", look, issued + i)) for i in range(count)]
             completions = session.candidate.complete_many(bodies)
             rescored = session.baseline_laws(bodies, completions)
             issued += count
             for completion, baseline_laws in zip(completions, rescored):
                 for position, (token, own) in enumerate(zip(completion.tokens, completion.top_logprobs)):
-                    if len(values) + len(impossible) >= plan.n:
+                    if drawn >= n or position >= self.length:
                         break
                     if own is None or len(own) < self.top_k:
                         raise Fault("malformed", f"{self.name}: the candidate returned fewer than top_k = {self.top_k} "
@@ -293,29 +303,34 @@ class PitCheck(Check):
                     law = processed_law(own, temperature=self.temperature, top_k=self.top_k)
                     u = pit_value(law, token, float(uniforms.random()), tie_tolerance=tie)
                     if u is None:
-                        impossible.append(f"{token!r} at token {position}")
+                        bins[position, PIT_BINS] += 1
                     else:
-                        values.append(u)
-                        positions.append(position)
+                        bins[position, :PIT_BINS] += uniform_bins(np.array([u]), PIT_BINS)
+                    drawn += 1
                     if baseline_laws is not None and len(baseline_laws[position]) >= self.top_k:
                         other = processed_law(baseline_laws[position], temperature=self.temperature, top_k=self.top_k)
-                        between.append(law_tv(law, other))
-            if issued > 4 * plan.n + 10:
-                raise Fault("malformed", f"{self.name}: {issued} requests returned too few tokens for {plan.n} PIT values")
-        counts = np.append(uniform_bins(np.array(values), PIT_BINS), len(impossible))
+                        between += (law_tv(law, other), 1.0)
+            if issued > 4 * n + 10:
+                raise Fault("malformed", f"{self.name}: {issued} requests returned too few tokens for {n} PIT values")
+        return Tally(n, {"bins": bins, "between": between, "requests": np.array(issued)})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        bins = tally.counts["bins"]
+        counts = bins.sum(axis=0)
         expected = np.append(np.full(PIT_BINS, 1.0 / PIT_BINS), 0.0)
         labels = tuple(f"u in [{b / PIT_BINS:.1f}, {(b + 1) / PIT_BINS:.1f})" for b in range(PIT_BINS)) + (
             f"token outside the top {self.top_k}",)
-        result = goodness_of_fit_result(self, plan, counts, expected, labels, None)
-        by_position = _per_position_tv(np.array(values), np.array(positions))
-        note = (f"; {issued} requests; plug-in TV of the binned u's by position (diagnosis, not tested): "
-                f"{by_position}")
-        if between:
-            note += (f"; candidate vs baseline law at the sampled prefixes (echo re-scoring, {len(between)} "
-                     f"positions): mean TV {np.mean(between):.3g}, max {np.max(between):.3g}")
-        if impossible:
-            note += f"; outside the top k: {', '.join(impossible[:3])}"
-        return dataclasses.replace(result, message=result.message + note, calls=issued)
+        result = goodness_of_fit_result(self, plan, counts, expected, labels, None, level=level, look=look)
+        requests = int(tally.counts["requests"])
+        note = (f"; {requests} requests; plug-in TV of the binned u's by position (diagnosis, not tested): "
+                f"{_per_position_tv(bins)}")
+        total, count = tally.counts["between"]
+        if count:
+            note += (f"; candidate vs baseline law at the sampled prefixes (echo re-scoring, {int(count)} "
+                     f"positions): mean TV {total / count:.3g}")
+        if counts[-1]:
+            note += f"; {int(counts[-1])} token(s) outside the top k"
+        return dataclasses.replace(result, message=result.message + note, calls=requests)
 
 
 def law_tv(a: Any, b: Any) -> float:
@@ -324,11 +339,13 @@ def law_tv(a: Any, b: Any) -> float:
     return 0.5 * sum(abs(pa.get(t, 0.0) - pb.get(t, 0.0)) for t in pa.keys() | pb.keys())
 
 
-def _per_position_tv(values: np.ndarray, positions: np.ndarray) -> str:
+def _per_position_tv(bins: np.ndarray) -> str:
+    """Plug-in TV of each position's binned u's (``bins``: ``[positions, PIT_BINS + 1]`` counts)."""
     parts = []
-    for position in np.unique(positions)[:8]:
-        counts = uniform_bins(values[positions == position], PIT_BINS)
-        parts.append(f"{int(position)}: {plug_in_tv(counts):.3f} (n={int(counts.sum())})")
+    for position, row in enumerate(bins[:8]):
+        counts = row[:PIT_BINS]
+        if counts.sum():
+            parts.append(f"{position}: {plug_in_tv(counts):.3f} (n={int(counts.sum())})")
     return ", ".join(parts)
 
 
@@ -345,7 +362,7 @@ def homogeneity_detectable_tv(n: int, *, alpha: float, power: float, num_cells: 
 
 
 @dataclass
-class TwoSampleCheck(Check):
+class TwoSampleCheck(SequentialCheck):
     """Sampling with settings whose processed law the logprobs cannot give (``top_p`` after
     temperature, engine defaults such as min-p or penalties): the first L tokens' joint law on
     candidate and baseline, same parameters, independent seeds, is the same (Pearson χ² test of
@@ -363,7 +380,6 @@ class TwoSampleCheck(Check):
     max_cells: int = 16
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     parameters: dict[str, Any] = field(init=False)
-    statistical: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.num_cells = self.max_cells
@@ -376,49 +392,60 @@ class TwoSampleCheck(Check):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return homogeneity_detectable_tv(n, alpha=alpha, power=power, num_cells=self.max_cells)
 
-    def _sample(self, client: EndpointClient, count: int, seed: int, role: str) -> list[tuple[int, str]]:
+    def _sample(self, client: EndpointClient, count: int, seed: int, *roles: object) -> list[tuple[int, str]]:
         bodies = [dict(self.settings, prompt=self.prompts[i % len(self.prompts)].text, max_tokens=self.length,
-                       seed=request_seed(seed, role, i)) for i in range(count)]
+                       seed=request_seed(seed, *roles, i)) for i in range(count)]
         return [(i % len(self.prompts), c.text) for i, c in enumerate(client.complete_many(bodies))]
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
-        pilot_n = max(4 * self.max_cells, plan.n // 10)
-        pilot = Counter(self._sample(session.candidate, pilot_n, plan.seed, "pilot-candidate")
-                        + self._sample(session.baseline, pilot_n, plan.seed, "pilot-baseline"))
+        """Fix the cells from a pilot of both servers, then test at each look (:class:`SequentialCheck`)."""
+        self.pilot_n = max(4 * self.max_cells, plan.n // 10)
+        pilot = Counter(self._sample(session.candidate, self.pilot_n, plan.seed, "pilot-candidate")
+                        + self._sample(session.baseline, self.pilot_n, plan.seed, "pilot-baseline"))
         per_prompt = self.max_cells // len(self.prompts) - 1
-        cells: dict[tuple[int, str], int] = {}
+        self.cells: dict[tuple[int, str], int] = {}
         labels: list[str] = []
         for index, prompt in enumerate(self.prompts):
             frequent = sorted(((count, text) for (p, text), count in pilot.items() if p == index and count >= 2),
                               key=lambda t: (-t[0], t[1]))[:per_prompt]
             for _, text in frequent:
-                cells[(index, text)] = len(labels)
+                self.cells[(index, text)] = len(labels)
                 labels.append(f"{prompt.kind}: {text!r}")
             labels.append(f"{prompt.kind}: any other continuation")
-        other = {index: labels.index(f"{p.kind}: any other continuation") for index, p in enumerate(self.prompts)}
-        counts = np.zeros((2, len(labels)), dtype=np.int64)
+        self.labels = tuple(labels)
+        self.other = {index: labels.index(f"{p.kind}: any other continuation") for index, p in enumerate(self.prompts)}
+        return super().run(session, plan)
+
+    def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        """``n`` more requests to each server, counted in the pilot's cells."""
+        counts = np.zeros((2, len(self.labels)), dtype=np.int64)
         for row, (client, role) in enumerate(((session.candidate, "candidate"), (session.baseline, "baseline"))):
-            for key in self._sample(client, plan.n, plan.seed, role):
-                counts[row, cells.get(key, other[key[0]])] += 1
-        draws = max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / plan.alpha))
+            for key in self._sample(client, n, plan.seed, role, look):
+                counts[row, self.cells.get(key, self.other[key[0]])] += 1
+        return Tally(n, {"counts": counts})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        counts = tally.counts["counts"]
+        draws = min(MAX_MONTE_CARLO_DRAWS, max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
         test = stats.two_sample_test(counts[0], counts[1], seed=plan.seed % (2**32), monte_carlo_draws=draws)
-        failed = test.pvalue <= plan.alpha
+        failed = test.pvalue <= level
+        where = level_phrase(plan, level, look)
         if failed:
             frequency = counts / counts.sum(axis=1, keepdims=True)
             worst = np.argsort(-np.abs(frequency[0] - frequency[1]), kind="stable")[:3]
-            detail = "; ".join(f"{labels[i]}: candidate {frequency[0, i]:.3f} vs baseline {frequency[1, i]:.3f}"
+            detail = "; ".join(f"{self.labels[i]}: candidate {frequency[0, i]:.3f} vs baseline {frequency[1, i]:.3f}"
                                for i in worst)
-            message = (f"candidate and baseline sample different laws: p-value {test.pvalue:.3g} ≤ α share "
-                       f"{plan.alpha:.3g}; estimated TV {test.empirical_tv:.4f}; largest differences: {detail}")
+            message = (f"candidate and baseline sample different laws: p-value {test.pvalue:.3g} ≤ {where}; "
+                       f"estimated TV {test.empirical_tv:.4f}; largest differences: {detail}")
         else:
-            message = (f"candidate and baseline consistent (p-value {test.pvalue:.3g} > α share {plan.alpha:.3g}; "
-                       f"{len(labels)} cells from a pilot of {pilot_n} requests per server)")
+            message = (f"candidate and baseline consistent (p-value {test.pvalue:.3g} > {where}; "
+                       f"{len(self.labels)} cells from a pilot of {self.pilot_n} requests per server)")
         return self.report(plan, Verdict.FAIL if failed else Verdict.PASS,
-                           message, n=2 * plan.n, num_cells=len(labels),
+                           message, n=2 * tally.n, num_cells=len(self.labels),
                            statistic=float(test.statistic), pvalue=float(test.pvalue),
                            empirical_tv=float(test.empirical_tv),
-                           observed=tuple(int(c) for c in counts[0]), expected=None, cell_labels=tuple(labels),
-                           calls=2 * (plan.n + pilot_n))
+                           observed=tuple(int(c) for c in counts[0]), expected=None, cell_labels=self.labels,
+                           calls=2 * (tally.n + self.pilot_n), **look_fields(plan, level, look))
 
 
 # --------------------------------------------------------------------------------------------
