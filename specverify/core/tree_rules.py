@@ -70,6 +70,7 @@ tested against the unchanged ``p``), :func:`thresholded_tree_verify` (acceptance
 from __future__ import annotations
 
 import math
+import threading
 from typing import NamedTuple
 
 import torch
@@ -282,8 +283,9 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
     num_nodes = positions - 1
     device = target_probs.device
     current = torch.full((batch,), -1, dtype=torch.int64, device=device)
-    p_node = target_probs[:, 0].to(torch.float64, copy=True)  # updated in place below: never the input
-    r = p_node.clone()
+    p_node, r, q_buffer = _walk_buffers(batch, target_probs.shape[-1], device)  # updated in place below
+    p_node.copy_(target_probs[:, 0])
+    r.copy_(p_node)
     s = torch.ones(batch, dtype=torch.float64, device=device)  # a fresh target row counts as normalised
     present = tree_tokens >= 0
     ones = torch.ones(batch, dtype=torch.float64, device=device)
@@ -296,13 +298,13 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
         reject = tested & ~accept
         if bool(reject.any()):
             if draft_probs is not None:
-                q_row = draft_probs[:, n].to(torch.float64)
-            else:
-                q_row = torch.nn.functional.one_hot(x, r.shape[-1]).to(torch.float64)
-            updated = residual_update(r, s, p_node, q_row)
+                q_row = q_buffer.copy_(draft_probs[:, n])
+            else:  # the point mass at x_n, as one_hot(x_n) in float64
+                q_row = q_buffer.zero_().scatter_(-1, x[:, None], 1.0)
+            updated = residual_update(r, s, p_node, q_row)  # may overwrite q_row, its scratch row
             updated_sum = updated.sum(-1)
             keep = reject & (updated_sum > 0)  # rounding fallback: leave the law unchanged
-            r = torch.where(keep[:, None], updated, r)
+            torch.where(keep[:, None], updated, r, out=r)
             s = torch.where(keep, updated_sum, s)
         accepted = accept.nonzero()[:, 0]
         if accepted.numel():  # only the accepting rows move to their node's target law
@@ -311,7 +313,7 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
             p_node[accepted] = fresh
             r[accepted] = fresh
             s[accepted] = 1.0
-    weights = (r if final_law is None else final_law(r, p_node)).clone()
+    weights = r if final_law is None else final_law(r, p_node).clone()
     final_token = inverse_cdf(weights, u[:, -1], in_place=True)
     emitted, depth = emit_path(tree_tokens, parents, current, final_token)
     return TreeVerifyResult(emitted, depth, current)
@@ -322,7 +324,31 @@ def _ratio_accept(r, s, p_node, x, q_x, u_n):
 
 
 def _residual(r, s, p_node, q_row):
-    return (r - s[:, None] * q_row).clamp(min=0)
+    """``(r - s q)+`` (the product rounded, then the difference, as ``r - s[:, None] * q_row``),
+    written over ``q_row``, the walk's scratch row."""
+    return torch.sub(r, q_row.mul_(s[:, None]), out=q_row).clamp_(min=0)
+
+
+WALK_BUFFER_CACHE_BYTES = 64 << 20
+"""Largest size (64 MiB) of the three float64 ``[B, V]`` rows of :func:`_tree_walk` kept per thread
+between calls on CPU; larger ones are allocated per call."""
+
+_BUFFERS = threading.local()
+
+
+def _walk_buffers(batch: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three float64 ``[B, V]`` scratch rows (``p_node``, ``r``, the draft row) for :func:`_tree_walk`.
+
+    On CPU, up to :data:`WALK_BUFFER_CACHE_BYTES` they are kept per thread and reused: fresh
+    buffers of this size are mapped anew on every call, and faulting their pages in costs more
+    than the arithmetic done in them."""
+    size = batch * vocab
+    if device.type != "cpu" or 3 * size * 8 > WALK_BUFFER_CACHE_BYTES:
+        return tuple(torch.empty(batch, vocab, dtype=torch.float64, device=device) for _ in range(3))
+    cached = getattr(_BUFFERS, "walk", None)
+    if cached is None or cached.shape[1] < size:
+        cached = _BUFFERS.walk = torch.empty(3, size, dtype=torch.float64)
+    return tuple(cached[i, :size].view(batch, vocab) for i in range(3))
 
 
 # --------------------------------------------------------------------------------------------
