@@ -296,7 +296,8 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
         q_x = _at(draft_probs[:, n], x).to(torch.float64) if draft_probs is not None else ones
         accept = tested & accept_test(r, s, p_node, x, q_x, u[:, n])
         reject = tested & ~accept
-        if bool(reject.any()):
+        rejecting = reject.nonzero()[:, 0]
+        if rejecting.numel() == batch:  # every row: the residual of the whole batch, in place
             if draft_probs is not None:
                 q_row = q_buffer.copy_(draft_probs[:, n])
             else:  # the point mass at x_n, as one_hot(x_n) in float64
@@ -306,6 +307,8 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
             keep = reject & (updated_sum > 0)  # rounding fallback: leave the law unchanged
             torch.where(keep[:, None], updated, r, out=r)
             s = torch.where(keep, updated_sum, s)
+        elif rejecting.numel():  # some rows: their residuals only
+            s = _update_some_rows(rejecting, draft_probs, n, x, r, s, p_node, q_buffer, residual_update)
         accepted = accept.nonzero()[:, 0]
         if accepted.numel():  # only the accepting rows move to their node's target law
             fresh = target_probs[accepted, n + 1].to(torch.float64)
@@ -317,6 +320,31 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
     final_token = inverse_cdf(weights, u[:, -1], in_place=True)
     emitted, depth = emit_path(tree_tokens, parents, current, final_token)
     return TreeVerifyResult(emitted, depth, current)
+
+
+def _update_some_rows(rows, draft_probs, n, x, r, s, p_node, scratch, residual_update):
+    """The rejection update of :func:`_tree_walk` for the rejecting ``rows`` only (``[R]``, not all
+    of the batch): their residuals ``[R, V]``, written into ``r`` and their totals into ``s`` (in
+    place) where they keep mass; returns ``s``.
+
+    The totals are summed over the full ``[B, V]`` scratch buffer (the rejecting rows hold their
+    residuals, the others whatever they held), not over the ``[R, V]`` residuals: a row's sum is
+    read from its own entries only, but how ``torch.sum`` splits a row among threads depends on
+    the tensor's shape, so summing the batch's shape keeps every total bit-identical to the
+    whole-batch update."""
+    if draft_probs is not None:
+        q_rows = draft_probs[rows, n].to(torch.float64)
+    else:  # the point mass at x_n, as one_hot(x_n) in float64
+        q_rows = torch.zeros(rows.numel(), r.shape[-1], dtype=torch.float64, device=r.device)
+        q_rows.scatter_(-1, x[rows, None], 1.0)
+    updated = residual_update(r[rows], s[rows], p_node[rows], q_rows)
+    scratch[rows] = updated
+    updated_sum = scratch.sum(-1)[rows]
+    keep = updated_sum > 0  # rounding fallback: leave the law unchanged
+    kept = rows[keep]
+    r[kept] = updated[keep]
+    s[kept] = updated_sum[keep]
+    return s
 
 
 def _ratio_accept(r, s, p_node, x, q_x, u_n):
