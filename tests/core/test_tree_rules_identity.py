@@ -148,7 +148,7 @@ def test_float64_inputs_are_not_modified():
 
 
 def _corruptions(p, q, tokens, parents, u):
-    batch, positions, vocab = p.shape
+    batch, _, vocab = p.shape
 
     def with_entry(tensor, index, value):
         tensor = tensor.clone()
