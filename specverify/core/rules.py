@@ -441,8 +441,11 @@ def rejection_sample(
 
     Cost: the acceptance is decided on ``[B, K]`` gathered scalars; only two length-V rows per
     request (``p_n``, ``q_n``) are read and upcast to float64, in cache-sized chunks of rows on CPU
-    (:func:`_draw_final_tokens`).  No loop over positions; no host sync on CUDA besides
-    validation's one.  Bit-identical to the rule before issue 12 (tests/core/test_rules_identity.py).
+    (:func:`_draw_final_tokens`).  Validation (:func:`validate_verify_inputs`, the same checks and
+    messages) reads every input value twice, a row sum and a sign-bit minimum
+    (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
+    positions; no host sync on CUDA besides validation's one.  Bit-identical to the rule before
+    issue 12 (tests/core/test_rules_identity.py).
     """
     if validate:
         _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, True)
