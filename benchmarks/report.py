@@ -196,14 +196,17 @@ class BandwidthRow:
         return self.copy_into_s / self.before_validate_s if self.copy_into_s and self.before_validate_s else None
 
 
-def bandwidth_rows(records: Sequence[Record]) -> list[BandwidthRow]:
-    """One row per input size: copy, verify and verify+validate side by side."""
+def bandwidth_rows(records: Sequence[Record], suite: str = "verify") -> list[BandwidthRow]:
+    """One row per input size: copy, verify and verify+validate side by side.  A suite without a
+    ``copy`` variant (the tree suite) uses ``copy-into`` in its place."""
     by_key: dict[tuple, dict[str, Record]] = defaultdict(dict)
-    for record in of_suite(records, "verify"):
+    for record in of_suite(records, suite):
         e = record.extra
         by_key[(e["device"], e["dtype"], e["vocab"], e["batch"], e["num_draft"])][e["variant"]] = record
     rows = []
     for (device, dtype, vocab, batch, num_draft), variants in sorted(by_key.items()):
+        if "copy" not in variants and "copy-into" in variants:
+            variants = {**variants, "copy": variants["copy-into"]}
         if not {"copy", "verify", "verify+validate"} <= variants.keys():
             continue
         copy, verify, validate = variants["copy"], variants["verify"], variants["verify+validate"]
@@ -263,13 +266,14 @@ def bandwidth_goal_lines(rows: Sequence[BandwidthRow]) -> list[str]:
     return lines
 
 
-def before_after_lines(rows: Sequence[BandwidthRow]) -> list[str]:
+def before_after_lines(rows: Sequence[BandwidthRow], rule: str = "Rule", size: str = "K") -> list[str]:
     """The rule before and after issue 12, side by side (same run), against ``copy-into``: the goal
-    is a median >= 0.5 over B, K, V >= 32k and both dtypes, with validation."""
+    is a median >= 0.5 over B, K, V >= 32k and both dtypes, with validation.  ``rule`` names the
+    rule in the title, ``size`` the column of draft positions (``K``; ``N`` nodes for trees)."""
     rows = [r for r in rows if r.before_validate_s is not None and r.copy_into_s is not None]
     if not rows:
         return []
-    lines = ["Rule before vs after issue 12, with validation, × `copy-into` bandwidth (same run, same inputs):", "",
+    lines = [f"{rule} before vs after issue 12, with validation, × `copy-into` bandwidth (same run, same inputs):", "",
              *header("device", "scope", ">points", ">median before", ">median after", ">median speedup",
                      ">min after", ">max after")]
     scopes: dict[tuple, list[BandwidthRow]] = defaultdict(list)
@@ -285,7 +289,7 @@ def before_after_lines(rows: Sequence[BandwidthRow]) -> list[str]:
             f"{statistics.median(m.before_validate_s / m.validate_s for m in members):.2f}× | "
             f"{min(after):.2f} | {max(after):.2f} |"
         )
-    lines += ["", *header("device", "dtype", ">V", ">B", ">K", ">copy-into ms", ">before ms", ">after ms",
+    lines += ["", *header("device", "dtype", ">V", ">B", f">{size}", ">copy-into ms", ">before ms", ">after ms",
                           ">before+validate ms", ">after+validate ms", ">× copy-into before", ">× copy-into after",
                           ">speedup")]
     for r in rows:
@@ -593,6 +597,10 @@ def write_report(paths: Sequence[Path], out: Path) -> Path:
         lines += ["## 1. Verification step vs memory copy", "", "![bandwidth](bandwidth_fraction.png)", "",
                   *bandwidth_goal_lines(bandwidth), "", *before_after_lines(bandwidth), "",
                   *bandwidth_table(bandwidth), ""]
+    tree = bandwidth_rows(records, suite="verify-tree")
+    if tree:
+        lines += ["## 1b. Tree verification step vs memory copy", "",
+                  *before_after_lines(tree, rule="Tree rule", size="N"), ""]
     if of_suite(records, "model-step"):
         lines += ["## 2. Verification share of a decoding step", "", *model_step_table(records), ""]
     if of_suite(records, "audit"):

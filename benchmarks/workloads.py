@@ -195,6 +195,49 @@ def verification_inputs(
     )
 
 
+class TreeVerificationInputs(NamedTuple):
+    """One tree step's inputs (SPEC §3): ``target_probs [B, N+1, V]``, ``draft_probs [B, N, V]``,
+    ``tree_tokens [B, N]`` (drawn from ``draft_probs``), ``parents [B, N]``."""
+
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor
+    tree_tokens: torch.Tensor
+    parents: torch.Tensor
+
+    @property
+    def probability_bytes(self) -> int:
+        """Bytes of target and draft probabilities: what a step that reads every input moves."""
+        return (self.target_probs.numel() + self.draft_probs.numel()) * self.target_probs.element_size()
+
+
+def binary_tree_parents(num_nodes: int) -> list[int]:
+    """Parents of a complete binary tree in breadth-first order: ``[-1, -1, 0, 0, 1, 1, 2, 2, ...]``
+    (two children of the root, two of each node after)."""
+    return [node // 2 - 1 for node in range(num_nodes)]
+
+
+@functools.lru_cache(maxsize=1)
+def tree_verification_inputs(
+    batch: int, num_nodes: int, vocab: int, dtype: torch.dtype, device: str, seed: int = 0
+) -> TreeVerificationInputs:
+    """A complete binary draft tree per row (:func:`binary_tree_parents`) with the laws of
+    :func:`verification_inputs`: target ``p_n = softmax(3 z_n)``, draft law of node ``n``
+    ``softmax(3 z_parent + 1.5 z')`` (correlated with the target law at its parent), tokens drawn
+    from it, cast to ``dtype`` after the draw.  Cached (the last call only)."""
+    generator = torch.Generator().manual_seed(seed)
+    parents = torch.tensor(binary_tree_parents(num_nodes), dtype=torch.int64).expand(batch, num_nodes).contiguous()
+    logits = 3.0 * torch.randn(batch, num_nodes + 1, vocab, generator=generator)
+    target_probs = torch.softmax(logits, dim=-1)
+    at_parent = logits[:, (parents[0] + 1)]
+    draft_probs = torch.softmax(at_parent + 1.5 * torch.randn(batch, num_nodes, vocab, generator=generator), dim=-1)
+    del logits, at_parent
+    tokens = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=generator).reshape(batch, num_nodes)
+    return TreeVerificationInputs(
+        target_probs.to(device=device, dtype=dtype), draft_probs.to(device=device, dtype=dtype),
+        tokens.to(device), parents.to(device),
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Models and prompts
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from benchmarks import report, test_bench_audit, test_bench_batch_sweep, test_bench_decoders
-from benchmarks import test_bench_model_step, test_bench_verify
+from benchmarks import test_bench_model_step, test_bench_tree_verify, test_bench_verify
 from benchmarks.workloads import ModelUnderTest
 from specverify.hf.tiny_models import tiny_target_and_draft
 
@@ -78,6 +78,9 @@ def runs(tiny_unit: ModelUnderTest) -> dict[str, OnceBenchmark]:
         for variant in test_bench_verify.VARIANTS:
             benches.append(run(test_bench_verify.test_verification_step, f"verify-{variant}-{dtype}",
                                variant, 2, 3, 64, dtype, "cpu"))
+        for variant in test_bench_tree_verify.VARIANTS:
+            benches.append(run(test_bench_tree_verify.test_tree_verification_step, f"tree-{variant}-{dtype}",
+                               variant, 2, 4, 64, dtype))
     for rule in test_bench_model_step.RULES:
         benches.append(run(test_bench_model_step.test_verification_share_of_step, f"model-step-{rule}",
                            tiny_unit, 2, rule, rounds=1))
@@ -146,7 +149,7 @@ def test_report_renders_every_section(runs: dict[str, OnceBenchmark], tmp_path: 
         "benchmarks": [bench.as_json() for bench in runs.values()],
     }))
     markdown = report.write_report([run_file], tmp_path / "out").read_text()
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5."):
+    for heading in ("## 1.", "## 1b.", "## 2.", "## 3.", "## 4.", "## 5."):
         assert heading in markdown
     assert (tmp_path / "out" / "bandwidth_fraction.png").stat().st_size > 0
     assert (tmp_path / "out" / "speedup_vs_batch.png").stat().st_size > 0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -116,13 +117,12 @@ def validate_verify_inputs(
     ``uniforms`` must be finite, in ``[0, 1)``, of shape ``[B, K+1]``.
 
     Valid inputs cost one screen (:func:`_any_problem`: a row sum and an integer minimum per
-    probability tensor, one host sync); only flagged inputs go through the detailed checks,
-    which word the error (a second host sync).
+    probability row, in cache-sized chunks, one host sync); only flagged inputs go through the
+    detailed checks, which word the error (a second host sync).
     """
     _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, needs_randomness)
-    if not _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft):
-        return
-    _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft)
+    if _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft):
+        _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft)
 
 
 # Integer views that expose a float's sign bit: ``x.view(int) < 0`` iff the sign bit of ``x`` is set
@@ -131,26 +131,35 @@ def validate_verify_inputs(
 _SIGN_BIT_VIEWS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
                    torch.bfloat16: torch.int16}
 
+SCREEN_CHUNK_BYTES = 1 << 20
+"""Bytes of probability rows (1 MiB) that the screen reduces at once on CPU, for tensors of more
+than ``4 * SCREEN_CHUNK_BYTES``: the row sum reads a chunk from memory, the sign-bit minimum then
+finds it in cache (half the memory traffic of two whole-tensor passes; measured 15-20% faster
+than two passes from 8 MB up, and slower below, where the tensor stays in cache anyway)."""
 
-def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft) -> bool:
+
+def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft, *, layout=None,
+                 q_at_token=None) -> bool:
     """Whether :func:`_raise_first_problem` might find a problem: a cheap screen with one host sync.
 
     It flags every input the detailed checks flag, and a few harmless ones too (a ``-0.0`` entry
     sets the sign bit), so ``False`` proves the inputs valid and ``True`` only sends them to the
-    detailed checks, which decide and word the error.  Per probability tensor it makes two
-    passes over the data (a row sum, the same as the detailed check's, and an integer minimum of
-    the sign bits) and otherwise works on ``[B, K+1]`` row summaries.
+    detailed checks, which decide and word the error.  Per probability row it reads each value
+    once from memory (:func:`_rows_look_valid`) and otherwise works on ``[B, K+1]`` row summaries.
+    ``layout`` (``_draft_layout``'s result) and ``q_at_token`` (``draft_probs`` gathered at
+    :func:`_screen_tokens`) may be passed by a rule that needs them too.
     """
     _, positions, vocab = target_probs.shape
-    drafts, draft_used = _draft_layout(target_probs, draft_tokens, num_draft)
-    target_used = torch.arange(positions, device=target_probs.device) <= drafts[:, None]
+    drafts, draft_used = layout if layout is not None else _draft_layout(target_probs, draft_tokens, num_draft)
     tokens_in_range = (draft_tokens >= 0) & (draft_tokens < vocab)
-    bad = [~_rows_look_valid(target_probs) & target_used]
+    target_ok = _rows_look_valid(target_probs)
+    if num_draft is not None:
+        target_ok |= torch.arange(positions, device=target_probs.device) > drafts[:, None]
     if draft_probs is not None:
-        q_at_token = draft_probs.gather(-1, torch.where(tokens_in_range, draft_tokens, 0).unsqueeze(-1)).squeeze(-1)
+        if q_at_token is None:
+            q_at_token = draft_probs.gather(-1, _screen_tokens(draft_tokens, draft_used, tokens_in_range)[..., None])[..., 0]
         tokens_in_range &= _rows_look_valid(draft_probs) & (q_at_token > 0)
-    bad.append(~tokens_in_range & draft_used)
-    flags = [mask.any() for mask in bad]
+    flags = [~target_ok.all(), ~(tokens_in_range | ~draft_used).all()]
     if num_draft is not None:
         flags.append(((num_draft < 0) | (num_draft > positions - 1)).any())
     if uniforms is not None:
@@ -158,12 +167,40 @@ def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft) -
     return bool(torch.stack(flags).any())
 
 
+def _screen_tokens(draft_tokens: torch.Tensor, draft_used: torch.Tensor, tokens_in_range: torch.Tensor) -> torch.Tensor:
+    """Draft tokens safe to gather with: the token where it is in use and in ``[0, V)``, else 0."""
+    return torch.where(draft_used & tokens_in_range, draft_tokens, 0)
+
+
 def _rows_look_valid(probs: torch.Tensor) -> torch.Tensor:
-    """Bool per row: finite, summing to 1 within tolerance, no entry with its sign bit set."""
-    sums = probs.sum(-1).to(torch.float64)  # the detailed check's sum: NaN/Inf give a NaN/Inf sum
-    within = (sums - 1).abs() <= row_sum_tolerance(probs.dtype, probs.shape[-1])
+    """Bool per row ``[B, P]``: no entry with its sign bit set, and the row sum within tolerance of 1.
+
+    That implies the row is finite and non-negative: every entry is then ``+0``, positive, ``+Inf``
+    or a NaN without the sign bit; an ``+Inf`` or a NaN makes the floating-point sum ``+Inf`` or NaN
+    (in any summation order and precision), which is not within tolerance of 1.  The sum is the
+    detailed check's (``probs.sum(-1)``, input dtype); the minimum is an integer minimum over the
+    sign-bit view (:data:`_SIGN_BIT_VIEWS`).  On CPU, contiguous inputs go through in chunks of
+    :data:`SCREEN_CHUNK_BYTES`, the sum and the minimum of a chunk back to back, so that the second
+    pass reads from cache; each row is reduced whole, so the sums are those of one pass.
+    """
+    batch, positions, vocab = probs.shape
     view = _SIGN_BIT_VIEWS.get(probs.dtype)
-    no_sign_bit = probs.view(view).amin(-1) >= 0 if view is not None else probs.amin(-1) >= 0
+    rows_per_chunk = max(1, SCREEN_CHUNK_BYTES // max(1, vocab * probs.element_size()))
+    if (view is None or probs.device.type != "cpu" or not probs.is_contiguous()
+            or 4 * rows_per_chunk >= batch * positions):
+        sums = probs.sum(-1)
+        no_sign_bit = probs.view(view).amin(-1) >= 0 if view is not None else probs.amin(-1) >= 0
+    else:
+        flat = probs.view(batch * positions, vocab)
+        bits = flat.view(view)
+        sums = torch.empty(batch * positions, dtype=probs.dtype)
+        minima = torch.empty(batch * positions, dtype=view)
+        for start in range(0, batch * positions, rows_per_chunk):
+            chunk = slice(start, start + rows_per_chunk)
+            torch.sum(flat[chunk], -1, out=sums[chunk])
+            torch.amin(bits[chunk], -1, out=minima[chunk])
+        sums, no_sign_bit = sums.view(batch, positions), minima.view(batch, positions) >= 0
+    within = (sums.to(torch.float64) - 1).abs() <= row_sum_tolerance(probs.dtype, vocab)
     return within & no_sign_bit
 
 
@@ -404,17 +441,28 @@ def rejection_sample(
 
     Cost: the acceptance is decided on ``[B, K]`` gathered scalars; only two length-V rows per
     request (``p_n``, ``q_n``) are read and upcast to float64, in cache-sized chunks of rows on CPU
-    (:func:`_draw_final_tokens`).  No loop over positions; no host sync on CUDA besides
-    validation's one.  Bit-identical to the rule before issue 12 (tests/core/test_rules_identity.py).
+    (:func:`_draw_final_tokens`).  Validation (:func:`validate_verify_inputs`, the same checks and
+    messages) reads every input value twice, a row sum and a sign-bit minimum
+    (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
+    positions; no host sync on CUDA besides validation's one.  Bit-identical to the rule before
+    issue 12 (tests/core/test_rules_identity.py).
     """
     if validate:
-        validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
+        _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, True)
+    layout = drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
+    if validate:  # the screen and the rule share the gathers (one read of each draft token's entry)
+        in_range = (draft_tokens >= 0) & (draft_tokens < target_probs.shape[-1])
+        safe_tokens = _screen_tokens(draft_tokens, in_draft, in_range)[..., None]
+        q_at_token = draft_probs.gather(-1, safe_tokens)[..., 0]
+        if _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft, layout=layout,
+                        q_at_token=q_at_token):
+            _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft)
+    else:
+        safe_tokens = torch.where(in_draft, draft_tokens, 0)[..., None]
+        q_at_token = draft_probs.gather(-1, safe_tokens)[..., 0]
     u = _step_uniforms(target_probs, generator, uniforms)
-    drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
-
-    p_at_draft = _prob_at_tokens(target_probs[:, :-1], draft_tokens, in_draft)
-    q_at_draft = _prob_at_tokens(draft_probs, draft_tokens, in_draft)
-    accept = in_draft & (u[:, :-1] * q_at_draft < p_at_draft)
+    p_at_draft = target_probs[:, :-1].gather(-1, safe_tokens)[..., 0].to(torch.float64)
+    accept = in_draft & (u[:, :-1] * q_at_token.to(torch.float64) < p_at_draft)
     num_accepted = _leading_accepts(accept)
 
     rejected = num_accepted < drafts
@@ -424,6 +472,10 @@ def rejection_sample(
 
 FINAL_ROWS_CHUNK_ELEMENTS = 1 << 17
 """Float64 entries (1 MiB) of final-distribution rows that :func:`rejection_sample` builds at once on CPU."""
+
+ROW_BY_ROW_MIN_VOCAB = 1 << 13
+"""Vocabulary size from which the CPU path copies each final row straight into its float64 buffer
+(:func:`_draw_final_tokens_by_row`) instead of gathering a chunk of rows first."""
 
 
 def _draw_final_tokens(
@@ -441,12 +493,16 @@ def _draw_final_tokens(
     a chunk's two temporaries stay in cache and are recycled by the allocator, where one
     ``[B, V]`` float64 pass maps fresh memory on every call (its first touch costs more than the
     arithmetic: ~5x the chunked time at B = 64, V = 128k).  Each row's arithmetic does not depend
-    on the chunking, so the tokens are bit-identical to a single pass.
+    on the chunking, so the tokens are bit-identical to a single pass.  Large vocabularies
+    (``V >= ROW_BY_ROW_MIN_VOCAB``) take :func:`_draw_final_tokens_by_row`, the same arithmetic
+    with fewer passes.
     """
     batch, positions, vocab = target_probs.shape
+    on_cpu = target_probs.device.type == "cpu"
+    if on_cpu and vocab >= ROW_BY_ROW_MIN_VOCAB:
+        return _draw_final_tokens_by_row(target_probs, draft_probs, num_accepted, rejected, u_final)
     target_rows = _row_picker(target_probs, num_accepted.clamp(max=positions - 1))
     draft_rows = _row_picker(draft_probs, num_accepted.clamp(max=positions - 2))
-    on_cpu = target_probs.device.type == "cpu"
     rows_per_chunk = max(1, FINAL_ROWS_CHUNK_ELEMENTS // vocab) if on_cpu else batch
     tokens = []
     for start in range(0, batch, rows_per_chunk):
@@ -454,6 +510,66 @@ def _draw_final_tokens(
         cumulative = _final_cdf(target_rows(chunk), draft_rows(chunk), rejected[chunk])
         tokens.append(search_cdf(cumulative, u_final[chunk]))
     return tokens[0] if len(tokens) == 1 else torch.cat(tokens)
+
+
+def _draw_final_tokens_by_row(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    num_accepted: torch.Tensor,
+    rejected: torch.Tensor,
+    u_final: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`_draw_final_tokens` on CPU for large vocabularies, with the same arithmetic per row.
+
+    The row indices, rejection flags and uniforms are read to the host once (free on CPU); each
+    final row is then copied straight from the input into a float64 chunk buffer kept between
+    calls (:func:`_final_row_buffers`: no gather, no fresh memory to fault in).  Rejected rows
+    subtract their draft row, ``fl(p - q)``, the same rounding as :func:`_final_cdf`'s
+    ``p + q * (-1)``, and a chunk with a rejected row is clamped at 0; accepted rows keep ``p``
+    exactly (the ``p + q * (-0)`` of :func:`_final_cdf` for every finite ``q``; here a padding
+    row of ``q`` is never read).  Then the in-place cumulative sum (sequential float64, as
+    ``torch.cumsum``), the rounding fallback (a rejected row of zero total takes ``cumsum(p_n)``)
+    and :func:`search_cdf`'s threshold ``min(u * total, total - 1 ulp)``, formed in Python's
+    IEEE float64 arithmetic (the same roundings as the tensor ops).
+    """
+    batch, _, vocab = target_probs.shape
+    positions, flags, uniforms = num_accepted.tolist(), rejected.tolist(), u_final.to(torch.float64).tolist()
+    rows_per_chunk = max(1, min(batch, FINAL_ROWS_CHUNK_ELEMENTS // vocab))
+    weights, draft_weights = _final_row_buffers(rows_per_chunk, vocab)
+    tokens: list[int] = []
+    for start in range(0, batch, rows_per_chunk):
+        rows = range(start, min(start + rows_per_chunk, batch))
+        chunk = weights[: len(rows)]
+        for slot, row in enumerate(rows):
+            chunk[slot].copy_(target_probs[row, positions[row]])
+            if flags[row]:
+                chunk[slot].sub_(draft_weights[slot].copy_(draft_probs[row, positions[row]]))
+        if any(flags[row] for row in rows):
+            chunk.clamp_(min=0)
+        chunk.cumsum_(-1)
+        totals = chunk[:, -1].tolist()
+        for slot, row in enumerate(rows):
+            if flags[row] and totals[slot] <= 0:  # the rounding fallback: the residual has no mass
+                chunk[slot].copy_(target_probs[row, positions[row]]).cumsum_(-1)
+                totals[slot] = float(chunk[slot, -1])
+        thresholds = [min(uniforms[row] * total, math.nextafter(total, 0.0)) for row, total in zip(rows, totals)]
+        found = torch.searchsorted(chunk, torch.tensor(thresholds, dtype=torch.float64)[:, None], right=True)
+        tokens += found.view(-1).tolist()
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+_BUFFERS = threading.local()
+
+
+def _final_row_buffers(rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two float64 ``[rows, vocab]`` CPU buffers, kept per thread between calls and grown on demand.
+
+    Fresh buffers of this size are mapped anew on every call (the allocator returns them to the
+    system), and on this VM faulting the pages in costs more than the arithmetic done in them."""
+    cached = getattr(_BUFFERS, "final_rows", None)
+    if cached is None or cached.shape[1] < rows * vocab:
+        cached = _BUFFERS.final_rows = torch.empty(2, rows * vocab, dtype=torch.float64)
+    return cached[0, : rows * vocab].view(rows, vocab), cached[1, : rows * vocab].view(rows, vocab)
 
 
 def _row_picker(probs: torch.Tensor, positions: torch.Tensor) -> Callable[[slice], torch.Tensor]:

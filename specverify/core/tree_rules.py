@@ -70,11 +70,12 @@ tested against the unchanged ``p``), :func:`thresholded_tree_verify` (acceptance
 from __future__ import annotations
 
 import math
+import threading
 from typing import NamedTuple
 
 import torch
 
-from specverify.core.rules import _check_device, _distribution_problems, check_randomness_source
+from specverify.core.rules import _check_device, _distribution_problems, _rows_look_valid, check_randomness_source
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
@@ -147,17 +148,34 @@ def validate_tree_inputs(
     problems.append(("parents: a present node's parent is an absent node", present & ~parent_present))
 
     target_used = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=present.device), present], dim=1)
+    q_problem = None
+    if draft_probs is not None:
+        safe_tokens = torch.where(present & (tree_tokens >= 0) & (tree_tokens < vocab), tree_tokens, 0)
+        q_at_token = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
+        q_problem = present & (tree_tokens < vocab) & (q_at_token <= 0)
+    uniform_problem = ~((uniforms >= 0) & (uniforms < 1)) if uniforms is not None else None
+
+    # The screen (one host sync): the structure masks, then per probability row a sign-bit minimum
+    # and a row sum (rules._rows_look_valid: it passes only finite, non-negative rows summing to 1).
+    # Only flagged inputs build the detailed row masks below, which word the first error.
+    screen = [mask.any() for _, mask in problems]
+    screen.append(~(_rows_look_valid(target_probs) | ~target_used).all())
+    if draft_probs is not None:
+        screen += [~(_rows_look_valid(draft_probs) | ~present).all(), q_problem.any()]
+    if uniform_problem is not None:
+        screen.append(uniform_problem.any())
+    if not bool(torch.stack(screen).any()):
+        return
+
     problems += _distribution_problems("target_probs", target_probs, target_used)
     if draft_probs is not None:
         problems += _distribution_problems("draft_probs", draft_probs, present)
-        safe_tokens = torch.where(present & (tree_tokens >= 0) & (tree_tokens < vocab), tree_tokens, 0)
-        q_at_token = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
         problems.append(("draft_probs: a node's token has draft probability 0, so it could not have been drawn "
                          "from draft_probs; pass the law each node was actually sampled from (one-hot for "
-                         "deterministic children)", present & (tree_tokens < vocab) & (q_at_token <= 0)))
-    if uniforms is not None:
+                         "deterministic children)", q_problem))
+    if uniform_problem is not None:
         problems.append(("uniforms: values must be finite and lie in [0, 1); draw them with torch.rand",
-                         ~((uniforms >= 0) & (uniforms < 1))))
+                         uniform_problem))
 
     flags = torch.stack([mask.any() for _, mask in problems]).tolist()
     for (message, mask), flagged in zip(problems, flags):
@@ -265,35 +283,68 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
     num_nodes = positions - 1
     device = target_probs.device
     current = torch.full((batch,), -1, dtype=torch.int64, device=device)
-    p_node = target_probs[:, 0].to(torch.float64)
-    r = p_node.clone()
+    p_node, r, q_buffer = _walk_buffers(batch, target_probs.shape[-1], device)  # updated in place below
+    p_node.copy_(target_probs[:, 0])
+    r.copy_(p_node)
     s = torch.ones(batch, dtype=torch.float64, device=device)  # a fresh target row counts as normalised
     present = tree_tokens >= 0
+    ones = torch.ones(batch, dtype=torch.float64, device=device)
     for n in range(num_nodes):
         tested = present[:, n] & (parents[:, n] == current)
         x = tree_tokens[:, n].clamp(min=0)
-        q_row = draft_probs[:, n].to(torch.float64) if draft_probs is not None else None
-        q_x = _at(q_row, x) if q_row is not None else torch.ones(batch, dtype=torch.float64, device=device)
+        # q_n(x_n) read from the input row (the float64 cast is exact); the whole row only on a rejection
+        q_x = _at(draft_probs[:, n], x).to(torch.float64) if draft_probs is not None else ones
         accept = tested & accept_test(r, s, p_node, x, q_x, u[:, n])
         reject = tested & ~accept
-        if bool(reject.any()):
-            if q_row is None:
-                q_row = torch.nn.functional.one_hot(x, r.shape[-1]).to(torch.float64)
-            updated = residual_update(r, s, p_node, q_row)
+        rejecting = reject.nonzero()[:, 0]
+        if rejecting.numel() == batch:  # every row: the residual of the whole batch, in place
+            if draft_probs is not None:
+                q_row = q_buffer.copy_(draft_probs[:, n])
+            else:  # the point mass at x_n, as one_hot(x_n) in float64
+                q_row = q_buffer.zero_().scatter_(-1, x[:, None], 1.0)
+            updated = residual_update(r, s, p_node, q_row)  # may overwrite q_row, its scratch row
             updated_sum = updated.sum(-1)
             keep = reject & (updated_sum > 0)  # rounding fallback: leave the law unchanged
-            r = torch.where(keep[:, None], updated, r)
+            torch.where(keep[:, None], updated, r, out=r)
             s = torch.where(keep, updated_sum, s)
-        if bool(accept.any()):
-            fresh = target_probs[:, n + 1].to(torch.float64)
-            current = torch.where(accept, n, current)
-            p_node = torch.where(accept[:, None], fresh, p_node)
-            r = torch.where(accept[:, None], fresh, r)
-            s = torch.where(accept, 1.0, s)
-    weights = (r if final_law is None else final_law(r, p_node)).clone()
+        elif rejecting.numel():  # some rows: their residuals only
+            s = _update_some_rows(rejecting, draft_probs, n, x, r, s, p_node, q_buffer, residual_update)
+        accepted = accept.nonzero()[:, 0]
+        if accepted.numel():  # only the accepting rows move to their node's target law
+            fresh = target_probs[accepted, n + 1].to(torch.float64)
+            current[accepted] = n
+            p_node[accepted] = fresh
+            r[accepted] = fresh
+            s[accepted] = 1.0
+    weights = r if final_law is None else final_law(r, p_node).clone()
     final_token = inverse_cdf(weights, u[:, -1], in_place=True)
     emitted, depth = emit_path(tree_tokens, parents, current, final_token)
     return TreeVerifyResult(emitted, depth, current)
+
+
+def _update_some_rows(rows, draft_probs, n, x, r, s, p_node, scratch, residual_update):
+    """The rejection update of :func:`_tree_walk` for the rejecting ``rows`` only (``[R]``, not all
+    of the batch): their residuals ``[R, V]``, written into ``r`` and their totals into ``s`` (in
+    place) where they keep mass; returns ``s``.
+
+    The totals are summed over the full ``[B, V]`` scratch buffer (the rejecting rows hold their
+    residuals, the others whatever they held), not over the ``[R, V]`` residuals: a row's sum is
+    read from its own entries only, but how ``torch.sum`` splits a row among threads depends on
+    the tensor's shape, so summing the batch's shape keeps every total bit-identical to the
+    whole-batch update."""
+    if draft_probs is not None:
+        q_rows = draft_probs[rows, n].to(torch.float64)
+    else:  # the point mass at x_n, as one_hot(x_n) in float64
+        q_rows = torch.zeros(rows.numel(), r.shape[-1], dtype=torch.float64, device=r.device)
+        q_rows.scatter_(-1, x[rows, None], 1.0)
+    updated = residual_update(r[rows], s[rows], p_node[rows], q_rows)
+    scratch[rows] = updated
+    updated_sum = scratch.sum(-1)[rows]
+    keep = updated_sum > 0  # rounding fallback: leave the law unchanged
+    kept = rows[keep]
+    r[kept] = updated[keep]
+    s[kept] = updated_sum[keep]
+    return s
 
 
 def _ratio_accept(r, s, p_node, x, q_x, u_n):
@@ -301,7 +352,31 @@ def _ratio_accept(r, s, p_node, x, q_x, u_n):
 
 
 def _residual(r, s, p_node, q_row):
-    return (r - s[:, None] * q_row).clamp(min=0)
+    """``(r - s q)+`` (the product rounded, then the difference, as ``r - s[:, None] * q_row``),
+    written over ``q_row``, the walk's scratch row."""
+    return torch.sub(r, q_row.mul_(s[:, None]), out=q_row).clamp_(min=0)
+
+
+WALK_BUFFER_CACHE_BYTES = 64 << 20
+"""Largest size (64 MiB) of the three float64 ``[B, V]`` rows of :func:`_tree_walk` kept per thread
+between calls on CPU; larger ones are allocated per call."""
+
+_BUFFERS = threading.local()
+
+
+def _walk_buffers(batch: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three float64 ``[B, V]`` scratch rows (``p_node``, ``r``, the draft row) for :func:`_tree_walk`.
+
+    On CPU, up to :data:`WALK_BUFFER_CACHE_BYTES` they are kept per thread and reused: fresh
+    buffers of this size are mapped anew on every call, and faulting their pages in costs more
+    than the arithmetic done in them."""
+    size = batch * vocab
+    if device.type != "cpu" or 3 * size * 8 > WALK_BUFFER_CACHE_BYTES:
+        return tuple(torch.empty(batch, vocab, dtype=torch.float64, device=device) for _ in range(3))
+    cached = getattr(_BUFFERS, "walk", None)
+    if cached is None or cached.shape[1] < size:
+        cached = _BUFFERS.walk = torch.empty(3, size, dtype=torch.float64)
+    return tuple(cached[i, :size].view(batch, vocab) for i in range(3))
 
 
 # --------------------------------------------------------------------------------------------

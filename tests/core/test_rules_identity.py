@@ -247,3 +247,108 @@ def test_cuda_same_tokens_as_the_frozen_rule_on_cpu():
         old = _frozen_rejection_sample(p, q, drafts, uniforms=u, num_draft=num_draft)
         new = rejection_sample(p.cuda(), q.cuda(), drafts.cuda(), uniforms=u.cuda(), num_draft=num_draft.cuda())
         assert torch.equal(old.emitted, new.emitted.cpu())
+
+
+# --------------------------------------------------------------------------------------------
+# Every code path of the new rule: the final draw by chunk gathers (small V) and row by row (large
+# V), and the validation screen over the whole tensor and in cache-sized chunks
+# --------------------------------------------------------------------------------------------
+
+PATHS = {
+    "default": {},
+    "row-by-row final draw, one row a chunk": {"ROW_BY_ROW_MIN_VOCAB": 1, "FINAL_ROWS_CHUNK_ELEMENTS": 1},
+    "row-by-row final draw, uneven chunks": {"ROW_BY_ROW_MIN_VOCAB": 1, "FINAL_ROWS_CHUNK_ELEMENTS": 3 * 50 + 7},
+    "gathered final draw at every V": {"ROW_BY_ROW_MIN_VOCAB": 1 << 40},
+    "chunked screen, one row a chunk": {"SCREEN_CHUNK_BYTES": 1},
+    "chunked screen, uneven chunks": {"SCREEN_CHUNK_BYTES": 5 * 50 * 2 + 3},
+}
+
+
+@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_path_gives_the_frozen_rule_tokens(path, dtype, monkeypatch):
+    for name, value in PATHS[path].items():
+        monkeypatch.setattr(rules, name, value)
+    for shape in [(1, 1, 2), (5, 4, 7), (17, 3, 50), (64, 8, 32), (9, 2, 1000), (3, 2, 8192)]:
+        for ragged in (False, True):
+            case = random_case(derive_seed("rules-identity-paths", shape, str(dtype), ragged), *shape, dtype, ragged)
+            compare(*case)
+            compare(*case, validate=False)
+
+
+@pytest.mark.parametrize("path", ["default", "chunked screen, one row a chunk", "chunked screen, uneven chunks"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_screen_path_gives_the_frozen_validation_errors(path, dtype, monkeypatch):
+    for name, value in PATHS[path].items():
+        monkeypatch.setattr(rules, name, value)
+    for ragged in (False, True):
+        case = random_case(derive_seed("rules-identity-screen", str(dtype), ragged), 6, 3, 50, dtype, ragged)
+        for label, corrupted in _corruptions(*case):
+            p, q, drafts, u, num_draft = corrupted
+            old = outcome(_frozen_rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
+            new = outcome(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
+            assert_same(old, new), label
+
+
+def test_chunked_screen_sums_equal_the_whole_tensor_sums(monkeypatch):
+    """The chunked screen reduces every row whole, so its row flags equal the one-pass flags, also for
+    rows whose sum lies right at the tolerance."""
+    gen = torch.Generator().manual_seed(derive_seed("rules-identity-screen-sums"))
+    for dtype in DTYPES:
+        probs = torch.softmax(torch.randn(7, 5, 3000, generator=gen, dtype=torch.float64), -1)
+        tolerance = rules.row_sum_tolerance(dtype, 3000)
+        probs *= 1 + tolerance * torch.linspace(0.5, 1.5, 5, dtype=torch.float64)[None, :, None]
+        probs = probs.to(dtype)
+        whole = rules._rows_look_valid(probs)
+        assert whole.any() and not whole.all()  # rows on both sides of the tolerance
+        monkeypatch.setattr(rules, "SCREEN_CHUNK_BYTES", 3000 * dtype.itemsize * 2 + 1)
+        assert torch.equal(rules._rows_look_valid(probs), whole)
+        monkeypatch.undo()
+
+
+# --------------------------------------------------------------------------------------------
+# Validation rejects each kind of invalid input, on every screen path, naming the argument
+# --------------------------------------------------------------------------------------------
+
+INVALID = {
+    "NaN": (math.nan, "contains NaN or Inf"),
+    "+Inf": (math.inf, "contains NaN or Inf"),
+    "-Inf": (-math.inf, "contains NaN or Inf"),
+    "negative": (-1e-30, "contains negative entries"),
+}
+
+
+@pytest.mark.parametrize("path", ["default", "chunked screen, one row a chunk"])
+@pytest.mark.parametrize("argument", ["target_probs", "draft_probs"])
+@pytest.mark.parametrize("kind", list(INVALID) + ["not summing to 1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_validation_rejects_each_kind_of_invalid_value(path, argument, kind, dtype, monkeypatch):
+    for name, value in PATHS[path].items():
+        monkeypatch.setattr(rules, name, value)
+    p, q, drafts, u, _ = random_case(derive_seed("rules-identity-invalid", str(dtype)), 8, 3, 40, dtype, False)
+    tensor = (p if argument == "target_probs" else q).clone()
+    if kind == "not summing to 1":
+        tensor[3, 1] *= 2
+        message = "a row does not sum to 1"
+    else:
+        value, message = INVALID[kind]
+        tensor[3, 1, 39] = value
+    p, q = (tensor, q) if argument == "target_probs" else (p, tensor)
+    with pytest.raises(ValueError, match=f"^{argument}: {message}"):
+        rejection_sample(p, q, drafts, uniforms=u)
+    with pytest.raises(ValueError, match=f"^{argument}: {message}"):
+        rules.validate_verify_inputs(p, q, drafts, uniforms=u)
+
+
+@pytest.mark.parametrize("argument, change, message", [
+    ("target_probs", lambda p, q, d: (p.double().long(), q, d), "expected a floating-point tensor"),
+    ("target_probs", lambda p, q, d: (p[:, :1], q, d), "speculative verification needs K >= 1"),
+    ("draft_probs", lambda p, q, d: (p, q[:, :-1], d), "positions but target_probs has"),
+    ("draft_probs", lambda p, q, d: (p, q[..., :-1], d), "vocabulary size"),
+    ("draft_tokens", lambda p, q, d: (p, q, d.int()), "expected dtype torch.int64"),
+    ("draft_tokens", lambda p, q, d: (p, q, d[:, :-1]), "expected shape"),
+])
+def test_validation_rejects_wrong_dtypes_and_shapes(argument, change, message):
+    p, q, drafts, u, _ = random_case(derive_seed("rules-identity-structure"), 4, 3, 40, torch.float32, False)
+    with pytest.raises(ValueError, match=f"^{argument}: .*{message}"):
+        rejection_sample(*change(p, q, drafts), uniforms=u)
