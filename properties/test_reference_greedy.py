@@ -83,13 +83,10 @@ def test_greedy_check_fails_when_rollback_keeps_a_rejected_draft(models, monkeyp
     greedy identity must break."""
     target, draft = models
     correct_forget = RaggedCache.forget
-    target_calls = []
 
     def forget_one_too_few(self, counts):
         if self.model is target:
-            target_calls.append(counts)
-            if len(target_calls) > 1:  # the first call is the prefill's; later ones roll back rejections
-                counts = (counts - 1).clamp(min=0)
+            counts = (counts - 1).clamp(min=0)  # every target rollback (the prefill forgets nothing)
         correct_forget(self, counts)
 
     monkeypatch.setattr(reference.kv.RaggedCache, "forget", forget_one_too_few)

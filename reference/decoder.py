@@ -1,6 +1,12 @@
 """The reference speculative decoder, for any Hugging Face causal LM target.
 
-One step (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2), repeated until every
+0. **prefill**: ONE target pass over each prompt fills the target's KV cache and gives ``p_0``, the
+   processed target law after the whole prompt; the first new token is drawn from it, ``y ~ p_0``,
+   exactly as plain sampling from the target draws it (at temperature 0: the target's greedy
+   token).  The prefill emits a token, as plain decoding's does; the first step starts from
+   ``prompt + y``.
+
+Then one step (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2), repeated until every
 request has ``max_new_tokens`` tokens or has emitted EOS:
 
 1. **draft**: the drafter proposes up to γ tokens per row, ``x_1 .. x_γ``, each drawn from a known
@@ -20,8 +26,8 @@ Temperature, top-k, top-p and min-p are applied to draft and target logits by th
 ``p`` the law SPEC §2 asks to sample from.
 
 Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
-random number of row b (its draft tokens, then its ``γ + 1`` verification uniforms per step, in
-``specverify.core.rules``' convention) comes from it alone.  ``seed`` is either one seed per row (a
+random number of row b (the one uniform of its first token ``y``, then per step its draft tokens
+and its ``γ + 1`` verification uniforms, in ``specverify.core.rules``' convention) comes from it alone.  ``seed`` is either one seed per row (a
 list: a request keeps its seed wherever it sits in the batch) or an int ``s``, which seeds row b
 with :func:`request_seed` ``(s, b)``: distinct rows get independent streams, and request 0 decoded
 alone with ``s`` equals row 0 of any batch decoded with ``s``.  Same inputs and seeds, same tokens;
@@ -54,6 +60,7 @@ from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
 from specverify.core.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
+from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
 
 DEFAULT_GAMMA = 4
@@ -105,10 +112,12 @@ def speculative_generate(
     device = model_device(target)
     generators = [torch.Generator(device=device).manual_seed(s) for s in request_seeds(seed, len(prompts))]
     sequences = TokenSequences(prompts, device)
-    target_kv = prefill(target, sequences)
+    target_kv, first_law = prefill(target, sequences, params)  # 0. prefill: y ~ p_0
+    first = first_token(first_law, params, generators)
+    sequences.append(first[:, None], torch.ones_like(first))
     drafter.start(sequences)
     recorder = StatsRecorder(len(prompts), gamma, device)
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    finished = request_done(sequences, first[:, None], max_new_tokens, eos_token_id)
 
     while not bool(finished.all()):
         with Stopwatch(device) as draft_clock:  # 1. draft
@@ -120,7 +129,7 @@ def speculative_generate(
         drafter.accepted(result.num_accepted)
         sequences.append(result.emitted, result.num_accepted + 1)
         recorder.record_pass(~finished, draft.num_draft, result.num_accepted, draft_clock.seconds, target_clock.seconds)
-        finished = finished | request_done(sequences, result, max_new_tokens, eos_token_id)
+        finished = finished | request_done(sequences, result.emitted, max_new_tokens, eos_token_id)
 
     tokens, num_tokens = new_tokens(sequences, max_new_tokens, eos_token_id)
     return Generation(tokens, num_tokens, recorder.finish())
@@ -139,16 +148,27 @@ def request_seeds(seed: int | Sequence[int], batch_size: int) -> list[int]:
     return [int(s) for s in seed]
 
 
-def prefill(target: torch.nn.Module, sequences: TokenSequences) -> RaggedCache:
-    """Fill the target's cache with every prompt token but the last, which opens the first step.
+def prefill(target: torch.nn.Module, sequences: TokenSequences, params: SamplingParams) -> tuple[RaggedCache, torch.Tensor]:
+    """ONE target pass over every prompt: ``(target_kv, p_0 [B, V])``.
 
-    The whole prompt is run and its last token then forgotten: every row of the prefill block then
-    has at least one real token, so padding never attends to nothing.
+    ``target_kv`` holds every prompt token; ``p_0[b] = params.apply(logits at row b's last prompt
+    token)`` is the processed target law of row b's first new token, the law plain sampling
+    draws it from (the first token needs no draft: a prefill pass is made either way).
     """
     target_kv = RaggedCache(target, sequences.tokens.shape[0], sequences.tokens.device)
-    target_kv.extend(*sequences.tail(torch.zeros_like(sequences.lengths)))
-    target_kv.forget(torch.ones_like(sequences.lengths))
-    return target_kv
+    block, counts = sequences.tail(torch.zeros_like(sequences.lengths))
+    logits = target_kv.extend(block, counts)
+    rows = torch.arange(block.shape[0], device=block.device)
+    return target_kv, params.apply(logits[rows, counts - 1].float())
+
+
+def first_token(first_law: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """The first new token of every row, ``y [B] ~ p_0 [B, V]``: the argmax at temperature 0 (no
+    randomness, as greedy verification), else the inverse CDF (``specverify.core.sampling``) of
+    one uniform from row b's generator, the way the rules draw their correction-or-bonus token."""
+    if params.temperature == 0:
+        return first_law.argmax(-1)
+    return inverse_cdf(first_law, step_uniforms(generators, 1, first_law.device)[:, 0])
 
 
 def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, params: SamplingParams) -> torch.Tensor:
@@ -193,12 +213,13 @@ def step_uniforms(generators: Sequence[torch.Generator], width: int, device: tor
 
 
 def request_done(
-    sequences: TokenSequences, result: VerifyResult, max_new_tokens: int, eos_token_id: int | None
+    sequences: TokenSequences, emitted: torch.Tensor, max_new_tokens: int, eos_token_id: int | None
 ) -> torch.Tensor:
-    """Rows that now have ``max_new_tokens`` new tokens or emitted EOS this step, bool ``[B]``."""
+    """Rows that now have ``max_new_tokens`` new tokens or emitted EOS among this pass's ``emitted
+    [B, n]`` tokens (-1 padded), bool ``[B]``."""
     done = sequences.lengths - sequences.prompt_lengths >= max_new_tokens
     if eos_token_id is not None:
-        done = done | (result.emitted == eos_token_id).any(1)
+        done = done | (emitted == eos_token_id).any(1)
     return done
 
 
