@@ -43,7 +43,7 @@ from specverify.core.stats import binomial_test, detectable_tv, goodness_of_fit,
 from specverify.hf.tiny_models import continuation_distribution, continuation_laws, tiny_target_and_draft
 
 VOCAB = 8
-LENGTH = 3  # continuation length: 512 cells; the prefill emits token 1, up to 2 verification passes the rest
+LENGTH = 3  # continuation length: 512 cells, and up to 3 target passes per sample
 PROMPTS = ((1, 2, 3, 4, 1, 2), (5, 6))  # the first has an n-gram to look up, the second none at first
 POWER = 0.99
 FAST_TV = 0.08
@@ -201,39 +201,28 @@ def test_exactness_check_fails_on_a_broken_decoder(bug, models, alpha, specverif
 
 
 def first_pass_acceptance(target, drafter_model, prompt, setting: Setting) -> tuple[float, ...]:
-    """Exact α_j of the first verification pass, which follows the prefill's token ``y ~ p_0``:
-    ``α_j = P(drafts 1..j accepted) / P(drafts 1..j-1 accepted)``.
+    """Exact α_j of the first pass from ``prompt``: P(drafts 1..j accepted) / P(drafts 1..j-1 accepted).
 
-    Given ``y``, draft ``x_i`` is drawn from ``q_i`` and accepted with probability
-    ``min(1, p_i/q_i)``, so ``P(drafts 1..j accepted | y) = Σ_{x_1..x_j} Π_{i<=j} min(p_i(x_i), q_i(x_i))``
-    over all draft paths (each law conditioned on ``prompt + y`` and the path's earlier tokens);
-    the unconditional probability averages that over ``y`` with weights ``p_0(y)``, all from the
-    models' exact laws.
+    Draft ``x_i`` is drawn from ``q_i`` and accepted with probability ``min(1, p_i/q_i)``, so
+    ``P(drafts 1..j accepted) = Σ_{x_1..x_j} Π_{i<=j} min(p_i(x_i), q_i(x_i))`` over all draft paths
+    (each law conditioned on the path's earlier tokens), enumerated from the models' exact laws.
     """
-    (first_law,) = continuation_laws(target, prompt, 1, **setting.sampling)
-    all_accepted = np.zeros(setting.gamma + 1)
-    for first, weight in enumerate(first_law):
-        if weight == 0:
-            continue
-        context = tuple(prompt) + (first,)
-        p_laws = continuation_laws(target, context, setting.gamma, **setting.sampling)
-        q_laws = continuation_laws(drafter_model, context, setting.gamma, **setting.sampling)
-        reach, given_first = np.ones(()), [1.0]
-        for p_law, q_law in zip(p_laws, q_laws):
-            reach = reach[..., None] * np.minimum(p_law, q_law)
-            given_first.append(float(reach.sum()))
-        all_accepted += weight * np.array(given_first)
-    return tuple(float(all_accepted[j] / all_accepted[j - 1]) for j in range(1, setting.gamma + 1))
+    p_laws = continuation_laws(target, prompt, setting.gamma, **setting.sampling)
+    q_laws = continuation_laws(drafter_model, prompt, setting.gamma, **setting.sampling)
+    reach, all_accepted = np.ones(()), [1.0]
+    for p_law, q_law in zip(p_laws, q_laws):
+        reach = reach[..., None] * np.minimum(p_law, q_law)
+        all_accepted.append(float(reach.sum()))
+    return tuple(all_accepted[j] / all_accepted[j - 1] for j in range(1, setting.gamma + 1))
 
 
 def first_pass_run(setting: Setting, models, base_seed: int, n: int) -> Generation:
-    """n rows of the same prompt, two tokens each: the prefill emits the first, and every row then
-    makes exactly one verification pass."""
+    """n rows of the same prompt, one token each: every row makes exactly one target pass."""
     target, draft = models
     seed = derive_seed("reference-decoder-tokens-per-pass", asdict(setting), n, base=base_seed)
     return speculative_generate(
         target, make_drafter(setting.drafter, target, draft), [torch.tensor(PROMPTS[0])] * n,
-        max_new_tokens=2, gamma=setting.gamma, seed=seed, **setting.sampling,
+        max_new_tokens=1, gamma=setting.gamma, seed=seed, **setting.sampling,
     )
 
 
@@ -299,7 +288,7 @@ def test_predicted_tokens_per_pass_is_the_measured_mean_over_whole_runs(models, 
     pooled = generation.stats.pooled()
     assert pooled.predicted_tokens_per_pass == pytest.approx(pooled.tokens_per_pass, rel=1e-12)
     assert pooled.target_passes == int(generation.stats.target_passes.sum())
-    assert pooled.emitted_tokens >= (12 - 1) * len(generation.tokens)  # the prefill emitted the first token
+    assert pooled.emitted_tokens >= 12 * len(generation.tokens)
 
 
 def test_budget_counts_every_check_of_this_file():

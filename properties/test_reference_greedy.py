@@ -79,15 +79,16 @@ def test_spec_adapter_greedy_equals_target_generate(draft_is_model, models):
 
 
 def test_greedy_check_fails_when_rollback_keeps_a_rejected_draft(models, monkeypatch):
-    """A target cache that forgets one token too few after verification keeps a rejected draft:
-    greedy identity must break."""
+    """A target cache whose rollback leaves the last rejected draft visible (its positions are
+    rolled back, its key/value is not): greedy identity must break."""
     target, draft = models
     correct_forget = RaggedCache.forget
 
     def forget_one_too_few(self, counts):
-        if self.model is target:
-            counts = (counts - 1).clamp(min=0)  # every target rollback (the prefill forgets nothing)
-        correct_forget(self, counts)
+        if self.model is not target:
+            return correct_forget(self, counts)
+        correct_forget(self, (counts - 1).clamp(min=0))
+        self.lengths = self.lengths - (counts > 0).to(torch.int64)  # as if every rejected draft were gone
 
     monkeypatch.setattr(reference.kv.RaggedCache, "forget", forget_one_too_few)
     generation = speculative_generate(target, ModelDrafter(draft), [torch.tensor(p) for p in PROMPTS],

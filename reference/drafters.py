@@ -4,7 +4,7 @@ Every drafter implements the small :class:`Drafter` protocol used by ``reference
 
 - ``check_target(target)``: raise ``ValueError`` if the drafter cannot serve this target (called
   before any model runs);
-- ``start(sequences)``: begin a batch (prefill a draft model's KV cache);
+- ``start(sequences)``: begin a batch (e.g. an empty KV cache for a draft model);
 - ``propose(sequences, gamma, params, generators)``: return a :class:`Draft`: up to γ tokens per row
   and the law each was drawn from; ``generators[b]`` is row b's own ``torch.Generator``, the only
   source of row b's draft randomness, so a row's drafts never depend on the other rows;
@@ -92,9 +92,10 @@ class ModelDrafter:
 
     The draft model keeps its own :class:`~reference.kv.RaggedCache` holding every committed token
     but the last (and, during a step, its own drafts).  A step feeds the committed tokens it has not
-    seen yet (1 token, or 2 after a step where all γ drafts were accepted: the last draft, which it
-    never fed, and the bonus token), then samples γ tokens autoregressively, feeding the first γ − 1
-    back.  ``accepted`` forgets the fed drafts that the target rejected.
+    seen yet (the whole prompt at the first step, which is the draft's prefill; then 1 token, or 2
+    after a step where all γ drafts were accepted: the last draft, which it never fed, and the bonus
+    token), then samples γ tokens autoregressively, feeding the first γ − 1 back.  ``accepted``
+    forgets the fed drafts that the target rejected.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -115,9 +116,7 @@ class ModelDrafter:
             )
 
     def start(self, sequences: TokenSequences) -> None:
-        self.kv = RaggedCache(self.model, sequences.tokens.shape[0], sequences.tokens.device)
-        self.kv.extend(*sequences.tail(torch.zeros_like(sequences.lengths)))
-        self.kv.forget(torch.ones_like(sequences.lengths))  # the last token opens the first step
+        self.kv = RaggedCache(self.model, sequences.tokens.shape[0], sequences.tokens.device)  # the first step prefills
         self.fed_drafts = 0
 
     @torch.no_grad()
@@ -125,8 +124,7 @@ class ModelDrafter:
         self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
     ) -> Draft:
         block, counts = sequences.tail(self.kv.lengths)
-        rows = torch.arange(block.shape[0], device=block.device)
-        next_logits = self.kv.extend(block, counts)[rows, counts - 1]
+        next_logits = self.kv.extend(block, counts, read_from=counts - 1)[:, 0]
         tokens, probs = [], []
         for position in range(gamma):
             q = params.apply(next_logits.float())

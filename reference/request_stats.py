@@ -19,10 +19,9 @@ import torch
 class RequestStats:
     """What one request of a decode did.
 
-    target_passes: verification passes (target forward passes over drafts) made while the request
-        was unfinished; the prefill pass, which emits the first new token, is not one of them.
+    target_passes: target forward passes made while the request was unfinished.
     emitted_tokens: tokens those passes emitted (accepted drafts + one each), before truncation
-        to ``max_new_tokens``/EOS; the prefill's token is not counted.
+        to ``max_new_tokens``/EOS.
     verified_by_position / accepted_by_position: per draft position ``i`` (0-based), how many passes
         verified it (it was proposed and every earlier draft was accepted) and how many accepted it.
     draft_seconds / target_seconds: wall time of the batch's draft and target work while the
