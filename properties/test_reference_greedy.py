@@ -222,7 +222,7 @@ def test_prompt_lookup_match_policies_hand_cases():
         draft = PromptLookupDrafter(max_ngram=2, match=match).propose(sequences, 2, SamplingParams(), torch.Generator())
         assert draft.tokens.tolist() == tokens, match
         assert draft.num_draft.tolist() == [2, 2, 0, 2]
-    assert PromptLookupDrafter().match == "earliest"
+    assert PromptLookupDrafter().match == "longest"
 
 
 def test_early_exit_view_shares_weights_and_computes_head_of_layer_k(models):
