@@ -75,9 +75,12 @@ def smollm2() -> ModelUnderTest:
         pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
     except models.ModelNotInstalledError as error:
         pytest.skip(f"target model not provisioned: {error}")
-    return ModelUnderTest(
+    unit = ModelUnderTest(
         name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer), draft_model=pair.draft,
     )
+    if unit.draft_model is not None:
+        warm_up(unit.draft_model, unit.prompts[0])
+    return unit
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +94,15 @@ def qwen_pair() -> ModelUnderTest:
         pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
     except models.ModelNotInstalledError as error:
         pytest.skip(f"Qwen pair not provisioned: {error}")
-    return ModelUnderTest(
+    unit = ModelUnderTest(
         name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer), draft_model=pair.draft,
     )
+    warm_up(unit.draft_model, unit.prompts[0])  # the target is warmed by each prompt's plain decoding
+    return unit
+
+
+@torch.no_grad()
+def warm_up(model: Any, prompt: torch.Tensor) -> None:
+    """One forward pass over ``prompt``: the first run touches every weight page (page faults count
+    as CPU time), which would otherwise be charged to whichever decoder uses the model first."""
+    model(input_ids=prompt[None].to(model.device))
