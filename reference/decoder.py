@@ -4,10 +4,14 @@ One step (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2), re
 request has ``max_new_tokens`` tokens or has emitted EOS:
 
 1. **draft**: the drafter proposes up to γ tokens per row, ``x_1 .. x_γ``, each drawn from a known
-   law ``q_i`` (or deterministically: a point mass);
-2. **score**: ONE target forward pass over ``[last committed token, x_1 .. x_γ]`` gives
-   ``p_1 .. p_{γ+1}``, where ``p_i`` is the target's next-token law after the context and
-   ``x_1 .. x_{i-1}``;
+   law ``q_i`` (or deterministically: a point mass), from the context alone: the first step drafts
+   from the prompt;
+2. **score**: ONE target forward pass over the committed tokens the target's cache lacks and the
+   drafts gives ``p_1 .. p_{γ+1}``, where ``p_i`` is the target's next-token law after the context
+   and ``x_1 .. x_{i-1}``.  The cache holds every committed token but the last, so a step feeds
+   ``[last committed token, x_1 .. x_γ]``, and the first step ``[prompt, x_1 .. x_γ]``: the prefill
+   is the first step's pass and already emits its tokens (as Hugging Face's assisted generation
+   does; there is no pass of the prompt alone);
 3. **verify**: ``specverify.core.rules`` accepts a prefix of the drafts and emits one correction-or-bonus
    token: modified rejection sampling for sampled drafts, its point-mass form for deterministic
    drafts, greedy matching at temperature 0.  Each emitted token is distributed exactly as the
@@ -105,7 +109,7 @@ def speculative_generate(
     device = model_device(target)
     generators = [torch.Generator(device=device).manual_seed(s) for s in request_seeds(seed, len(prompts))]
     sequences = TokenSequences(prompts, device)
-    target_kv = prefill(target, sequences)
+    target_kv = RaggedCache(target, len(prompts), device)  # empty: the first step's pass is the prefill
     drafter.start(sequences)
     recorder = StatsRecorder(len(prompts), gamma, device)
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
@@ -114,9 +118,9 @@ def speculative_generate(
         with Stopwatch(device) as draft_clock:  # 1. draft
             draft = drafter.propose(sequences, gamma, params, generators)
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
-            target_probs = score_drafts(target_kv, sequences.last(), draft, params)
+            target_probs = score_drafts(target_kv, sequences, draft, params)
             result = verify(target_probs, draft, params, generators)
-        target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep last + accepted drafts
+        target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep the fed context + accepted drafts
         drafter.accepted(result.num_accepted)
         sequences.append(result.emitted, result.num_accepted + 1)
         recorder.record_pass(~finished, draft.num_draft, result.num_accepted, draft_clock.seconds, target_clock.seconds)
@@ -139,34 +143,34 @@ def request_seeds(seed: int | Sequence[int], batch_size: int) -> list[int]:
     return [int(s) for s in seed]
 
 
-def prefill(target: torch.nn.Module, sequences: TokenSequences) -> RaggedCache:
-    """Fill the target's cache with every prompt token but the last, which opens the first step.
+def score_drafts(target_kv: RaggedCache, sequences: TokenSequences, draft: Draft, params: SamplingParams) -> torch.Tensor:
+    """ONE target pass over each row's unseen committed tokens followed by its drafts: ``target_probs
+    [B, γ+1, V]`` after processing.
 
-    The whole prompt is run and its last token then forgotten: every row of the prefill block then
-    has at least one real token, so padding never attends to nothing.
+    Row b feeds the ``c_b`` committed tokens the cache lacks (its whole prompt at the first step, its
+    last token after) and then ``x_1 .. x_{num_draft[b]}``; ``target_probs[b, i]`` is the processed
+    law at its ``(c_b + i)``-th fed token, i.e. of the token after the context and ``x_1 .. x_i``.
+    Only those ``γ + 1`` columns get logits (a prompt's other positions predict nothing we need);
+    positions ``i > num_draft[b]``, which the rules ignore, hold the law at a later column.
     """
-    target_kv = RaggedCache(target, sequences.tokens.shape[0], sequences.tokens.device)
-    target_kv.extend(*sequences.tail(torch.zeros_like(sequences.lengths)))
-    target_kv.forget(torch.ones_like(sequences.lengths))
-    return target_kv
+    unseen, unseen_counts = sequences.tail(target_kv.lengths)
+    block, counts = concat_rows(unseen, unseen_counts, draft.tokens, draft.num_draft)
+    logits = target_kv.extend(block, counts, read_from=unseen_counts - 1, width=draft.tokens.shape[1] + 1)
+    return params.apply(logits.float())
 
 
-def score_drafts(target_kv: RaggedCache, last: torch.Tensor, draft: Draft, params: SamplingParams) -> torch.Tensor:
-    """ONE target pass over ``[last, x_1 .. x_m]``, ``m = max_b num_draft[b]``: ``target_probs [B, γ+1, V]``
-    after processing.  Row b feeds ``1 + num_draft[b]`` real tokens; ``target_probs[b, i]`` for
-    ``i <= num_draft[b]`` is the processed law of the token after the context and ``x_1 .. x_i``.
-    Only the ``1 + m`` columns that hold a real token in some row are scored (a pass where prompt
-    lookup found nothing scores 1 token, not γ + 1); the later positions, which the rules ignore,
-    repeat the last scored row so that the rules see the usual ``γ + 1`` positions.
-    """
-    width = 1 + int(draft.num_draft.max())
-    block = torch.cat([last[:, None], draft.tokens[:, : width - 1]], dim=1)
-    logits = target_kv.extend(block, draft.num_draft + 1)
-    probs = params.apply(logits.float())
-    padding = draft.tokens.shape[1] + 1 - width
-    if padding:
-        probs = torch.cat([probs, probs[:, -1:].expand(-1, padding, -1)], dim=1)
-    return probs
+def concat_rows(
+    first: torch.Tensor, first_counts: torch.Tensor, second: torch.Tensor, second_counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row b's first ``first_counts[b]`` tokens of ``first`` then its first ``second_counts[b]`` of
+    ``second``, left-aligned and padded with 0: ``(block [B, m], counts [B])``, ``m = max(counts)``."""
+    counts = first_counts + second_counts
+    offsets = torch.arange(int(counts.max()), device=first.device).expand(first.shape[0], -1)
+    in_second = offsets - first_counts[:, None]
+    from_first = first.gather(1, offsets.clamp(max=first.shape[1] - 1))
+    from_second = second.gather(1, in_second.clamp(0, second.shape[1] - 1))
+    block = torch.where(in_second < 0, from_first, torch.where(in_second < second_counts[:, None], from_second, 0))
+    return block, counts
 
 
 def verify(

@@ -4,7 +4,7 @@ Every drafter implements the small :class:`Drafter` protocol used by ``reference
 
 - ``check_target(target)``: raise ``ValueError`` if the drafter cannot serve this target (called
   before any model runs);
-- ``start(sequences)``: begin a batch (prefill a draft model's KV cache);
+- ``start(sequences)``: begin a batch (e.g. an empty KV cache for a draft model);
 - ``propose(sequences, gamma, params, generators)``: return a :class:`Draft`: up to γ tokens per row
   and the law each was drawn from; ``generators[b]`` is row b's own ``torch.Generator``, the only
   source of row b's draft randomness, so a row's drafts never depend on the other rows;
@@ -21,9 +21,9 @@ Three drafters:
 - :class:`EarlyExitDrafter` — self-speculation: the target's first ``k`` layers followed by its own
   final norm and LM head (a view sharing the target's weights, no copy), drafting like a model.
 - :class:`PromptLookupDrafter` — n-gram copy from the context (prompt lookup decoding): the tokens
-  that followed the most recent earlier occurrence of the last n tokens.  The drafts are
-  deterministic given the context, i.e. drawn from point masses, so they are verified with the
-  point-mass rule (``Draft.probs is None``).
+  that followed the earlier occurrence of the context's last tokens that agrees with it longest
+  (other match policies: a parameter).  The drafts are deterministic given the context, i.e. drawn
+  from point masses, so they are verified with the point-mass rule (``Draft.probs is None``).
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ class ModelDrafter:
 
     The draft model keeps its own :class:`~reference.kv.RaggedCache` holding every committed token
     but the last (and, during a step, its own drafts).  A step feeds the committed tokens it has not
-    seen yet (1 token, or 2 after a step where all γ drafts were accepted: the last draft, which it
-    never fed, and the bonus token), then samples γ tokens autoregressively, feeding the first γ − 1
-    back.  ``accepted`` forgets the fed drafts that the target rejected.
+    seen yet (the whole prompt at the first step, which is the draft's prefill; then 1 token, or 2
+    after a step where all γ drafts were accepted: the last draft, which it never fed, and the bonus
+    token), then samples γ tokens autoregressively, feeding the first γ − 1 back.  ``accepted``
+    forgets the fed drafts that the target rejected.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -115,9 +116,7 @@ class ModelDrafter:
             )
 
     def start(self, sequences: TokenSequences) -> None:
-        self.kv = RaggedCache(self.model, sequences.tokens.shape[0], sequences.tokens.device)
-        self.kv.extend(*sequences.tail(torch.zeros_like(sequences.lengths)))
-        self.kv.forget(torch.ones_like(sequences.lengths))  # the last token opens the first step
+        self.kv = RaggedCache(self.model, sequences.tokens.shape[0], sequences.tokens.device)  # the first step prefills
         self.fed_drafts = 0
 
     @torch.no_grad()
@@ -125,8 +124,7 @@ class ModelDrafter:
         self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
     ) -> Draft:
         block, counts = sequences.tail(self.kv.lengths)
-        rows = torch.arange(block.shape[0], device=block.device)
-        next_logits = self.kv.extend(block, counts)[rows, counts - 1]
+        next_logits = self.kv.extend(block, counts, read_from=counts - 1)[:, 0]
         tokens, probs = [], []
         for position in range(gamma):
             q = params.apply(next_logits.float())
@@ -208,15 +206,19 @@ class PromptLookupDrafter:
     chosen match; a row without a match proposes nothing (``num_draft = 0``: the step is plain
     target decoding).  ``match`` chooses among the matches:
 
-    - ``"earliest"`` (default): among the matches of the longest n-gram ``n = min(L(e), max_ngram)``
-      the first one, as Hugging Face's prompt lookup does (``max_matching_ngram_size = max_ngram``);
-      on the three benchmark prompts (SmolLM2-135M, γ = 4, 48 tokens) it needed 60 target passes
-      against 61 for ``"latest"`` (4.00 vs 3.69 and 3.00 vs 2.82 tokens per pass on two prompts,
-      1.50 vs 1.55 on the third);
-    - ``"latest"``: the same n-gram, its most recent occurrence (this drafter before issue 12);
-    - ``"longest"``: the match with the longest common suffix ``L(e)`` (compared up to
+    - ``"longest"`` (default): the match with the longest common suffix ``L(e)`` (compared up to
       ``LONGEST_CONTEXT`` tokens back), the earliest among equals: the occurrence whose context
-      agrees best.
+      agrees best;
+    - ``"earliest"``: among the matches of the longest n-gram ``n = min(L(e), max_ngram)`` the
+      first one, as Hugging Face's prompt lookup does (``max_matching_ngram_size = max_ngram``):
+      the same drafts as HF;
+    - ``"latest"``: the same n-gram, its most recent occurrence (this drafter before issue 12).
+
+    The default is measured (greedy, γ = 4, target passes per request, NOTES-decoder.md): on
+    SmolLM2-135M's four code/edit prompts (48 tokens) longest / earliest / latest need 31/10/30/15,
+    31/11/31/15 and 30/12/26/16 passes; on Qwen2.5-Coder-1.5B (prompts 1 and 3, 32 tokens) all three
+    need 21/8.  ``"longest"`` is never worse than ``"earliest"`` there and needs fewer passes on two
+    prompts; ``"latest"`` wins two prompts and loses two.
 
     Vectorised over the batch (all positions compared at once).  Drafts are a deterministic
     function of the context, i.e. draws from point masses, so they are verified with
@@ -225,7 +227,7 @@ class PromptLookupDrafter:
 
     LONGEST_CONTEXT = 32
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, match: str = "earliest") -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, match: str = "longest") -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"min_ngram/max_ngram: expected 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if match not in MATCH_POLICIES:

@@ -31,6 +31,8 @@ sliding-window layer would count holes as positions.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
@@ -43,30 +45,45 @@ class RaggedCache:
         self.cache = DynamicCache(config=model.config)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @torch.no_grad()
-    def extend(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Run the model on a block of new tokens and append their keys/values; return logits ``[B, m, V]``.
+    def extend(
+        self, tokens: torch.Tensor, counts: torch.Tensor, read_from: torch.Tensor | None = None, width: int = 1
+    ) -> torch.Tensor:
+        """Run the model on a block of new tokens and append their keys/values; return their logits.
 
         ``tokens [B, m]`` holds ``counts[b]`` real tokens of row b at its left and padding after them;
         the logits at padding columns are meaningless.  Row b's real token ``j`` gets position id
         ``lengths[b] + j`` and attends to the row's valid columns plus its own earlier block tokens.
+
+        Returns every column's logits ``[B, m, V]``, or with ``read_from [B]`` only row b's columns
+        ``read_from[b] .. read_from[b] + width - 1`` (``[B, width, V]``; columns past the block repeat
+        its last).  Then the output head runs only from column ``min(read_from)`` on (Hugging Face's
+        ``logits_to_keep``, where the model takes it): a prompt's other positions predict nothing.
         """
         block_width = tokens.shape[1]
         offsets = torch.arange(block_width, device=tokens.device)
         new_valid = offsets < counts[:, None]
         attention_mask = torch.cat([self.valid, new_valid], dim=1)
         position_ids = self.lengths[:, None] + offsets
+        skipped = 0 if read_from is None else int(read_from.min())
+        keep = {"logits_to_keep": block_width - skipped} if skipped and self.keeps_logits else {}
         output = self.model(
             input_ids=tokens,
             attention_mask=attention_mask.to(torch.int64),
             position_ids=position_ids,
             cache=self.cache,
             use_cache=True,
+            **keep,
         )
         self.valid = attention_mask
         self.lengths = self.lengths + counts
-        return output.logits
+        logits = output.logits[:, -(block_width - skipped):]  # [B, m - skipped, V]
+        if read_from is None:
+            return logits
+        columns = (read_from[:, None] - skipped + torch.arange(width, device=tokens.device)).clamp(max=logits.shape[1] - 1)
+        return logits[torch.arange(tokens.shape[0], device=tokens.device)[:, None], columns]
 
     def forget(self, counts: torch.Tensor) -> None:
         """Roll back the last ``counts[b]`` tokens of each row b (rejected drafts, padding, a re-fed token).

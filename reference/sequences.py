@@ -23,10 +23,6 @@ class TokenSequences:
         for row, prompt in enumerate(prompts):
             self.tokens[row, : len(prompt)] = prompt.to(device)
 
-    def last(self) -> torch.Tensor:
-        """The last committed token of every row, ``[B]``."""
-        return self.tokens.gather(1, (self.lengths - 1)[:, None]).squeeze(1)
-
     def tail(self, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens ``start[b]..lengths[b]-1`` of every row, left-aligned: ``(block [B, m], counts [B])``.
 

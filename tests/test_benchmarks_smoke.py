@@ -89,6 +89,9 @@ def runs(tiny_unit: ModelUnderTest) -> dict[str, OnceBenchmark]:
     for method in test_bench_decoders.METHODS:
         benches.append(run(test_bench_decoders.test_decoder, f"decoder-{method}", tiny_unit, 0, method,
                            max_new_tokens=8))
+    for method in test_bench_decoders.QWEN_METHODS:
+        benches.append(run(test_bench_decoders.test_decoder_qwen, f"decoder-qwen-{method}", tiny_unit, 0, method,
+                           max_new_tokens=8))
     for method in test_bench_batch_sweep.DECODERS:
         benches.append(run(test_bench_batch_sweep.test_sweep_decoder, f"sweep-{method}", tiny_unit, 2, method,
                            max_new_tokens=6))
@@ -121,8 +124,10 @@ def test_audit_benchmarks_record_throughput(runs: dict[str, OnceBenchmark]) -> N
 
 
 def test_decoder_methods_reproduce_plain_greedy(runs: dict[str, OnceBenchmark]) -> None:
-    for method in test_bench_decoders.METHODS:
-        info = runs[f"decoder-{method}"].extra_info
+    names = [f"decoder-{m}" for m in test_bench_decoders.METHODS] + [f"decoder-qwen-{m}" for m in test_bench_decoders.QWEN_METHODS]
+    for name in names:
+        method = runs[name].extra_info["method"]
+        info = runs[name].extra_info
         assert info["matches_plain"], f"{method} differs from plain greedy decoding"
         assert info["new_tokens"] == 8 and info["target_calls"] >= 1
         if method != "plain":
