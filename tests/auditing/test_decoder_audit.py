@@ -429,7 +429,9 @@ def test_reference_decoder_with_residual_from_target_fails(monkeypatch):
 @pytest.mark.statistical
 def test_reference_decoder_with_residual_from_target_fails_the_audit(monkeypatch):
     monkeypatch.setattr(reference.decoder, "rejection_sample", rejection_sample_residual_from_target)
-    report = audit("reference", level="decoder", budget="standard", checks=["sampling-temperatures"])
+    # In this process: a worker would import the unpatched module.
+    report = audit("reference", level="decoder", budget="standard", checks=["sampling-temperatures"],
+                   isolation="none")
     assert report.exit_code == EXIT_FAIL, report.explain()
 
 
