@@ -280,6 +280,13 @@ MAX_MONTE_CARLO_DRAWS = 1_000_000
 never spent on an invalid rejection).  Only tiny early looks fall back to Monte Carlo."""
 
 
+def monte_carlo_draws(level: float) -> int:
+    """Monte-Carlo draws for a test at ``level``: enough that its smallest p-value 1/(1 + draws)
+    lies below the level (twice 1/level, at least ``stats.DEFAULT_MONTE_CARLO_DRAWS``), capped at
+    :data:`MAX_MONTE_CARLO_DRAWS`.  With fewer, the check could not fail."""
+    return min(MAX_MONTE_CARLO_DRAWS, max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
+
+
 def level_of(plan: Plan, level: float | None) -> float:
     """The level a test is run at: ``level`` (a look's), else the check's whole share ``plan.alpha``."""
     level = plan.alpha if level is None else level
@@ -303,10 +310,7 @@ def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expecte
     cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
     a sample fell in a cell of probability 0), at ``level`` (default: the check's α share)."""
     level = level_of(plan, level)
-    # A Monte-Carlo p-value is at least 1/(1 + draws): with fewer than 1/level draws it could never
-    # fall below the level, and the check could not fail.
-    draws = min(MAX_MONTE_CARLO_DRAWS, max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
-    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=draws)
+    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=monte_carlo_draws(level))
     failed = fit.pvalue <= level
     where = level_phrase(plan, level, look)
     if fit.impossible_count:

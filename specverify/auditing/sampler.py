@@ -317,6 +317,28 @@ class StepLawCheck(ChiSquareCheck):
                                       self._acceptance(tally.counts["accepted"]), level=level, look=look)
 
 
+def prefix_cells(bank: ChainBank, length: int) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Cells of the first ``length`` tokens of a sequence jointly, per chain of a Markov ``bank``:
+    cell ``r · V^L + Σ_j x_j V^(L−1−j)`` for chain ``r`` and tokens ``x_0 … x_{L−1}``, of expected
+    probability ``P(x_0 … x_{L−1} | chain r) / R`` (the chain drawn uniformly among the R of the
+    bank; :func:`~specverify.testing.harness.markov_prefix_law`).  Returns the expected law and a
+    label per cell."""
+    v = bank.vocab_size
+    expected = np.concatenate([markov_prefix_law(bank, r, length) for r in range(bank.num_chains)]) / bank.num_chains
+    labels = tuple(f"chain {r} tokens {tuple(int(d) for d in np.unravel_index(i, (v,) * length))}"
+                   for r in range(bank.num_chains) for i in range(v**length))
+    return expected, labels
+
+
+def prefix_cell_counts(bank: ChainBank, chain: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+    """Counts of sampled sequences in the cells of :func:`prefix_cells` (``chain`` int64 ``[n]``,
+    ``tokens`` int64 ``[n, L]``)."""
+    v, length = bank.vocab_size, tokens.shape[1]
+    weights = v ** torch.arange(length - 1, -1, -1)
+    index = chain * v**length + (tokens * weights).sum(dim=1)
+    return torch.bincount(index, minlength=bank.num_chains * v**length).numpy()
+
+
 @dataclass
 class DecodingLoopCheck(ChiSquareCheck):
     """Whole decoding loops (continuous batching, K varying per call) on Markov chains; the joint
@@ -336,22 +358,15 @@ class DecodingLoopCheck(ChiSquareCheck):
                            "K schedule": list(self.draft_schedule), "cells": self.num_cells}
 
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
-        v, length = self.bank.vocab_size, self.length
-        sample = sample_runs(session.function, self.bank, length=length, draft_schedule=self.draft_schedule, n=n,
-                             batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
+        sample = sample_runs(session.function, self.bank, length=self.length, draft_schedule=self.draft_schedule,
+                             n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
                              function_seed=derive_seed(plan.seed, "function", look), where=self.name)
-        weights = v ** torch.arange(length - 1, -1, -1)
-        index = sample.chain * v**length + (sample.tokens * weights).sum(dim=1)
-        return Tally(n, {"cells": torch.bincount(index, minlength=self.num_cells).numpy()})
+        return Tally(n, {"cells": prefix_cell_counts(self.bank, sample.chain, sample.tokens)})
 
     @functools.cached_property
     def cells(self) -> tuple[np.ndarray, tuple[str, ...]]:
-        """The expected law of the cells (chain × first L tokens) and their labels."""
-        bank, v, length = self.bank, self.bank.vocab_size, self.length
-        expected = np.concatenate([markov_prefix_law(bank, r, length) for r in range(bank.num_chains)]) / bank.num_chains
-        labels = tuple(f"chain {r} tokens {tuple(int(d) for d in np.unravel_index(i, (v,) * length))}"
-                       for r in range(bank.num_chains) for i in range(v**length))
-        return expected, labels
+        """The expected law of the cells (chain × first L tokens) and their labels (:func:`prefix_cells`)."""
+        return prefix_cells(self.bank, self.length)
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
         expected, labels = self.cells
@@ -615,6 +630,7 @@ _STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
 __all__ = [
     "SamplerBattery", "SamplerSession", "StepLawCheck", "DecodingLoopCheck", "AcceptanceRateCheck", "ExactStepCheck",
     "RandomnessSourceCheck", "step_laws", "positional_family_bank", "markov_family_bank", "accepts_uniforms",
+    "prefix_cells", "prefix_cell_counts",
     "EXACT_TOLERANCE",
     # re-exported from specverify.auditing.checks (0.1 path specverify.battery)
     "BUDGETS", "POWER", "Battery", "Check", "CheckResult", "InputsUnchangedCheck", "Plan", "SampleBudget",

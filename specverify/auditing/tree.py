@@ -68,7 +68,7 @@ from specverify.auditing.faults import (
     validate_tree_emitted,
 )
 from specverify.auditing.guarded import GuardedTreeFunction
-from specverify.auditing.sampler import EXACT_TOLERANCE
+from specverify.auditing.sampler import EXACT_TOLERANCE, prefix_cell_counts, prefix_cells
 from specverify.auditing.sampler_coverage import contract_checks
 from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
@@ -76,7 +76,6 @@ from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
-from specverify.testing.harness import markov_prefix_law
 from specverify.testing.tree_harness import (
     DEFAULT_TREE_ROWS,
     draft_trees,
@@ -127,12 +126,6 @@ class TreeSession:
     scheme_error: str | None = None  # a malformed ``draft_schemes`` attribute (reported by randomness-source)
 
 
-def _labels(bank: MarkovBank, length: int) -> tuple[str, ...]:
-    v = bank.vocab_size
-    return tuple(f"chain {r} tokens {tuple(int(d) for d in np.unravel_index(i, (v,) * length))}"
-                 for r in range(bank.num_chains) for i in range(v**length))
-
-
 @dataclass
 class TreeLawCheck(ChiSquareCheck):
     """One tree step per row (or whole loops), the first ``length`` completed tokens jointly
@@ -172,28 +165,25 @@ class TreeLawCheck(ChiSquareCheck):
         sample = sampler(session.function, self.bank, shapes=self.shapes, scheme=self.scheme, length=self.length,
                          n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
                          function_seed=derive_seed(plan.seed, "function", look), where=self.name)
-        v, length = self.bank.vocab_size, self.length
-        weights = v ** torch.arange(length - 1, -1, -1)
-        index = sample.chain * v**length + (sample.tokens * weights).sum(dim=1)
-        counts = {"cells": torch.bincount(index, minlength=self.num_cells).numpy()}
+        counts = {"cells": prefix_cell_counts(self.bank, sample.chain, sample.tokens)}
         if not self.loop:
             depth = max(tree_exact.tree_depth(s) for s in self.shapes)
             counts["accepted"] = torch.bincount(sample.accepted, minlength=depth + 1)[: depth + 1].numpy()
         return Tally(n, counts)
 
     @functools.cached_property
-    def expected(self) -> np.ndarray:
-        """The target's exact law of the cells (chain × first ``length`` tokens)."""
-        return np.concatenate([markov_prefix_law(self.bank, r, self.length)
-                               for r in range(self.bank.num_chains)]) / self.bank.num_chains
+    def cells(self) -> tuple[np.ndarray, tuple[str, ...]]:
+        """The target's exact law of the cells (chain × first ``length`` tokens) and their labels."""
+        return prefix_cells(self.bank, self.length)
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
         acceptance = None
         if not self.loop:
             acceptance = {"observed": tuple(float(c) for c in tally.counts["accepted"].tolist()),
                           "expected": tuple(float(e) for e in self.expected_accepted)}
-        return goodness_of_fit_result(self, plan, tally.counts["cells"], self.expected, _labels(self.bank, self.length),
-                                      acceptance, level=level, look=look)
+        expected, labels = self.cells
+        return goodness_of_fit_result(self, plan, tally.counts["cells"], expected, labels, acceptance, level=level,
+                                      look=look)
 
 
 @dataclass

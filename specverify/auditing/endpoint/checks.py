@@ -42,10 +42,10 @@ from specverify.auditing.checks import (
     SequentialCheck,
     Tally,
     Verdict,
-    MAX_MONTE_CARLO_DRAWS,
     goodness_of_fit_result,
     level_phrase,
     look_fields,
+    monte_carlo_draws,
 )
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
@@ -426,8 +426,8 @@ class TwoSampleCheck(SequentialCheck):
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
         counts = tally.counts["counts"]
-        draws = min(MAX_MONTE_CARLO_DRAWS, max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
-        test = stats.two_sample_test(counts[0], counts[1], seed=plan.seed % (2**32), monte_carlo_draws=draws)
+        test = stats.two_sample_test(counts[0], counts[1], seed=plan.seed % (2**32),
+                                     monte_carlo_draws=monte_carlo_draws(level))
         failed = test.pvalue <= level
         where = level_phrase(plan, level, look)
         if failed:
