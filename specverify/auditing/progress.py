@@ -7,7 +7,9 @@ the rows evaluated so far inside a check from the session's call log.  Two are p
 
 - :class:`LineProgress` for logs (output not a terminal): the header at once, then one line per
   finished check — name, verdict, n, p-value, seconds and, for a sequential check, the look that
-  decided it — each flushed as it is written;
+  decided it — each flushed as it is written; a check still running after ``heartbeat_s``
+  (5 min) without a line adds one ``still running`` line (rows so far, rows/s) per period, so a
+  long endpoint check never leaves a CI log silent for longer than that;
 - :class:`BarProgress` for a terminal: the header, then a bar redrawn in place twice a second
   (checks done, rows evaluated inside the current check, rows per second over the audit, and an
   ETA) so that it moves within long checks.
@@ -141,10 +143,38 @@ class _Tracker:
 
 
 class LineProgress(_Tracker):
-    """One flushed line per finished check (for logs: CI, pipes, files)."""
+    """One flushed line per finished check (for logs: CI, pipes, files), and a ``still running``
+    line per ``heartbeat_s`` of a check that runs longer."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO, heartbeat_s: float = 300.0) -> None:
+        self.stream, self.heartbeat_s = stream, heartbeat_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, **plan: Any) -> None:
+        super().begin(**plan)
+        self._last_line_at = time.perf_counter()
+        self._thread = threading.Thread(target=self._beat, name="specverify-heartbeat", daemon=True)
+        self._thread.start()
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            super().write(text)
+            self._last_line_at = time.perf_counter()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(1.0, self.heartbeat_s / 4)):
+            now = time.perf_counter()
+            if now - self._last_line_at >= self.heartbeat_s and self.current < len(self.checks):
+                self.write(self.still_running(now))
+
+    def still_running(self, now: float) -> str:
+        """``       pit-T1-top8 still running: 1,204 rows in 5.0 min (4.0 rows/s)``."""
+        seconds = now - self.check_started_at
+        rows = self.rows_in_check()
+        rate = f" ({rows / seconds:,.1f} rows/s)" if seconds > 0 else ""
+        return f"       {self.checks[self.current].name} still running: {rows:,} rows in {duration(seconds)}{rate}\n"
 
     def check_finished(self, index: int, result: Any) -> None:
         self._finished(index)
@@ -160,6 +190,9 @@ class LineProgress(_Tracker):
                        f"~{duration(measured[1])}\n")
 
     def end(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         self.write(f"specverify: audit finished in {duration(time.perf_counter() - self.started)}\n")
 
 

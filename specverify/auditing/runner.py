@@ -339,42 +339,44 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     log = getattr(function, "log", None)
     interrupted = False
     first_failure: str | None = None
-    with preserved_global_rng():
-        for index, (check, plan) in enumerate(zip(checks, plans)):
-            if hasattr(progress, "check_started"):
-                progress.check_started(index, check, plan)
-            elif progress is not None:
-                progress(index, len(checks), check.name)
-            started = time.perf_counter()
-            calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
-            stop = function.stop_reason() if hasattr(function, "stop_reason") else None
-            if interrupted:
-                result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
-            elif first_failure is not None:
-                result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
-                                                     "(fail_fast=False) for every check")
-            elif stop is not None:
-                result = skipped_result(check, plan, f"not run: {stop}")
-            else:
-                seed_global_rng(derive_seed("global-rng-state", check.name, base=seed))
-                try:
-                    result = check.run(session, plan)
-                except Fault as fault:
-                    result = result_from_fault(check, plan, fault)
-                except KeyboardInterrupt:
-                    interrupted = True
-                    result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
-            extra = {"seconds": time.perf_counter() - started}
-            if log is not None:
-                extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
-            results.append(dataclasses.replace(result, **extra))
-            if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
-                first_failure = check.name
-            if hasattr(progress, "check_finished"):
-                progress.check_finished(index, results[-1])
-    if hasattr(progress, "end"):
-        progress.end()
-    elif progress is not None:
+    try:
+        with preserved_global_rng():
+            for index, (check, plan) in enumerate(zip(checks, plans)):
+                if hasattr(progress, "check_started"):
+                    progress.check_started(index, check, plan)
+                elif progress is not None:
+                    progress(index, len(checks), check.name)
+                started = time.perf_counter()
+                calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
+                stop = function.stop_reason() if hasattr(function, "stop_reason") else None
+                if interrupted:
+                    result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
+                elif first_failure is not None:
+                    result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
+                                                         "(fail_fast=False) for every check")
+                elif stop is not None:
+                    result = skipped_result(check, plan, f"not run: {stop}")
+                else:
+                    seed_global_rng(derive_seed("global-rng-state", check.name, base=seed))
+                    try:
+                        result = check.run(session, plan)
+                    except Fault as fault:
+                        result = result_from_fault(check, plan, fault)
+                    except KeyboardInterrupt:
+                        interrupted = True
+                        result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
+                extra = {"seconds": time.perf_counter() - started}
+                if log is not None:
+                    extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
+                results.append(dataclasses.replace(result, **extra))
+                if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
+                    first_failure = check.name
+                if hasattr(progress, "check_finished"):
+                    progress.check_finished(index, results[-1])
+    finally:  # stops a display's thread even when a check raised
+        if hasattr(progress, "end"):
+            progress.end()
+    if not hasattr(progress, "end") and progress is not None:
         progress(len(checks), len(checks), "done")
     return results, interrupted
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,6 +70,32 @@ def test_terminal_bar_moves_inside_a_check_with_the_rows_done():
     second = bar.line()
     bar.end()
     assert "0/1" in first and "500 rows" in second and second.count("#") > first.count("#")
+
+
+def test_a_long_check_adds_a_still_running_line_per_heartbeat_to_a_log():
+    """A piped log is never silent for longer than the heartbeat inside a long check (an endpoint
+    PIT check runs ~45 min at standard), and a short check adds no line."""
+    stream = io.StringIO()
+    lines = LineProgress(stream, heartbeat_s=0.2)
+    log = SimpleNamespace(rows=0)
+    checks = [SimpleNamespace(name="pit-T1-top8", parameters={}), SimpleNamespace(name="quick-one", parameters={})]
+    plans = [SimpleNamespace(n=1000), SimpleNamespace(n=10)]
+    lines.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
+                checks=checks, plans=plans, log=log)
+    lines.check_started(0, checks[0], plans[0])
+    log.rows = 42
+    time.sleep(0.9)
+    beats = [line for line in stream.getvalue().splitlines() if "still running" in line]
+    assert beats and all("pit-T1-top8 still running: 42 rows in" in line and "rows/s" in line for line in beats)
+    assert len(beats) <= 5
+    result = SimpleNamespace(name="pit-T1-top8", verdict="pass", n=1000, pvalue=0.5, seconds=0.9, look=None)
+    lines.check_finished(0, result)
+    lines.check_started(1, checks[1], plans[1])
+    lines.check_finished(1, SimpleNamespace(**{**vars(result), "name": "quick-one", "seconds": 0.0}))
+    lines.end()
+    after = stream.getvalue().splitlines()[len(beats) + 2:]
+    assert not any("still running" in line for line in after)
+    assert after[-1].startswith("specverify: audit finished")
 
 
 def test_quiet_prints_nothing_and_pipes_get_lines():
