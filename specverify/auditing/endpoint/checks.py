@@ -83,10 +83,9 @@ def greedy_body(prompt: Prompt, length: int) -> dict[str, Any]:
 
 
 @dataclass
-class GreedyIdentityCheck(Check):
-    """Temperature 0: the candidate's tokens equal the baseline's, except at explained near-ties
-    (:mod:`specverify.auditing.endpoint.greedy`).  Without a baseline: every greedy token is the
-    top-1 of the candidate's own returned law."""
+class GreedyPromptsCheck(Check):
+    """A check of fixed-length greedy completions of ``prompts`` (``length`` tokens each), alone
+    and in bursts of ``burst`` concurrent copies."""
 
     name: str
     description: str
@@ -99,6 +98,13 @@ class GreedyIdentityCheck(Check):
     def __post_init__(self) -> None:
         self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length,
                            "burst": self.burst}
+
+
+@dataclass
+class GreedyIdentityCheck(GreedyPromptsCheck):
+    """Temperature 0: the candidate's tokens equal the baseline's, except at explained near-ties
+    (:mod:`specverify.auditing.endpoint.greedy`).  Without a baseline: every greedy token is the
+    top-1 of the candidate's own returned law."""
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         bodies = [greedy_body(p, self.length) for p in self.prompts]
@@ -192,21 +198,9 @@ def _short(value: float) -> float:
 
 
 @dataclass
-class BatchInvarianceCheck(Check):
+class BatchInvarianceCheck(GreedyPromptsCheck):
     """The candidate's greedy tokens for a prompt alone and inside a burst of concurrent requests
     are identical, or diverge only at a near-tie the alone run's logprobs explain."""
-
-    name: str
-    description: str
-    prompts: tuple[Prompt, ...]
-    length: int
-    burst: int
-    kind: ClassVar[CheckKind] = CheckKind.EXACT
-    parameters: dict[str, Any] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.parameters = {"prompts": [p.kind for p in self.prompts], "max_tokens": self.length,
-                           "burst": self.burst}
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         bodies = [greedy_body(p, self.length) for p in self.prompts]
