@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from specverify.auditing.faults import Fault, FaultKind
+from specverify.auditing.faults import Fault, FaultKind, call_with_deadline
 from specverify.core import stats
 
 POWER = 0.99
@@ -453,6 +453,44 @@ class ChiSquareCheck(SequentialCheck):
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return _detectable_tv(n, alpha=alpha, power=power, num_cells=self.num_cells)
+
+
+EXACT_TOLERANCE = 1e-9
+"""An exact check fails when the integrated TV exceeds this (float64 integration error is ~1e-15)."""
+
+
+def exact_cases_result(check: Check, plan: Plan, labels: Sequence[str], integrals: Sequence[Callable[[], float]],
+                       deadline_s: float) -> CheckResult:
+    """The verdict of an exact check: integrate each case's TV (``integrals[i]()``, case
+    ``labels[i]``) in order, all of them under one deadline, stopping at the first lossy case
+    (TV > :data:`EXACT_TOLERANCE`), which decides.  A :class:`Fault` of the function propagates;
+    any other error means the integrator cannot handle this function: the check is skipped."""
+
+    def integrate() -> list[float] | str:
+        distances: list[float] = []
+        for integral in integrals:
+            try:
+                distances.append(float(integral()))
+            except Fault:
+                raise
+            except Exception as error:  # the integrator could not handle this function
+                return f"{type(error).__name__}: {error}"
+            if distances[-1] > EXACT_TOLERANCE:
+                break  # one lossy case decides; the later cases are not integrated
+        return distances
+
+    outcome = call_with_deadline(integrate, (), deadline_s, what=f"exact integration ({check.name})")
+    if isinstance(outcome, str):
+        return check.skipped(plan, f"exact integration not possible: {outcome}")
+    worst = max(range(len(outcome)), key=lambda i: outcome[i])
+    failed = outcome[worst] > EXACT_TOLERANCE
+    summary = ", ".join(f"{label}: {tv:.3g}" for label, tv in zip(labels, outcome))
+    if len(outcome) < len(labels):
+        summary += f"; {len(labels) - len(outcome)} later case(s) not integrated"
+    message = (f"exact TV of one step = {outcome[worst]:.6g} on {labels[worst]} (> {EXACT_TOLERANCE:g}): "
+               f"lossy; per case {summary}" if failed else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
+    return check.report(plan, Verdict.FAIL if failed else Verdict.PASS, message,
+                        empirical_tv=outcome[worst], statistic=outcome[worst])
 
 
 @dataclass

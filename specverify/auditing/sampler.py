@@ -40,6 +40,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     CheckKind,
     CheckResult,
     ChiSquareCheck,
+    EXACT_TOLERANCE,
     InputsUnchangedCheck,
     Plan,
     SequentialCheck,
@@ -48,6 +49,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     binomial_detectable_rate,
     binomial_result,
     binomial_sample_size,
+    exact_cases_result,
     SampleBudget,
     goodness_of_fit_result,
     resolve_budget,
@@ -57,7 +59,6 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
 from specverify.auditing.faults import (
     Fault,
     FaultKind,
-    call_with_deadline,
     probe_randomness,
     seed_global_rng,
     validate_emitted,
@@ -76,7 +77,6 @@ from specverify.testing.harness import (
 )
 from specverify.core.seeding import derive_seed
 
-EXACT_TOLERANCE = 1e-9
 """An exact TV above this fails the exact check (integration rounding is ~1e-13)."""
 
 # --------------------------------------------------------------------------------------------
@@ -447,27 +447,9 @@ class ExactStepCheck(Check):
                                          f"{type(error).__name__}: {error}") from error
             return validate_emitted(result, draft_tokens, target_probs.shape[-1])[0]
 
-        def integrate() -> list[float] | str:
-            distances = []
-            for _, bank, num_draft in self.cases:
-                try:
-                    distances.append(exact.exact_step_tv(rule, bank.chain(0), num_draft))
-                except Fault:
-                    raise
-                except Exception as error:  # the integrator could not handle this rule
-                    return f"{type(error).__name__}: {error}"
-            return distances
-
-        outcome = call_with_deadline(integrate, (), 10 * session.timeout_s, what=f"exact integration ({self.name})")
-        if isinstance(outcome, str):
-            return self.skipped(plan, f"exact integration not possible: {outcome}")
-        worst = max(range(len(outcome)), key=lambda i: outcome[i])
-        failed = outcome[worst] > EXACT_TOLERANCE
-        summary = ", ".join(f"{label}: {tv:.3g}" for (label, _, _), tv in zip(self.cases, outcome))
-        message = (f"exact TV of one step = {outcome[worst]:.6g} on {self.cases[worst][0]} (> {EXACT_TOLERANCE:g}): "
-                   f"lossy; per case {summary}" if failed else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
-        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS,
-                           message, empirical_tv=float(outcome[worst]), statistic=float(outcome[worst]))
+        labels = [label for label, _, _ in self.cases]
+        integrals = [functools.partial(exact.exact_step_tv, rule, bank.chain(0), k) for _, bank, k in self.cases]
+        return exact_cases_result(self, plan, labels, integrals, 10 * session.timeout_s)
 
 
 @dataclass

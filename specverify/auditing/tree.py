@@ -57,18 +57,18 @@ from specverify.auditing.checks import (
     binomial_detectable_rate,
     binomial_result,
     binomial_sample_size,
+    exact_cases_result,
     goodness_of_fit_result,
 )
 from specverify.auditing.faults import (
     Fault,
     FaultKind,
-    call_with_deadline,
     probe_randomness,
     seed_global_rng,
     validate_tree_emitted,
 )
 from specverify.auditing.guarded import GuardedTreeFunction
-from specverify.auditing.sampler import EXACT_TOLERANCE, prefix_cell_counts, prefix_cells
+from specverify.auditing.sampler import prefix_cell_counts, prefix_cells
 from specverify.auditing.sampler_coverage import contract_checks
 from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
@@ -269,33 +269,10 @@ class ExactTreeCheck(Check):
                                          f"{type(error).__name__}: {error}") from error
             return validate_tree_emitted(result, tree_tokens, parents, target_probs.shape[-1])[0]
 
-        def integrate() -> list[float] | str:
-            distances = []
-            for _, chain, shape, scheme in self.cases:
-                try:
-                    distances.append(tree_exact.exact_tree_step_tv(rule, chain, shape, scheme))
-                except Fault:
-                    raise
-                except Exception as error:
-                    return f"{type(error).__name__}: {error}"
-                if distances[-1] > EXACT_TOLERANCE:
-                    break  # one lossy case decides; the later cases are not integrated
-            return distances
-
-        outcome = call_with_deadline(integrate, (), 10 * session.timeout_s, what=f"exact integration ({self.name})")
-        if isinstance(outcome, str):
-            return self.skipped(plan, f"exact integration not possible: {outcome}")
-        worst = max(range(len(outcome)), key=lambda i: outcome[i])
-        failed = outcome[worst] > EXACT_TOLERANCE
-        label, _, shape, scheme = self.cases[worst]
-        summary = ", ".join(f"{c[0]} {list(c[2])} {c[3]}: {tv:.3g}" for c, tv in zip(self.cases, outcome))
-        if len(outcome) < len(self.cases):
-            summary += f"; {len(self.cases) - len(outcome)} later case(s) not integrated"
-        message = (f"exact TV of one step = {outcome[worst]:.6g} on {label} {list(shape)} ({scheme}) "
-                   f"(> {EXACT_TOLERANCE:g}): lossy; per case {summary}" if failed
-                   else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
-        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message,
-                           empirical_tv=float(outcome[worst]), statistic=float(outcome[worst]))
+        labels = [f"{label} {list(shape)} ({scheme})" for label, _, shape, scheme in self.cases]
+        integrals = [functools.partial(tree_exact.exact_tree_step_tv, rule, chain, shape, scheme)
+                     for _, chain, shape, scheme in self.cases]
+        return exact_cases_result(self, plan, labels, integrals, 10 * session.timeout_s)
 
 
 @dataclass
