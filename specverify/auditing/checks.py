@@ -494,10 +494,10 @@ def exact_cases_result(check: Check, plan: Plan, labels: Sequence[str], integral
 
 
 @dataclass
-class InputsUnchangedCheck(Check):
-    """After all other checks: no call may have modified its input tensors (every call received
-    fresh copies, compared with the harness's own afterwards).  Any level whose session's
-    ``function.log`` records ``calls`` and ``mutations``."""
+class CallLogCheck(Check):
+    """A contract check run after all other checks on the session's ``function.log`` (what every
+    call of the function did); skipped when no call completed.  Subclasses implement
+    ``judge_log(plan, log)``."""
 
     name: str
     description: str
@@ -508,6 +508,18 @@ class InputsUnchangedCheck(Check):
         log = session.function.log
         if log.calls == 0:
             return self.skipped(plan, "no call of the function completed")
+        return self.judge_log(plan, log)
+
+    def judge_log(self, plan: Plan, log: Any) -> CheckResult:
+        raise NotImplementedError
+
+
+@dataclass
+class InputsUnchangedCheck(CallLogCheck):
+    """No call may have modified its input tensors (every call received fresh copies, compared
+    with the harness's own afterwards).  Any level whose log records ``calls`` and ``mutations``."""
+
+    def judge_log(self, plan: Plan, log: Any) -> CheckResult:
         if log.mutations:
             shown = "; ".join(log.mutations[:3]) + (f"; … {len(log.mutations) - 3} more" if len(log.mutations) > 3 else "")
             return self.report(plan, Verdict.FAIL,

@@ -36,8 +36,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ from specverify.auditing.sampler import (
     positional_family_bank,
     skipped_result,
 )
-from specverify.auditing.checks import Check, CheckKind, Tally, Verdict
+from specverify.auditing.checks import CallLogCheck, Tally, Verdict
 from specverify.auditing.faults import FaultKind
 from specverify.core.seeding import derive_seed
 from specverify.core.chains import ChainBank, PositionalBank
@@ -233,18 +233,10 @@ class TruncatedVocabularyCheck(StepLawCheck):
 
 
 @dataclass
-class OutputsUnaliasedCheck(Check):
+class OutputsUnaliasedCheck(CallLogCheck):
     """After all other checks: no call may overwrite the tensor an earlier call returned."""
 
-    name: str
-    description: str
-    parameters: dict[str, Any] = field(default_factory=dict)
-    kind: ClassVar[CheckKind] = CheckKind.CONTRACT
-
-    def run(self, session: Any, plan: Plan) -> CheckResult:
-        log = session.function.log
-        if log.calls == 0:
-            return self.skipped(plan, "no call of the function completed")
+    def judge_log(self, plan: Plan, log: Any) -> CheckResult:
         if getattr(log, "aliasing", None):
             return self.report(plan, Verdict.FAIL, log.aliasing[0], parameters={"calls": log.calls},
                                fault=FaultKind.ALIASING)
