@@ -60,8 +60,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--model", help="endpoint level: the `model` field (default: the server's first /models id)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="endpoint level: requests in flight at once, and the burst size (default 4)")
-    parser.add_argument("--deadline", type=float, default=3600.0,
-                        help="endpoint level: deadline of the whole run in seconds (default 3600)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="endpoint level: deadline of the whole run in seconds (default by budget: quick 1 h, "
+                             "standard 4 h, thorough 16 h; N samples: 3 s each, at least 1 h)")
     parser.set_defaults(handler=run)
 
 

@@ -90,3 +90,20 @@ def test_cli_exit_status_and_message(toy_server, capsys) -> None:
     code = main(["audit", "--level", "endpoint", candidate.url, "--baseline", baseline.url, "--budget", "quick",
                  "--checks", "greedy-identity,pit-T1-top8", "--concurrency", "2", "--quiet"])
     assert code == 0
+
+
+def test_the_default_deadline_follows_the_budget():
+    """A standard run on a slow server (~1.9 h on the llama.cpp pair here) must not hit a 1 h
+    default; an explicit deadline wins."""
+    from specverify.auditing.endpoint.battery import EndpointBattery
+
+    for budget, hours in (("quick", 1), ("standard", 4), ("thorough", 16)):
+        battery = EndpointBattery()
+        battery.resolve_budget(budget)
+        assert battery.deadline_s == hours * 3600.0
+    battery = EndpointBattery()
+    battery.resolve_budget(5000)
+    assert battery.deadline_s == 15000.0
+    battery = EndpointBattery(deadline_s=60.0)
+    battery.resolve_budget("thorough")
+    assert battery.deadline_s == 60.0

@@ -47,7 +47,9 @@ thorough   0.025 20 933 (2 617 + …)  11 926 (+ pilot 1 192)         96
 (each PIT request on the candidate is followed by one ``echo`` request on the baseline.)
 
 Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadline_s``
-(``--deadline``, default 3 600 s); transient failures are retried (:mod:`~specverify.auditing.endpoint.client`).
+(``--deadline``; by default :func:`default_deadline_s`: 1 h for ``quick``, 4 h for ``standard``,
+16 h for ``thorough``, about twice what SmolLM2-135M on llama-cpp-python needs on 2 CPU cores);
+transient failures are retried (:mod:`~specverify.auditing.endpoint.client`).
 """
 
 from __future__ import annotations
@@ -74,11 +76,22 @@ from specverify.auditing.sampler import SampleBudget, resolve_budget
 
 ENDPOINT_BUDGETS: dict[str, float] = {"quick": 0.1, "standard": 0.05, "thorough": 0.025}
 GREEDY_TOKENS: dict[str, int] = {"quick": 24, "standard": 48, "thorough": 96}
-DEFAULT_DEADLINE_S = 3600.0
+DEFAULT_DEADLINES_S = {"quick": 3600.0, "standard": 4 * 3600.0, "thorough": 16 * 3600.0}
+SECONDS_PER_SAMPLE_DEADLINE = 3.0
+"""An N-sample budget's default deadline: 3 s per sample of a check (quick: 1,309 PIT u's, 28 min
+measured on the llama.cpp pair, ~1.3 s each), at least 1 h."""
 DEFAULT_CONCURRENCY = 4
 PIT_TOP_K = 8
 PIT_TOKENS = 8
 TWO_SAMPLE_TOKENS = 2
+
+
+def default_deadline_s(budget: SampleBudget) -> float:
+    """The whole run's default deadline for ``budget`` (see the module docstring)."""
+    if budget.name in DEFAULT_DEADLINES_S:
+        return DEFAULT_DEADLINES_S[budget.name]
+    return max(DEFAULT_DEADLINES_S["quick"], SECONDS_PER_SAMPLE_DEADLINE * (budget.samples or 0))
+
 
 PROMPTS: tuple[Prompt, ...] = (
     Prompt("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"),
@@ -156,20 +169,21 @@ class EndpointBattery:
     """SPEC §4 battery (module docstring).  ``baseline``: the baseline's base URL (None: the
     candidate's own logprobs stand for the target's law); ``model``: the ``model`` field (default:
     the first id of the candidate's ``GET /models``); ``concurrency``: requests in flight at once
-    (also the burst size of the load checks); ``deadline_s``: the whole run's deadline."""
+    (also the burst size of the load checks); ``deadline_s``: the whole run's deadline (None: by
+    budget, :func:`default_deadline_s`)."""
 
     level = "endpoint"
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
-                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
-        if not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
-            raise ValueError(f"deadline_s: expected a positive number of seconds, got {deadline_s!r}")
+        if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
+            raise ValueError(f"deadline_s: expected a positive number of seconds (or None: by budget), got {deadline_s!r}")
         self.baseline_url = None if baseline is None else baseline
         self.model = model
         self.concurrency = concurrency
-        self.deadline_s = float(deadline_s)
+        self.deadline_s = None if deadline_s is None else float(deadline_s)
         self.budget_name = "standard"
 
     def resolve_budget(self, budget: str | int | SampleBudget) -> SampleBudget:
@@ -180,6 +194,8 @@ class EndpointBattery:
         else:
             resolved = resolve_budget(budget)
         self.budget_name = resolved.name if resolved.name in GREEDY_TOKENS else "quick"  # N samples: quick's greedy
+        if self.deadline_s is None:
+            self.deadline_s = default_deadline_s(resolved)
         return resolved
 
     def load_target(self, spec: str) -> EndpointTarget:
@@ -193,7 +209,7 @@ class EndpointBattery:
                      isolation: str = "process") -> EndpointSession:
         """Connect, check capabilities and model identity; :class:`LoadError` (exit 2) on any failure.
         ``isolation`` does not apply: the code under audit runs in the server, not in this process."""
-        deadline = time.monotonic() + self.deadline_s
+        deadline = time.monotonic() + (self.deadline_s or DEFAULT_DEADLINES_S["standard"])
         candidate = EndpointClient(target.url, role="candidate", model=self.model, timeout_s=timeout_s,
                                    deadline=deadline, concurrency=self.concurrency)
         baseline = None if self.baseline_url is None else EndpointClient(
