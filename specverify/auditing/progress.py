@@ -22,7 +22,9 @@ loop, ``0.1 s`` per decoder-level call (the standard audit of ``reference``: mod
 212 s; ``tests/auditing/test_newuser_run.py`` checks the order of magnitude on a measured audit).  A slower function takes longer: once checks have run, the
 ETA rescales the rest of the plan by the measured/expected ratio so far.  The ETA assumes every
 check runs to its final look and no check fails: a sequential check that rejects early, or
-fail-fast, only makes the audit end sooner.
+fail-fast, only makes the audit end sooner.  At the endpoint level the servers set the pace: the
+ETA is the seconds per sample of the last finished statistical check times the samples still
+planned, and ``—`` until one has finished.
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def eta_text(seconds: float | None) -> str:
+    """:func:`duration`, or ``—`` when there is no estimate."""
+    return "—" if seconds is None else duration(seconds)
+
+
 def measured_estimate(level: str, log: Any, remaining_plans: Sequence[Any]) -> tuple[float, float] | None:
     """Decoder level, once the function has been called: its measured seconds per call and the
     expected seconds of the remaining plan (one call per sample) at that rate."""
@@ -126,7 +133,11 @@ class _Tracker:
     def rows_in_check(self) -> int:
         return (getattr(self.log, "rows", 0) or 0) - self.rows_before
 
-    def eta(self) -> float:
+    def eta(self) -> float | None:
+        """Seconds left, or None where there is no estimate yet (an endpoint audit before its first
+        statistical check has finished: the servers set the pace)."""
+        if self.level == "endpoint":
+            return self._endpoint_eta()
         elapsed = time.perf_counter() - self.started
         ratio = elapsed / self.done_expected if self.done_expected > 1.0 else 1.0
         remaining = sum(self.expected[self.current:])
@@ -137,9 +148,22 @@ class _Tracker:
         self.check_started_at = time.perf_counter()
         self.rows_before = getattr(self.log, "rows", 0) or 0
 
-    def _finished(self, index: int) -> None:
+    def _endpoint_eta(self) -> float | None:
+        """The servers' measured seconds per sample (of the last finished statistical check) times
+        the samples still planned: the current check's, less its elapsed time, and the later ones'."""
+        if not getattr(self, "seconds_per_sample", None):
+            return None
+        planned = [getattr(p, "n", 0) or 0 for p in self.plans[self.current:]]
+        if not planned:
+            return 0.0
+        in_check = time.perf_counter() - self.check_started_at
+        return max(0.0, self.seconds_per_sample * planned[0] - in_check) + self.seconds_per_sample * sum(planned[1:])
+
+    def _finished(self, index: int, result: Any = None) -> None:
         self.done_expected += self.expected[index]
         self.current = index + 1
+        if result is not None and getattr(result, "n", None) and getattr(result, "seconds", None):
+            self.seconds_per_sample = result.seconds / result.n
 
 
 class LineProgress(_Tracker):
@@ -170,14 +194,17 @@ class LineProgress(_Tracker):
                 self.write(self.still_running(now))
 
     def still_running(self, now: float) -> str:
-        """``       pit-T1-top8 still running: 1,204 rows in 5.0 min (4.0 rows/s)``."""
+        """``       pit-T1-top8 still running: 1,204 rows in 5.0 min (4.0 rows/s), ETA 38 min``."""
         seconds = now - self.check_started_at
         rows = self.rows_in_check()
         rate = f" ({rows / seconds:,.1f} rows/s)" if seconds > 0 else ""
-        return f"       {self.checks[self.current].name} still running: {rows:,} rows in {duration(seconds)}{rate}\n"
+        eta = self.eta()
+        left = "" if eta is None else f", ETA {duration(eta)}"
+        return (f"       {self.checks[self.current].name} still running: {rows:,} rows in {duration(seconds)}"
+                f"{rate}{left}\n")
 
     def check_finished(self, index: int, result: Any) -> None:
-        self._finished(index)
+        self._finished(index, result)
         pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
         n = f"{result.n:,}" if result.n else "—"
         look = f" look {result.look}/{result.num_looks}" if getattr(result, "look", None) else ""
@@ -228,7 +255,7 @@ class BarProgress(_Tracker):
         all_rows = getattr(self.log, "rows", 0) or 0
         rate = f" {all_rows / elapsed:,.0f} rows/s" if all_rows and elapsed > 0 else ""
         return (f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {elapsed:5.0f}s "
-                f"ETA {duration(self.eta()):>8}  {name[:24]}{rows}{rate}")
+                f"ETA {eta_text(self.eta()):>8}  {name[:24]}{rows}{rate}")
 
     def draw(self) -> None:
         with self._lock:
@@ -238,7 +265,7 @@ class BarProgress(_Tracker):
             self._last = text
 
     def check_finished(self, index: int, result: Any) -> None:
-        self._finished(index)
+        self._finished(index, result)
         self.draw()
 
     def end(self) -> None:

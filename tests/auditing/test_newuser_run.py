@@ -98,6 +98,27 @@ def test_a_long_check_adds_a_still_running_line_per_heartbeat_to_a_log():
     assert after[-1].startswith("specverify: audit finished")
 
 
+def test_endpoint_eta_comes_from_the_servers_measured_pace():
+    """No cost model knows a server's speed: no ETA until a statistical check has finished, then
+    its seconds per sample times the samples still planned."""
+    stream = Tty()
+    bar = BarProgress(stream, interval_s=3600)
+    log = SimpleNamespace(rows=0)
+    checks = [SimpleNamespace(name=name, parameters={}) for name in ("greedy-identity", "pit-a", "pit-b")]
+    plans = [SimpleNamespace(n=0), SimpleNamespace(n=100), SimpleNamespace(n=300)]
+    bar.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
+              checks=checks, plans=plans, log=log)
+    bar.check_started(0, checks[0], plans[0])
+    bar.check_finished(0, SimpleNamespace(name="greedy-identity", n=None, seconds=40.0))
+    bar.check_started(1, checks[1], plans[1])
+    assert bar.eta() is None and "ETA        —" in bar.line()
+    bar.check_finished(1, SimpleNamespace(name="pit-a", n=100, seconds=50.0))
+    bar.check_started(2, checks[2], plans[2])
+    eta = bar.eta()
+    bar.end()
+    assert 149.0 < eta <= 150.0  # 0.5 s per sample × 300 samples
+
+
 def test_quiet_prints_nothing_and_pipes_get_lines():
     assert progress_for(io.StringIO(), quiet=True) is None
     assert isinstance(progress_for(io.StringIO()), LineProgress)
