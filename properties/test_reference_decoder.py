@@ -6,6 +6,10 @@ be enumerated (512 tuples).  Each check runs the decoder on a batch of two *diff
 of different lengths, interleaved row by row (so rows accept different numbers of drafts per
 step and share one ragged KV cache), and tests the continuations of each prompt against the
 enumerated target law with the Pearson goodness-of-fit test of ``specverify.core.stats``.
+A step drafts only what a row can still use (``γ_b = min(γ, r_b − 1)``, ``r_b`` its tokens left),
+so with 3 tokens every setting with γ ≥ 2 drafts 2 at its first step, rows of one step have
+different ``γ_b``, and the last steps draft 1 or none; 3 is not a multiple of ``γ + 1`` for
+γ ∈ {1, 3, 4}.
 
 Statistical budget (``budget.py``): every check below is one execution of the suite's family of
 statistical tests and runs at ``alpha = budget.alpha_per_execution(suite alpha)`` (Bonferroni
