@@ -6,9 +6,9 @@ request has ``max_new_tokens`` tokens or has emitted EOS:
 1. **draft**: the drafter proposes up to ``γ_b`` tokens for row b, ``x_1 .. x_{γ_b}``, each drawn
    from a known law ``q_i`` (or deterministically: a point mass), from the context alone: the first
    step drafts from the prompt.  ``γ_b = min(γ, r_b − 1)`` with ``r_b`` the tokens row b still needs
-   (``max_new_tokens`` minus its new tokens so far), and ``γ_b = 0`` once row b is finished: a step
-   emits at most ``γ_b + 1`` tokens, so a draft beyond ``r_b − 1`` could never be used.  This is Hugging Face's cap
-   on its assistant (``AssistedCandidateGenerator._calculate_new_tokens``:
+   (``max_new_tokens`` minus its new tokens so far), and ``γ_b = 0`` once row b is finished: a
+   step emits at most ``γ_b + 1`` tokens, so a draft beyond ``r_b − 1`` could never be used.  This
+   is Hugging Face's cap on its assistant (``AssistedCandidateGenerator._calculate_new_tokens``:
    ``min(num_assistant_tokens, max_length − cur_len − 1)``), so with a model drafter the passes and
    drafts are HF's; its prompt lookup caps only the last step (``r_b = 1``: no draft);
 2. **score**: ONE target forward pass over the committed tokens the target's cache lacks and the
@@ -32,11 +32,11 @@ Temperature, top-k, top-p and min-p are applied to draft and target logits by th
 Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
 random number of row b comes from it alone.  Per step, row b draws, in this order: its draft tokens
 (a model drafter: one float64 uniform per draft, ``γ_b`` in all, at temperature 0 too; prompt
-lookup: none), then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of drafts: ``γ_b`` for a model drafter, up
-to ``γ_b`` for prompt lookup; at temperature 0 none), placed in ``specverify.core.rules``'
-convention: the first ``n_b`` in columns ``0 .. n_b − 1`` (the accept tests), the last in column
-``K = max_b γ_b`` (the inverse CDF of the correction-or-bonus token; ``K = 1`` when no row
-drafts).  Padding columns (``n_b ≤ i < K``) and padding draft positions take no random number.
+lookup: none), then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of
+drafts: ``γ_b`` for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
+placed in ``specverify.core.rules``' convention: the first ``n_b`` in columns ``0 .. n_b − 1``
+(the accept tests), the last in column ``K = max_b γ_b`` (the inverse CDF of the
+correction-or-bonus token; ``K = 1`` when no row drafts).  Padding columns (``n_b ≤ i < K``) and padding draft positions take no random number.
 ``seed`` is either one seed per row (a list: a request keeps its seed wherever it sits in the
 batch) or an int ``s``, which seeds row b with :func:`request_seed` ``(s, b)``: distinct rows get
 independent streams, and request 0 decoded alone with ``s`` equals row 0 of any batch decoded
@@ -50,8 +50,9 @@ Finished rows keep riding along until the whole batch is done (their extra token
 the loop needs no row bookkeeping, at the price of computing those rows.  Cost of the ragged
 cache: see ``reference/kv.py``.  A row's draws per step depend only on its own history (its ``γ_b``
 and ``n_b``), never on the batch's ``K`` or on the other rows, so they cannot shift its stream; a
-finished row drafts nothing (``γ_b = 0``) and its draws are discarded with its tokens.  The draft model runs ``max_b γ_b`` passes per step (none when no row drafts), the target
-one pass over ``max_b (unseen_b + n_b)`` columns.
+finished row drafts nothing (``γ_b = 0``) and its draws are discarded with its tokens.  The draft
+model runs ``max_b γ_b`` passes per step (none when no row drafts), the target one pass over
+``max_b (unseen_b + n_b)`` columns.
 
 :func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``);
 :func:`speculative_generate` is the full interface (batches, drafters, EOS, statistics).
