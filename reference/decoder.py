@@ -36,12 +36,12 @@ lookup: none), then the ``n_b + 1`` uniforms its verification reads (``n_b`` = i
 drafts: ``γ_b`` for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
 placed in ``specverify.core.rules``' convention: the first ``n_b`` in columns ``0 .. n_b − 1``
 (the accept tests), the last in column ``K = max_b γ_b`` (the inverse CDF of the
-correction-or-bonus token; ``K = 1`` when no row drafts).  Padding columns (``n_b ≤ i < K``) and padding draft positions take no random number.
-``seed`` is either one seed per row (a list: a request keeps its seed wherever it sits in the
-batch) or an int ``s``, which seeds row b with :func:`request_seed` ``(s, b)``: distinct rows get
-independent streams, and request 0 decoded alone with ``s`` equals row 0 of any batch decoded
-with ``s``.  Same inputs and seeds, same tokens;
-and a request's tokens do not depend on the other rows of its batch.
+correction-or-bonus token; ``K = 1`` when no row drafts).  Padding columns (``n_b ≤ i < K``) and
+padding draft positions take no random number.  ``seed`` is either one seed per row (a list: a
+request keeps its seed wherever it sits in the batch) or an int ``s``, which seeds row b with
+:func:`request_seed` ``(s, b)``: distinct rows get independent streams, and request 0 decoded
+alone with ``s`` equals row 0 of any batch decoded with ``s``.  Same inputs and seeds, same
+tokens; and a request's tokens do not depend on the other rows of its batch.
 
 Batches: rows advance by different numbers of tokens per step.  Each model keeps one KV cache for
 the batch with per-row validity masks and explicit per-row position ids (``reference/kv.py``), so
