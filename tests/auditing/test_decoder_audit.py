@@ -368,10 +368,10 @@ class DraftIgnoresTemperature(ModelDrafter):
     """BUG: the draft model samples at temperature 1 while the verifier is told the draft law at
     the request's temperature T (q_T ∝ q_1^(1/T)), as when only the target's logits get divided by T."""
 
-    def propose(self, sequences, gamma, params, generator):
-        if params.temperature in (0, 1):
-            return super().propose(sequences, gamma, params, generator)
-        draft = super().propose(sequences, gamma, dataclasses.replace(params, temperature=1.0), generator)
+    def propose(self, sequences, gammas, params, generator):
+        if params.temperature in (0, 1) or not bool(gammas.any()):  # no draft this step: nothing to misreport
+            return super().propose(sequences, gammas, params, generator)
+        draft = super().propose(sequences, gammas, dataclasses.replace(params, temperature=1.0), generator)
         believed = draft.probs.double() ** (1 / params.temperature)
         return dataclasses.replace(draft, probs=(believed / believed.sum(-1, keepdim=True)).float())
 
