@@ -134,8 +134,18 @@ def test_reference_decoder_sequence_law_on_cuda(case):
 def test_decoder_check_catches_a_wrong_residual_on_cuda(monkeypatch):
     buggy = CATALOG["residual_is_target"].fn
 
-    def buggy_rejection_sample(target_probs, draft_probs, draft_tokens, generator, *, num_draft=None):
-        emitted = buggy(target_probs, draft_probs, draft_tokens, generator)  # ModelDrafter: every row has γ drafts
+    def buggy_rejection_sample(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                               num_draft=None):
+        """The catalog entry on the rows with n >= 1 drafts (their first n columns, their uniforms at
+        columns 0..n-1 and K); a row with no draft (one token left) is a plain draw, the correct rule's."""
+        emitted = rules.rejection_sample(target_probs, draft_probs, draft_tokens, uniforms=uniforms,
+                                         num_draft=num_draft).emitted.clone()
+        width = draft_tokens.shape[1]
+        for n in set(num_draft.tolist()) - {0}:
+            rows = num_draft == n
+            step = buggy(target_probs[rows][:, : n + 1], draft_probs[rows][:, :n], draft_tokens[rows][:, :n],
+                         uniforms=uniforms[rows][:, list(range(n)) + [width]])
+            emitted[rows] = torch.cat([step, step.new_full((step.shape[0], width - n), -1)], 1)
         return VerifyResult(emitted, (emitted >= 0).sum(1) - 1)
 
     monkeypatch.setattr(reference.decoder, "rejection_sample", buggy_rejection_sample)

@@ -199,8 +199,9 @@ def lookup_by_loop(context: list[int], gamma: int, max_ngram: int, min_ngram: in
 def test_prompt_lookup_matches_its_definition(contexts, gamma, ngram, match):
     max_ngram, min_ngram = ngram[0], max(1, ngram[0] - ngram[1])
     sequences = TokenSequences([torch.tensor(c) for c in contexts], torch.device("cpu"))
+    gammas = torch.full((len(contexts),), gamma)
     draft = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, match=match).propose(
-        sequences, gamma, SamplingParams(), torch.Generator()
+        sequences, gammas, SamplingParams(), torch.Generator()
     )
     assert draft.probs is None
     for row, context in enumerate(contexts):
@@ -219,7 +220,8 @@ def test_prompt_lookup_match_policies_hand_cases():
         "longest": [[9, 1], [7, 5], [0, 0], [6, 3]],
     }
     for match, tokens in expected.items():
-        draft = PromptLookupDrafter(max_ngram=2, match=match).propose(sequences, 2, SamplingParams(), torch.Generator())
+        draft = PromptLookupDrafter(max_ngram=2, match=match).propose(sequences, torch.full((4,), 2), SamplingParams(),
+                                                                      torch.Generator())
         assert draft.tokens.tolist() == tokens, match
         assert draft.num_draft.tolist() == [2, 2, 0, 2]
     assert PromptLookupDrafter().match == "longest"

@@ -3,13 +3,19 @@
 One step (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2), repeated until every
 request has ``max_new_tokens`` tokens or has emitted EOS:
 
-1. **draft**: the drafter proposes up to γ tokens per row, ``x_1 .. x_γ``, each drawn from a known
-   law ``q_i`` (or deterministically: a point mass), from the context alone: the first step drafts
-   from the prompt;
+1. **draft**: the drafter proposes up to ``γ_b`` tokens for row b, ``x_1 .. x_{γ_b}``, each drawn
+   from a known law ``q_i`` (or deterministically: a point mass), from the context alone: the first
+   step drafts from the prompt.  ``γ_b = min(γ, r_b − 1)`` with ``r_b`` the tokens row b still needs
+   (``max_new_tokens`` minus its new tokens so far), and ``γ_b = 0`` once row b is finished: a
+   step emits at most ``γ_b + 1`` tokens, so a draft beyond ``r_b − 1`` could never be used.  This
+   is Hugging Face's cap on its assistant (``AssistedCandidateGenerator._calculate_new_tokens``:
+   ``min(num_assistant_tokens, max_length − cur_len − 1)``), so with a model drafter the passes and
+   drafts are HF's; its prompt lookup caps only the last step (``r_b = 1``: no draft);
 2. **score**: ONE target forward pass over the committed tokens the target's cache lacks and the
-   drafts gives ``p_1 .. p_{γ+1}``, where ``p_i`` is the target's next-token law after the context
+   drafts gives ``p_1 .. p_{γ_b+1}``, where ``p_i`` is the target's next-token law after the context
    and ``x_1 .. x_{i-1}``.  The cache holds every committed token but the last, so a step feeds
-   ``[last committed token, x_1 .. x_γ]``, and the first step ``[prompt, x_1 .. x_γ]``: the prefill
+   ``[last committed token, x_1 .. x_{n_b}]``, and the first step ``[prompt, x_1 .. x_{n_b}]``
+   (``n_b <= γ_b`` the drafts row b got): the prefill
    is the first step's pass and already emits its tokens (as Hugging Face's assisted generation
    does; there is no pass of the prompt alone);
 3. **verify**: ``specverify.core.rules`` accepts a prefix of the drafts and emits one correction-or-bonus
@@ -24,20 +30,29 @@ Temperature, top-k, top-p and min-p are applied to draft and target logits by th
 ``p`` the law SPEC §2 asks to sample from.
 
 Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
-random number of row b (its draft tokens, then its ``γ + 1`` verification uniforms per step, in
-``specverify.core.rules``' convention) comes from it alone.  ``seed`` is either one seed per row (a
-list: a request keeps its seed wherever it sits in the batch) or an int ``s``, which seeds row b
-with :func:`request_seed` ``(s, b)``: distinct rows get independent streams, and request 0 decoded
-alone with ``s`` equals row 0 of any batch decoded with ``s``.  Same inputs and seeds, same tokens;
-and a request's tokens do not depend on the other rows of its batch.
+random number of row b comes from it alone.  Per step, row b draws, in this order: its draft tokens
+(a model drafter: one float64 uniform per draft, ``γ_b`` in all, at temperature 0 too; prompt
+lookup: none), then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of
+drafts: ``γ_b`` for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
+placed in ``specverify.core.rules``' convention: the first ``n_b`` in columns ``0 .. n_b − 1``
+(the accept tests), the last in column ``K = max_b γ_b`` (the inverse CDF of the
+correction-or-bonus token; ``K = 1`` when no row drafts).  Padding columns (``n_b ≤ i < K``) and
+padding draft positions take no random number.  ``seed`` is either one seed per row (a list: a
+request keeps its seed wherever it sits in the batch) or an int ``s``, which seeds row b with
+:func:`request_seed` ``(s, b)``: distinct rows get independent streams, and request 0 decoded
+alone with ``s`` equals row 0 of any batch decoded with ``s``.  Same inputs and seeds, same
+tokens; and a request's tokens do not depend on the other rows of its batch.
 
 Batches: rows advance by different numbers of tokens per step.  Each model keeps one KV cache for
 the batch with per-row validity masks and explicit per-row position ids (``reference/kv.py``), so
 a row's law never depends on another row, and neither do its random numbers (per-row generators).
 Finished rows keep riding along until the whole batch is done (their extra tokens are discarded):
 the loop needs no row bookkeeping, at the price of computing those rows.  Cost of the ragged
-cache: see ``reference/kv.py``.  The number of draws a row takes per step is fixed (γ + 1, plus γ
-for a model drafter), so neither the other rows nor a finished row's extra steps shift its stream.
+cache: see ``reference/kv.py``.  A row's draws per step depend only on its own history (its ``γ_b``
+and ``n_b``), never on the batch's ``K`` or on the other rows, so they cannot shift its stream; a
+finished row drafts nothing (``γ_b = 0``) and its draws are discarded with its tokens.  The draft
+model runs ``max_b γ_b`` passes per step (none when no row drafts), the target one pass over
+``max_b (unseen_b + n_b)`` columns.
 
 :func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``);
 :func:`speculative_generate` is the full interface (batches, drafters, EOS, statistics).
@@ -115,8 +130,9 @@ def speculative_generate(
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
 
     while not bool(finished.all()):
+        gammas = draft_lengths(sequences, finished, gamma, max_new_tokens)
         with Stopwatch(device) as draft_clock:  # 1. draft
-            draft = drafter.propose(sequences, gamma, params, generators)
+            draft = drafter.propose(sequences, gammas, params, generators)
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences, draft, params)
             result = verify(target_probs, draft, params, generators)
@@ -143,14 +159,22 @@ def request_seeds(seed: int | Sequence[int], batch_size: int) -> list[int]:
     return [int(s) for s in seed]
 
 
+def draft_lengths(sequences: TokenSequences, finished: torch.Tensor, gamma: int, max_new_tokens: int) -> torch.Tensor:
+    """``γ_b = min(γ, r_b − 1)`` per row (int64 ``[B]``), ``r_b = max_new_tokens −`` row b's new
+    tokens so far (``≥ 1`` while it is unfinished), and 0 for finished rows: a step emits at most
+    ``γ_b + 1`` tokens, so no draft is made that the row could not use."""
+    remaining = max_new_tokens - (sequences.lengths - sequences.prompt_lengths)
+    return torch.where(finished, 0, (remaining - 1).clamp(max=gamma))
+
+
 def score_drafts(target_kv: RaggedCache, sequences: TokenSequences, draft: Draft, params: SamplingParams) -> torch.Tensor:
     """ONE target pass over each row's unseen committed tokens followed by its drafts: ``target_probs
-    [B, γ+1, V]`` after processing.
+    [B, K+1, V]`` after processing (``K`` = the draft's width, ``max_b γ_b`` or 1).
 
     Row b feeds the ``c_b`` committed tokens the cache lacks (its whole prompt at the first step, its
     last token after) and then ``x_1 .. x_{num_draft[b]}``; ``target_probs[b, i]`` is the processed
     law at its ``(c_b + i)``-th fed token, i.e. of the token after the context and ``x_1 .. x_i``.
-    Only those ``γ + 1`` columns get logits (a prompt's other positions predict nothing we need);
+    Only those ``K + 1`` columns get logits (a prompt's other positions predict nothing we need);
     positions ``i > num_draft[b]``, which the rules ignore, hold the law at a later column.
     """
     unseen, unseen_counts = sequences.tail(target_kv.lengths)
@@ -181,19 +205,27 @@ def verify(
     uniforms from its own generator (:func:`step_uniforms`)."""
     if params.temperature == 0:
         return greedy_verify(target_probs, draft.tokens, num_draft=draft.num_draft)
-    uniforms = step_uniforms(generators, draft.tokens.shape[1] + 1, target_probs.device)
+    uniforms = step_uniforms(generators, draft.num_draft, draft.tokens.shape[1], target_probs.device)
     if draft.probs is None:
         return point_mass_verify(target_probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
     return rejection_sample(target_probs, draft.probs, draft.tokens, uniforms=uniforms, num_draft=draft.num_draft)
 
 
-def step_uniforms(generators: Sequence[torch.Generator], width: int, device: torch.device) -> torch.Tensor:
-    """One step's uniforms ``u [B, K+1]`` (``width = K + 1``), float64 in ``[0, 1)``: row b is
-    ``torch.rand(K+1, generator=generators[b])``.  ``specverify.core.rules``' convention: column ``i < K``
-    is draft i's accept test, column ``K`` the inverse CDF of the correction-or-bonus token."""
-    return torch.stack(
-        [torch.rand(width, generator=generator, dtype=torch.float64, device=device) for generator in generators]
-    )
+def step_uniforms(
+    generators: Sequence[torch.Generator], num_draft: torch.Tensor, width: int, device: torch.device
+) -> torch.Tensor:
+    """One step's uniforms ``u [B, K+1]`` (``width = K``), float64 in ``[0, 1)``, in
+    ``specverify.core.rules``' convention: column ``i < K`` is draft i's accept test, column ``K`` the
+    inverse CDF of the correction-or-bonus token.  Row b draws ``torch.rand(n_b + 1,
+    generator=generators[b])`` (``n_b = num_draft[b]``): the first ``n_b`` go to columns
+    ``0 .. n_b − 1``, the last to column ``K``; its padding columns ``n_b .. K − 1``, which the rules
+    ignore, hold 0 and take no draw."""
+    rows = []
+    for generator, drafts in zip(generators, num_draft.tolist()):
+        draws = torch.rand(drafts + 1, generator=generator, dtype=torch.float64, device=device)
+        padding = torch.zeros(width - drafts, dtype=torch.float64, device=device)
+        rows.append(torch.cat([draws[:drafts], padding, draws[drafts:]]))
+    return torch.stack(rows)
 
 
 def request_done(

@@ -5,9 +5,11 @@ Every drafter implements the small :class:`Drafter` protocol used by ``reference
 - ``check_target(target)``: raise ``ValueError`` if the drafter cannot serve this target (called
   before any model runs);
 - ``start(sequences)``: begin a batch (e.g. an empty KV cache for a draft model);
-- ``propose(sequences, gamma, params, generators)``: return a :class:`Draft`: up to γ tokens per row
-  and the law each was drawn from; ``generators[b]`` is row b's own ``torch.Generator``, the only
-  source of row b's draft randomness, so a row's drafts never depend on the other rows;
+- ``propose(sequences, gammas, params, generators)``: return a :class:`Draft`: up to ``gammas[b]``
+  tokens for row b (int64 ``[B]``, entries ``0..γ``) and the law each was drawn from;
+  ``generators[b]`` is row b's own ``torch.Generator``, the only source of row b's draft
+  randomness, and row b takes one draw per draft it makes (none for a row with ``gammas[b] = 0``
+  or for padding), so a row's drafts never depend on the other rows;
 - ``accepted(num_accepted)``: the target kept the first ``num_accepted[b]`` drafts of row b; roll
   any state back to that.
 
@@ -45,10 +47,11 @@ from specverify.core.sampling import sample as sample_from
 class Draft:
     """One step's proposals for a batch.
 
-    tokens: int64 ``[B, γ]``; row b's first ``num_draft[b]`` entries are real, the rest are 0.
-    probs: ``[B, γ, V]``, the law each draft token was drawn from, or ``None`` for point masses
-        (deterministic drafts).
-    num_draft: int64 ``[B]``, entries in ``0..γ``.
+    tokens: int64 ``[B, K]`` with ``K = draft_width(gammas)``; row b's first ``num_draft[b]``
+        entries are real, the rest are 0.
+    probs: ``[B, K, V]``, the law each draft token was drawn from (rows past ``num_draft[b]`` are
+        padding), or ``None`` for point masses (deterministic drafts).
+    num_draft: int64 ``[B]``, entries in ``0..gammas[b]``.
     """
 
     tokens: torch.Tensor
@@ -64,7 +67,8 @@ class Drafter(Protocol):
     def start(self, sequences: TokenSequences) -> None: ...
 
     def propose(
-        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
+        self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
+        generators: Sequence[torch.Generator],
     ) -> Draft: ...
 
     def accepted(self, num_accepted: torch.Tensor) -> None: ...
@@ -80,11 +84,21 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def sample_each_row(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One token per row of ``probs [B, V]``, row b drawn by :func:`sample_from` with ``generators[b]``
-    alone: B small draws instead of one batched draw, so that a row's token does not depend on how
-    many rows precede it (batch invariance under sampling)."""
-    return torch.cat([sample_from(probs[row : row + 1], generator) for row, generator in enumerate(generators)])
+def draft_width(gammas: torch.Tensor) -> int:
+    """Columns ``K`` of a step's draft: ``max_b gammas[b]``, at least 1 (the rules take ``K >= 1``;
+    a column no row uses is padding, which the target pass does not feed)."""
+    return max(1, int(gammas.max()))
+
+
+def sample_each_row(probs: torch.Tensor, generators: Sequence[torch.Generator], drawing: torch.Tensor) -> torch.Tensor:
+    """One token for each row b of ``probs [B, V]`` with ``drawing[b]``, drawn by :func:`sample_from`
+    with ``generators[b]`` alone, and 0 (no draw) for the other rows: B small draws instead of one
+    batched draw, so that a row's token does not depend on how many rows precede it (batch
+    invariance under sampling)."""
+    return torch.cat([
+        sample_from(probs[row : row + 1], generator) if draw else probs.new_zeros(1, dtype=torch.int64)
+        for row, (generator, draw) in enumerate(zip(generators, drawing.tolist()))
+    ])
 
 
 class ModelDrafter:
@@ -93,15 +107,17 @@ class ModelDrafter:
     The draft model keeps its own :class:`~reference.kv.RaggedCache` holding every committed token
     but the last (and, during a step, its own drafts).  A step feeds the committed tokens it has not
     seen yet (the whole prompt at the first step, which is the draft's prefill; then 1 token, or 2
-    after a step where all γ drafts were accepted: the last draft, which it never fed, and the bonus
-    token), then samples γ tokens autoregressively, feeding the first γ − 1 back.  ``accepted``
-    forgets the fed drafts that the target rejected.
+    after a step where all its drafts were accepted: the last draft, which it never fed, and the
+    bonus token), then samples ``γ_b = gammas[b]`` tokens autoregressively for row b, feeding its
+    first ``γ_b − 1`` back: ``max_b γ_b`` passes of the draft model, a row past its ``γ_b`` riding
+    along as padding; no pass at all when every ``γ_b`` is 0 (as Hugging Face skips its assistant
+    when no candidate is needed).  ``accepted`` forgets the fed drafts that the target rejected.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.kv: RaggedCache | None = None
-        self.fed_drafts = 0
+        self.fed_drafts: torch.Tensor | None = None  # per row: drafts fed to the draft model this step
 
     def check_target(self, target: torch.nn.Module) -> None:
         if vocab_size(self.model) != vocab_size(target):
@@ -117,28 +133,33 @@ class ModelDrafter:
 
     def start(self, sequences: TokenSequences) -> None:
         self.kv = RaggedCache(self.model, sequences.tokens.shape[0], sequences.tokens.device)  # the first step prefills
-        self.fed_drafts = 0
+        self.fed_drafts = None
 
     @torch.no_grad()
     def propose(
-        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
+        self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
+        generators: Sequence[torch.Generator],
     ) -> Draft:
+        passes = int(gammas.max())
+        self.fed_drafts = (gammas - 1).clamp(min=0)
+        if passes == 0:  # nothing to draft: the draft model does not run
+            batch, vocab = gammas.shape[0], vocab_size(self.model)
+            no_probs = torch.zeros(batch, 1, vocab, device=gammas.device)
+            return Draft(torch.zeros_like(gammas)[:, None], no_probs, torch.zeros_like(gammas))
         block, counts = sequences.tail(self.kv.lengths)
         next_logits = self.kv.extend(block, counts, read_from=counts - 1)[:, 0]
         tokens, probs = [], []
-        for position in range(gamma):
+        for position in range(passes):
             q = params.apply(next_logits.float())
-            token = sample_each_row(q, generators)
+            token = sample_each_row(q, generators, position < gammas)
             tokens.append(token)
             probs.append(q)
-            if position + 1 < gamma:
-                next_logits = self.kv.extend(token[:, None], torch.ones_like(token))[:, -1]
-        self.fed_drafts = gamma - 1
-        num_draft = torch.full_like(counts, gamma)
-        return Draft(torch.stack(tokens, 1), torch.stack(probs, 1), num_draft)
+            if position + 1 < passes:  # feed the drafts of the rows that draft again
+                next_logits = self.kv.extend(token[:, None], (position + 1 < gammas).to(torch.int64))[:, -1]
+        return Draft(torch.stack(tokens, 1), torch.stack(probs, 1), gammas.clone())
 
     def accepted(self, num_accepted: torch.Tensor) -> None:
-        self.kv.forget(self.fed_drafts - num_accepted.clamp(max=self.fed_drafts))
+        self.kv.forget(self.fed_drafts - torch.minimum(num_accepted, self.fed_drafts))
 
 
 def truncated_view(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
@@ -202,8 +223,8 @@ class PromptLookupDrafter:
 
     A *match* is a position ``e < len(context)`` whose preceding tokens equal the context's last
     ones: ``L(e)``, the length of the common suffix of ``context[:e]`` and ``context``, is at least
-    ``min_ngram``.  The drafter proposes the (up to γ) tokens ``context[e : e+γ]`` that followed the
-    chosen match; a row without a match proposes nothing (``num_draft = 0``: the step is plain
+    ``min_ngram``.  The drafter proposes the (up to ``γ_b``) tokens ``context[e : e+γ_b]`` that
+    followed the chosen match; a row without a match proposes nothing (``num_draft = 0``: the step is plain
     target decoding).  ``match`` chooses among the matches:
 
     - ``"longest"`` (default): the match with the longest common suffix ``L(e)`` (compared up to
@@ -243,7 +264,8 @@ class PromptLookupDrafter:
         """Nothing to prefill."""
 
     def propose(
-        self, sequences: TokenSequences, gamma: int, params: SamplingParams, generators: Sequence[torch.Generator]
+        self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
+        generators: Sequence[torch.Generator],
     ) -> Draft:
         tokens, lengths = sequences.tokens, sequences.lengths
         capacity = tokens.shape[1]
@@ -259,8 +281,8 @@ class PromptLookupDrafter:
         else:
             chosen = torch.where(candidates, ends, capacity).amin(1)
         copy_from = torch.where(candidates.any(1), chosen, -1)
-        num_draft = torch.where(copy_from >= 0, (lengths - copy_from).clamp(max=gamma), 0)
-        positions = torch.arange(gamma, device=tokens.device)
+        num_draft = torch.where(copy_from >= 0, torch.minimum(lengths - copy_from, gammas), 0)
+        positions = torch.arange(draft_width(gammas), device=tokens.device)
         index = (copy_from.clamp(min=0)[:, None] + positions).clamp(max=capacity - 1)
         draft_tokens = torch.where(positions < num_draft[:, None], tokens.gather(1, index), 0)
         return Draft(draft_tokens, None, num_draft)

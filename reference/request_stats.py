@@ -52,8 +52,9 @@ class RequestStats:
     def predicted_tokens_per_pass(self) -> float:
         """``1 + sum_j prod_{i<=j} α_i`` from the measured ``α_i`` (positions never verified add 0).
 
-        Equals :attr:`tokens_per_pass` when every pass proposed γ drafts (model and early-exit
-        drafters); prompt lookup passes that found fewer (or no) drafts make it an overestimate.
+        Equals :attr:`tokens_per_pass` when every pass proposed γ drafts; passes with fewer make it
+        an overestimate: a request's last passes, which draft only the tokens it still needs
+        (``min(γ, tokens left − 1)``), and prompt lookup passes that found fewer (or no) drafts.
         """
         total, reach = 1.0, 1.0
         for alpha in self.acceptance_by_position:

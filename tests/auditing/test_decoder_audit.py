@@ -44,7 +44,7 @@ from specverify.auditing.decoder import (
 )
 from specverify.auditing.faults import Fault
 from specverify.core.processing import process_logits
-from specverify.core.rules import VerifyResult
+from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
 from specverify.hf.tiny_models import continuation_distribution
 
@@ -368,10 +368,10 @@ class DraftIgnoresTemperature(ModelDrafter):
     """BUG: the draft model samples at temperature 1 while the verifier is told the draft law at
     the request's temperature T (q_T ∝ q_1^(1/T)), as when only the target's logits get divided by T."""
 
-    def propose(self, sequences, gamma, params, generator):
-        if params.temperature in (0, 1):
-            return super().propose(sequences, gamma, params, generator)
-        draft = super().propose(sequences, gamma, dataclasses.replace(params, temperature=1.0), generator)
+    def propose(self, sequences, gammas, params, generator):
+        if params.temperature in (0, 1) or not bool(gammas.any()):  # no draft this step: nothing to misreport
+            return super().propose(sequences, gammas, params, generator)
+        draft = super().propose(sequences, gammas, dataclasses.replace(params, temperature=1.0), generator)
         believed = draft.probs.double() ** (1 / params.temperature)
         return dataclasses.replace(draft, probs=(believed / believed.sum(-1, keepdim=True)).float())
 
@@ -381,8 +381,18 @@ def generate_draft_ignores_temperature(target, draft, input_ids, **settings):
 
 
 def rejection_sample_residual_from_target(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None, num_draft=None):
-    """BUG (catalog ``residual_is_target``): after a rejection the correction is drawn from p."""
-    emitted = CATALOG["residual_is_target"].fn(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    """BUG (catalog ``residual_is_target``): after a rejection the correction is drawn from p.
+
+    Batch 1 (SPEC §2 decodes one prompt): the step's ``n`` drafts and their uniforms in the rules'
+    convention (columns ``0..n-1`` and ``K``) go to the catalog entry; a step with no draft (one
+    token left to make) is a plain draw from ``p_0``, which the correct rule makes."""
+    n = int(num_draft[0])
+    if n == 0:
+        return rejection_sample(target_probs, draft_probs, draft_tokens, uniforms=uniforms, num_draft=num_draft)
+    columns = list(range(n)) + [draft_tokens.shape[1]]
+    emitted = CATALOG["residual_is_target"].fn(target_probs[:, : n + 1], draft_probs[:, :n], draft_tokens[:, :n],
+                                               uniforms=uniforms[:, columns])
+    emitted = torch.cat([emitted, emitted.new_full((1, draft_tokens.shape[1] - n), -1)], 1)
     return VerifyResult(emitted, (emitted >= 0).sum(1) - 1)
 
 
