@@ -32,6 +32,7 @@ row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a ma
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import threading
@@ -40,6 +41,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from specverify.core import native_rules
 from specverify.core.sampling import inverse_cdf, search_cdf
 
 # --------------------------------------------------------------------------------------------
@@ -76,6 +78,24 @@ def row_sum_tolerance(dtype: torch.dtype, vocab_size: int) -> float:
     info = torch.finfo(dtype)
     smallest_subnormal = info.tiny * info.eps
     return max(SUM_TOLERANCE_FLOOR, RELATIVE_ROUNDING_SLACK * info.eps) + vocab_size * smallest_subnormal / 2
+
+
+@functools.lru_cache(maxsize=256)
+def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
+    """The native screen's bound on ``|sum - 1|`` (:data:`native_rules.SCREEN_MARGIN_FRACTION`)."""
+    return (1 - native_rules.SCREEN_MARGIN_FRACTION) * row_sum_tolerance(dtype, vocab_size)
+
+
+def _native(rule: str, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+            validate: bool) -> VerifyResult | None:
+    """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
+    when it does not apply or flagged the inputs (the caller then runs its torch code)."""
+    if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):
+        return None
+    limit = _native_screen_limit(target_probs.dtype, target_probs.shape[-1])
+    outcome = native_rules.verify(rule, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+                                  validate, target_limit=limit, draft_limit=limit)
+    return None if outcome is None else VerifyResult(outcome.emitted, outcome.num_accepted)
 
 
 class VerifyResult(NamedTuple):
@@ -449,6 +469,9 @@ def rejection_sample(
     """
     if validate:
         _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, True)
+    fused = _native("rejection", target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, validate)
+    if fused is not None:
+        return fused
     layout = drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
     if validate:  # the screen and the rule share the gathers (one read of each draft token's entry)
         in_range = (draft_tokens >= 0) & (draft_tokens < target_probs.shape[-1])
@@ -633,6 +656,11 @@ def point_mass_verify(
     by rounding) draws from ``p_n``.
     """
     if validate:
+        _check_structure(target_probs, None, draft_tokens, generator, uniforms, num_draft, True)
+    fused = _native("point_mass", target_probs, None, draft_tokens, generator, uniforms, num_draft, validate)
+    if fused is not None:
+        return fused
+    if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
     u = _step_uniforms(target_probs, generator, uniforms)
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
@@ -665,6 +693,11 @@ def greedy_verify(
     always a prefix of the target's own greedy decoding (the temperature-0 limit of Leviathan et
     al. 2023 Algorithm 1, where ``p`` is a point mass).  Uses no randomness.
     """
+    if validate:
+        _check_structure(target_probs, None, draft_tokens, None, None, num_draft, False)
+    fused = _native("greedy", target_probs, None, draft_tokens, None, None, num_draft, validate)
+    if fused is not None:
+        return fused
     if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, num_draft=num_draft, needs_randomness=False)
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
