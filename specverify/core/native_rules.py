@@ -18,6 +18,7 @@ into place atomically, so concurrent test workers may build it at the same time.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -57,6 +58,21 @@ class Outcome(NamedTuple):
 def enabled() -> bool:
     """Whether the native path may be used: ``$SPECVERIFY_NATIVE`` is not ``0`` and the kernel builds."""
     return os.environ.get("SPECVERIFY_NATIVE", "1") != "0" and library() is not None
+
+
+class disabled(contextlib.ContextDecorator):
+    """Within it, every rule runs its torch code (``$SPECVERIFY_NATIVE=0``); reusable, not nestable."""
+
+    def __enter__(self) -> "disabled":
+        self._previous = os.environ.get("SPECVERIFY_NATIVE")
+        os.environ["SPECVERIFY_NATIVE"] = "0"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._previous is None:
+            os.environ.pop("SPECVERIFY_NATIVE", None)
+        else:
+            os.environ["SPECVERIFY_NATIVE"] = self._previous
 
 
 def _cache_dir() -> Path:
