@@ -144,7 +144,7 @@ def applies(target_probs: object, draft_probs: object, draft_tokens: object, num
     if target_probs.dtype not in DTYPE_CODES or target_probs.device.type != "cpu" or target_probs.dim() != 3:
         return False
     batch, positions, vocab = target_probs.shape
-    if positions < 2 or vocab < 1 or not target_probs.is_contiguous():
+    if batch < 1 or positions < 2 or vocab < 1 or not target_probs.is_contiguous():
         return False
     tensors = [(draft_tokens, torch.int64, (batch, positions - 1))]
     if draft_probs is not None:

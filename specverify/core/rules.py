@@ -28,6 +28,13 @@ distribution is ``target_probs[b, n_b]``.
 Numerics: only the gathered scalars ``p_i(x_i)``, ``q_i(x_i)`` and the one final distribution per
 row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a mass of 1e-8 in a
 128k vocabulary keeps its probability, and it can never land on a token of zero mass.
+
+Two implementations: the torch code below is the reference; on contiguous CPU float32/bfloat16
+inputs :func:`rejection_sample`, :func:`point_mass_verify` and :func:`greedy_verify` first try the
+fused C kernel of :mod:`specverify.core.native_rules` (one pass over the inputs: screen, accept
+tests, final draw), which returns bit-identical outputs (tests/core/test_native_rules.py,
+tests/core/test_rules_identity.py) and hands any input its screen flags back to the torch code, so
+errors keep their wording.  ``SPECVERIFY_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -465,7 +472,9 @@ def rejection_sample(
     messages) reads every input value twice, a row sum and a sign-bit minimum
     (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
     positions; no host sync on CUDA besides validation's one.  Bit-identical to the rule before
-    issue 12 (tests/core/test_rules_identity.py).
+    issue 12 (tests/core/test_rules_identity.py).  On contiguous CPU float32/bfloat16 inputs the
+    fused kernel (:mod:`specverify.core.native_rules`) does all of this in one call, with the same
+    outputs: one read of each input value, the final rows read twice from cache.
     """
     if validate:
         _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, True)
