@@ -316,3 +316,24 @@ def test_concurrent_builds_leave_one_working_library(monkeypatch, tmp_path):
         thread.join()
     assert len(built) == 3 and all(lib is not None for lib in built)
     assert [path.suffix for path in Path(tmp_path, "native").iterdir()] == [".so"]
+
+
+def test_torch_row_sums_stay_well_inside_the_screen_margin():
+    """The margin the kernel's screen leaves (SCREEN_MARGIN_FRACTION of the tolerance) must exceed
+    the rounding of the torch sum that the detailed check uses.  Measured here on rows that stress
+    it (uniform, peaked, ramps, one large entry; V up to 128k): float32 errs by < 1% of the margin,
+    bfloat16 (whose sum is rounded to bfloat16) by < 25%."""
+    gen = torch.Generator().manual_seed(derive_seed("native-margin"))
+    for vocab in (32_768, 131_072):
+        ramp = torch.arange(1, vocab + 1, dtype=torch.float64)
+        one_big = torch.full((vocab,), 0.5 / (vocab - 1), dtype=torch.float64)
+        one_big[0] = 0.5
+        rows = [torch.full((vocab,), 1 / vocab, dtype=torch.float64), ramp / ramp.sum(), one_big,
+                *(torch.softmax(scale * torch.randn(vocab, generator=gen, dtype=torch.float64), -1)
+                  for scale in (1.0, 3.0, 10.0))]
+        for dtype, share in ((torch.float32, 0.01), (torch.bfloat16, 0.25)):
+            margin = native_rules.SCREEN_MARGIN_FRACTION * rules.row_sum_tolerance(dtype, vocab)
+            for row in rows:
+                cast = row.to(dtype).expand(3, 2, vocab).contiguous()
+                error = (cast.sum(-1).double() - cast.double().sum(-1)).abs().max().item()
+                assert error < share * margin, (vocab, dtype, error, margin)
