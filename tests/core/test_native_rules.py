@@ -240,6 +240,38 @@ def test_the_shortcut_certifies_ordinary_rows_and_declines_boundary_draws():
                 assert result.exact_rows == 1
 
 
+def sequential_sum_ahead_of_the_estimate():
+    """A bonus row whose sequential cumulative sum runs ahead of the kernel's block-order estimate:
+    0.5, then 127 entries of 0.625 ulp(0.5), each of which rounds the sequential sum up by a whole
+    ulp (the estimate adds most of them exactly: ~82 ulps instead of 127), then 0.25, 0.25, then 64
+    entries of 0.375 ulp(1) that the sequential sum loses and the estimate keeps (so that the two
+    totals, and the thresholds formed from them, agree).  The threshold is put at 0.5 + 100.5 ulps:
+    the token is ~101, while the estimate first crosses it at 128 (a big term a certificate without
+    its lower check would accept)."""
+    vocab, tiny, tinier = 256, 1.25 * 2.0 ** -54, 1.5 * 2.0 ** -54
+    row = torch.zeros(vocab, dtype=torch.float64)
+    row[0], row[1:128], row[128], row[129], row[130:194] = 0.5, tiny, 0.25, 0.25, tinier
+    cumulative = torch.cumsum(row, 0)
+    total = float(cumulative[-1])
+    u_final = (0.5 + 100.5 * 2.0 ** -53) / total
+    first = torch.softmax(torch.arange(vocab, dtype=torch.float64), 0)
+    target = torch.stack([first, row]).to(torch.float32)[None]
+    draft = target[:, :1].clone()
+    tokens = torch.tensor([[vocab - 1]])
+    uniforms = torch.tensor([[0.0, u_final]], dtype=torch.float64)  # u_0 = 0: accept, bonus row
+    return target, draft, tokens, uniforms
+
+
+@needs_compiler
+def test_the_certificate_declines_a_candidate_the_sequential_sum_has_passed():
+    target, draft, tokens, uniforms = sequential_sum_ahead_of_the_estimate()
+    reference = on_path(False, rejection_sample, target, draft, tokens, uniforms=uniforms)
+    assert 90 < int(reference.emitted[0, 1]) < 128  # the sequential sum crossed inside the tiny entries
+    result = kernel("rejection", target, draft, tokens, uniforms, None)
+    assert torch.equal(result.emitted, reference.emitted)
+    assert result.exact_rows == 1
+
+
 # --------------------------------------------------------------------------------------------
 # A perturbed kernel fails the identity tests; no compiler means the torch path everywhere
 # --------------------------------------------------------------------------------------------
@@ -250,6 +282,9 @@ MUTATIONS = {
     "search >= instead of >": ("if (cumulative[mid] > threshold) high = mid;",
                                "if (cumulative[mid] >= threshold) high = mid;"),
     "residual not clamped at 0": ("x -= (double)VALUE(q[t]); x = x > 0.0 ? x : 0.0;", "x -= (double)VALUE(q[t]);"),
+    "certificate without its lower check": (
+        "if ((t == 0 || before + delta <= th_low) && estimate - delta > th_high) return t;",
+        "if (estimate - delta > th_high) return t;"),
 }
 """Each mutation changes the kernel's output on the cases below (the threshold cap
 ``nextafter(T, 0)`` is not among them: it binds only for a subnormal total, which float32 and
@@ -269,6 +304,7 @@ def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_
     # p(x) = 0 with u = 0 (the accept test's edge), then a residual [0, 0.5] searched with u = 0
     cases.append((torch.tensor([[[0.0, 1.0], [0.5, 0.5]]]), torch.tensor([[[0.5, 0.5]]]), torch.tensor([[0]]),
                   torch.tensor([[0.0, 0.0]], dtype=torch.float64), None))
+    cases.append((*sequential_sum_ahead_of_the_estimate(), None))
 
     def mismatches() -> int:
         count = 0
