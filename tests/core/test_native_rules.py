@@ -320,6 +320,32 @@ def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_
     assert mismatches() > 0
 
 
+@needs_compiler
+def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, tmp_path):
+    """The kernel built for baseline x86-64 (no AVX-512: the plain C loops everywhere), as on a
+    machine without AVX-512, on the identity cases of every rule."""
+    if native_rules.platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the portable-build check targets x86-64")
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_rules, "FLAGS", tuple(f for f in native_rules.FLAGS if f != "-march=native")
+                        + ("-march=x86-64-v2",))
+    portable = native_rules.build(native_rules.SOURCE.read_bytes())
+    assert portable is not None
+    monkeypatch.setattr(native_rules, "library", lambda: portable)
+    calls = Calls(monkeypatch)
+    for dtype in NATIVE_DTYPES:
+        for shape in [(5, 4, 7), (17, 3, 50), (33, 5, 257), (3, 2, 4096 + 3)]:
+            p, q, drafts, u, num_draft = random_case(derive_seed("native-portable", shape, str(dtype)), *shape,
+                                                     dtype, True)
+            both_paths(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
+            both_paths(point_mass_verify, p, drafts, uniforms=u, num_draft=num_draft)
+            both_paths(greedy_verify, p, greedy_friendly(p, drafts, num_draft, 0), num_draft=num_draft)
+            corruptions = _corruptions(p, q, drafts, u, num_draft) if shape == (5, 4, 7) else ()
+            for name, (bad_p, bad_q, bad_drafts, bad_u, bad_num_draft) in corruptions:
+                both_paths(rejection_sample, bad_p, bad_q, bad_drafts, uniforms=bad_u, num_draft=bad_num_draft)
+    assert calls.taken >= 24
+
+
 def test_without_a_compiler_every_rule_runs_on_the_torch_path(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setattr(native_rules.shutil, "which", lambda name: None)
