@@ -87,24 +87,6 @@ def row_sum_tolerance(dtype: torch.dtype, vocab_size: int) -> float:
     return max(SUM_TOLERANCE_FLOOR, RELATIVE_ROUNDING_SLACK * info.eps) + vocab_size * smallest_subnormal / 2
 
 
-@functools.lru_cache(maxsize=256)
-def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
-    """The native screen's bound on ``|sum - 1|`` (:data:`native_rules.SCREEN_MARGIN_FRACTION`)."""
-    return (1 - native_rules.SCREEN_MARGIN_FRACTION) * row_sum_tolerance(dtype, vocab_size)
-
-
-def _native(rule: str, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
-            validate: bool) -> VerifyResult | None:
-    """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
-    when it does not apply or flagged the inputs (the caller then runs its torch code)."""
-    if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):
-        return None
-    limit = _native_screen_limit(target_probs.dtype, target_probs.shape[-1])
-    outcome = native_rules.verify(rule, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
-                                  validate, target_limit=limit, draft_limit=limit)
-    return None if outcome is None else VerifyResult(outcome.emitted, outcome.num_accepted)
-
-
 class VerifyResult(NamedTuple):
     """Outcome of one verification step.
 
@@ -432,6 +414,24 @@ def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final_token: t
     drafts = torch.cat([draft_tokens, draft_tokens.new_zeros(batch, 1)], dim=1)
     emitted = torch.where(columns < num_accepted[:, None], drafts, -1)
     return torch.where(columns == num_accepted[:, None], final_token[:, None], emitted)
+
+
+@functools.lru_cache(maxsize=256)
+def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
+    """The native screen's bound on ``|sum - 1|`` (:data:`native_rules.SCREEN_MARGIN_FRACTION`)."""
+    return (1 - native_rules.SCREEN_MARGIN_FRACTION) * row_sum_tolerance(dtype, vocab_size)
+
+
+def _native(rule: str, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+            validate: bool) -> VerifyResult | None:
+    """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
+    when it does not apply or flagged the inputs (the caller then runs its torch code)."""
+    if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):
+        return None
+    limit = _native_screen_limit(target_probs.dtype, target_probs.shape[-1])
+    outcome = native_rules.verify(rule, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+                                  validate, target_limit=limit, draft_limit=limit)
+    return None if outcome is None else VerifyResult(outcome.emitted, outcome.num_accepted)
 
 
 # --------------------------------------------------------------------------------------------
