@@ -178,8 +178,9 @@ def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | No
         u = None
     elif uniforms is not None:
         u = uniforms.to(torch.float64).contiguous()
-    else:
-        state = generator.get_state()
+    else:  # no generator (possible with validate=False): torch.rand's global generator, as the torch code
+        source = generator if generator is not None else torch.default_generator
+        state = source.get_state()
         u = torch.rand(batch, positions, generator=generator, dtype=torch.float64)
     emitted = torch.empty(batch, positions, dtype=torch.int64)
     num_accepted = torch.empty(batch, dtype=torch.int64)
@@ -194,6 +195,6 @@ def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | No
         raise MemoryError("specverify native kernel: out of memory for its scratch buffers")
     if status == _FLAGGED:
         if state is not None:
-            generator.set_state(state)
+            source.set_state(state)
         return None
     return Outcome(emitted, num_accepted, exact_rows.value)

@@ -141,6 +141,21 @@ def test_the_same_generator_draw_and_final_state(dtype):
 
 
 @needs_compiler
+def test_without_validation_and_without_a_generator_the_global_generator_is_used():
+    """``validate=False`` with neither a generator nor uniforms: both paths draw from torch's global
+    generator (``torch.rand(..., generator=None)``), the same numbers."""
+    p, q, drafts, _, num_draft = random_case(derive_seed("native-global-generator"), 6, 3, 100, torch.float32, True)
+    for rule, args in ((rejection_sample, (p, q, drafts)), (point_mass_verify, (p, drafts))):
+        torch.manual_seed(11)
+        native = on_path(True, rule, *args, num_draft=num_draft, validate=False)
+        after_native = torch.random.get_rng_state()
+        torch.manual_seed(11)
+        reference = on_path(False, rule, *args, num_draft=num_draft, validate=False)
+        assert_same(reference, native)
+        assert torch.equal(after_native, torch.random.get_rng_state())
+
+
+@needs_compiler
 def test_a_flagged_input_restores_the_generator_and_reruns_the_torch_rule(monkeypatch):
     """-0.0 sets the sign bit: the kernel flags it, the torch rule accepts it.  The result and the
     generator's final state equal the torch path's (one draw, not two)."""
