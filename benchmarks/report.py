@@ -180,6 +180,8 @@ class BandwidthRow:
     runs: int
     before_s: float | None = None
     before_validate_s: float | None = None
+    torch_s: float | None = None
+    torch_validate_s: float | None = None
 
     @property
     def verify_fraction_into(self) -> float | None:
@@ -194,6 +196,11 @@ class BandwidthRow:
     def before_validate_fraction_into(self) -> float | None:
         """``copy-into`` bandwidth fraction of the rule before issue 12 (with validation)."""
         return self.copy_into_s / self.before_validate_s if self.copy_into_s and self.before_validate_s else None
+
+    @property
+    def torch_validate_fraction_into(self) -> float | None:
+        """``copy-into`` bandwidth fraction of today's rule on its torch code (with validation)."""
+        return self.copy_into_s / self.torch_validate_s if self.copy_into_s and self.torch_validate_s else None
 
 
 def bandwidth_rows(records: Sequence[Record], suite: str = "verify") -> list[BandwidthRow]:
@@ -210,7 +217,8 @@ def bandwidth_rows(records: Sequence[Record], suite: str = "verify") -> list[Ban
         if not {"copy", "verify", "verify+validate"} <= variants.keys():
             continue
         copy, verify, validate = variants["copy"], variants["verify"], variants["verify+validate"]
-        copy_into, before, before_validate = (variants.get(v) for v in ("copy-into", "before", "before+validate"))
+        copy_into, before, before_validate, torch_only, torch_validate = (
+            variants.get(v) for v in ("copy-into", "before", "before+validate", "torch", "torch+validate"))
         nbytes = copy.extra["probability_bytes"]
         rows.append(BandwidthRow(
             batch=batch, num_draft=num_draft, vocab=vocab, dtype=dtype, device=device, megabytes=nbytes / 1e6,
@@ -221,6 +229,8 @@ def bandwidth_rows(records: Sequence[Record], suite: str = "verify") -> list[Ban
             runs=min(copy.runs, verify.runs, validate.runs),
             before_s=before.median_s if before else None,
             before_validate_s=before_validate.median_s if before_validate else None,
+            torch_s=torch_only.median_s if torch_only else None,
+            torch_validate_s=torch_validate.median_s if torch_validate else None,
         ))
     return rows
 
@@ -273,9 +283,10 @@ def before_after_lines(rows: Sequence[BandwidthRow], rule: str = "Rule", size: s
     rows = [r for r in rows if r.before_validate_s is not None and r.copy_into_s is not None]
     if not rows:
         return []
+    with_torch = any(r.torch_validate_s is not None for r in rows)
     lines = [f"{rule} before vs after issue 12, with validation, × `copy-into` bandwidth (same run, same inputs):", "",
              *header("device", "scope", ">points", ">median before", ">median after", ">median speedup",
-                     ">min after", ">max after")]
+                     ">min after", ">max after", *([">median torch path"] if with_torch else []))]
     scopes: dict[tuple, list[BandwidthRow]] = defaultdict(list)
     for r in rows:
         if r.vocab >= 32_768:
@@ -288,18 +299,25 @@ def before_after_lines(rows: Sequence[BandwidthRow], rule: str = "Rule", size: s
             f"{statistics.median(m.before_validate_fraction_into for m in members):.2f} | {statistics.median(after):.2f} | "
             f"{statistics.median(m.before_validate_s / m.validate_s for m in members):.2f}× | "
             f"{min(after):.2f} | {max(after):.2f} |"
+            + (f" {_median_or_dash([m.torch_validate_fraction_into for m in members])} |" if with_torch else "")
         )
     lines += ["", *header("device", "dtype", ">V", ">B", f">{size}", ">copy-into ms", ">before ms", ">after ms",
                           ">before+validate ms", ">after+validate ms", ">× copy-into before", ">× copy-into after",
-                          ">speedup")]
+                          ">speedup", *([">torch+validate ms", ">× copy-into torch"] if with_torch else []))]
     for r in rows:
         lines.append(
             f"| {r.device} | {r.dtype} | {r.vocab} | {r.batch} | {r.num_draft} | {r.copy_into_s * 1e3:.3g} | "
             f"{_ms(r.before_s)} | {r.verify_s * 1e3:.3g} | {_ms(r.before_validate_s)} | {r.validate_s * 1e3:.3g} | "
             f"{_fraction(r.before_validate_fraction_into)} | {_fraction(r.validate_fraction_into)} | "
             f"{r.before_validate_s / r.validate_s:.2f}× |"
+            + (f" {_ms(r.torch_validate_s)} | {_fraction(r.torch_validate_fraction_into)} |" if with_torch else "")
         )
     return lines
+
+
+def _median_or_dash(values: Sequence[float | None]) -> str:
+    present = [v for v in values if v is not None]
+    return _fraction(statistics.median(present)) if present else "—"
 
 
 def _ms(seconds: float | None) -> str:

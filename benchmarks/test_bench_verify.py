@@ -9,7 +9,10 @@ For every (B, K, V, dtype, device) the group holds three benchmarks on the same 
 - ``verify``: ``specverify.core.rules.rejection_sample(..., validate=False)``;
 - ``verify+validate``: the same with input validation (``validate=True``, the default);
 - ``before`` / ``before+validate``: the rule as it was before issue 12 (``benchmarks/legacy_rules.py``,
-  a frozen copy), so that the old and the new rule are timed side by side in one run.
+  a frozen copy), so that the old and the new rule are timed side by side in one run;
+- ``torch`` / ``torch+validate``: today's rule on its torch code (``SPECVERIFY_NATIVE=0``), where
+  ``verify`` / ``verify+validate`` take the fused native kernel (``specverify.core.native_rules``)
+  whenever it applies (CPU, contiguous float32/bfloat16, a C compiler).
 
 N = bytes of ``target_probs [B, K+1, V]`` + ``draft_probs [B, K, V]``.  Effective bandwidth of a
 variant = N / its median time; the fraction of copy bandwidth is therefore
@@ -22,11 +25,14 @@ issue 6 names); ``copy-into`` is reported as the stricter reference.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from benchmarks.workloads import synchronized, verification_inputs
 from benchmarks.legacy_rules import rejection_sample as rejection_sample_before
+from specverify.core import native_rules
 from specverify.core.rules import rejection_sample
 
 BATCHES = (1, 8, 64)
@@ -34,7 +40,7 @@ NUM_DRAFTS = (1, 4, 8)
 VOCABS = (32, 32_768, 131_072)
 DTYPES = (torch.float32, torch.bfloat16)
 DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
-VARIANTS = ("copy", "copy-into", "verify", "verify+validate", "before", "before+validate")
+VARIANTS = ("copy", "copy-into", "verify", "verify+validate", "before", "before+validate", "torch", "torch+validate")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -64,9 +70,11 @@ def test_verification_step(benchmark, variant: str, batch: int, num_draft: int, 
     else:
         rule = rejection_sample_before if variant.startswith("before") else rejection_sample
         validate = variant.endswith("+validate")
+        torch_only = native_rules.disabled() if variant.startswith("torch") else contextlib.nullcontext()
 
         def step():
-            return rule(*inputs, generator, validate=validate)
+            with torch_only:
+                return rule(*inputs, generator, validate=validate)
 
     benchmark.group = f"verify B={batch} K={num_draft} V={vocab} {dtype_name(dtype)} {device}"
     benchmark.extra_info.update(

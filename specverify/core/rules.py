@@ -28,10 +28,18 @@ distribution is ``target_probs[b, n_b]``.
 Numerics: only the gathered scalars ``p_i(x_i)``, ``q_i(x_i)`` and the one final distribution per
 row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a mass of 1e-8 in a
 128k vocabulary keeps its probability, and it can never land on a token of zero mass.
+
+Two implementations: the torch code below is the reference; on contiguous CPU float32/bfloat16
+inputs :func:`rejection_sample`, :func:`point_mass_verify` and :func:`greedy_verify` first try the
+fused C kernel of :mod:`specverify.core.native_rules` (one pass over the inputs: screen, accept
+tests, final draw), which returns bit-identical outputs (tests/core/test_native_rules.py,
+tests/core/test_rules_identity.py) and hands any input its screen flags back to the torch code, so
+errors keep their wording.  ``SPECVERIFY_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import threading
@@ -40,6 +48,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from specverify.core import native_rules
 from specverify.core.sampling import inverse_cdf, search_cdf
 
 # --------------------------------------------------------------------------------------------
@@ -407,6 +416,24 @@ def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final_token: t
     return torch.where(columns == num_accepted[:, None], final_token[:, None], emitted)
 
 
+@functools.lru_cache(maxsize=256)
+def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
+    """The native screen's bound on ``|sum - 1|`` (:data:`native_rules.SCREEN_MARGIN_FRACTION`)."""
+    return (1 - native_rules.SCREEN_MARGIN_FRACTION) * row_sum_tolerance(dtype, vocab_size)
+
+
+def _native(rule: str, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+            validate: bool) -> VerifyResult | None:
+    """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
+    when it does not apply or flagged the inputs (the caller then runs its torch code)."""
+    if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):
+        return None
+    limit = _native_screen_limit(target_probs.dtype, target_probs.shape[-1])
+    outcome = native_rules.verify(rule, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+                                  validate, target_limit=limit, draft_limit=limit)
+    return None if outcome is None else VerifyResult(outcome.emitted, outcome.num_accepted)
+
+
 # --------------------------------------------------------------------------------------------
 # Rules
 # --------------------------------------------------------------------------------------------
@@ -445,10 +472,15 @@ def rejection_sample(
     messages) reads every input value twice, a row sum and a sign-bit minimum
     (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
     positions; no host sync on CUDA besides validation's one.  Bit-identical to the rule before
-    issue 12 (tests/core/test_rules_identity.py).
+    issue 12 (tests/core/test_rules_identity.py).  On contiguous CPU float32/bfloat16 inputs the
+    fused kernel (:mod:`specverify.core.native_rules`) does all of this in one call, with the same
+    outputs: one read of each input value, the final rows read twice from cache.
     """
     if validate:
         _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, True)
+    fused = _native("rejection", target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, validate)
+    if fused is not None:
+        return fused
     layout = drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
     if validate:  # the screen and the rule share the gathers (one read of each draft token's entry)
         in_range = (draft_tokens >= 0) & (draft_tokens < target_probs.shape[-1])
@@ -633,6 +665,11 @@ def point_mass_verify(
     by rounding) draws from ``p_n``.
     """
     if validate:
+        _check_structure(target_probs, None, draft_tokens, generator, uniforms, num_draft, True)
+    fused = _native("point_mass", target_probs, None, draft_tokens, generator, uniforms, num_draft, validate)
+    if fused is not None:
+        return fused
+    if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
     u = _step_uniforms(target_probs, generator, uniforms)
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
@@ -665,6 +702,11 @@ def greedy_verify(
     always a prefix of the target's own greedy decoding (the temperature-0 limit of Leviathan et
     al. 2023 Algorithm 1, where ``p`` is a point mass).  Uses no randomness.
     """
+    if validate:
+        _check_structure(target_probs, None, draft_tokens, None, None, num_draft, False)
+    fused = _native("greedy", target_probs, None, draft_tokens, None, None, num_draft, validate)
+    if fused is not None:
+        return fused
     if validate:
         validate_verify_inputs(target_probs, None, draft_tokens, num_draft=num_draft, needs_randomness=False)
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)

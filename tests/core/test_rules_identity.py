@@ -7,6 +7,11 @@ many random inputs: shapes up to V = 128k, ragged ``num_draft``, fp32/bf16/fp16/
 one-hot rows, the rounding fallback, subnormal masses, injected uniforms (random and at the
 acceptance edges ``u = p/q``) and generators (the same single ``torch.rand`` draw).  Outputs must be
 equal tensors, and corrupted inputs must raise the same ``ValueError`` message.
+
+The main comparisons run on both paths of the rule (the ``rule_path`` fixture): the fused native
+kernel (``specverify.core.native_rules``, taken for contiguous CPU float32/bfloat16 inputs) and the
+torch code (``SPECVERIFY_NATIVE=0``); the tests of the torch code's internal paths (chunk sizes)
+run on the torch path.  tests/core/test_native_rules.py checks that the native path is taken.
 """
 
 from __future__ import annotations
@@ -17,13 +22,39 @@ import pytest
 import torch
 
 from benchmarks import legacy_rules
-from specverify.core import rules
+from specverify.core import native_rules, rules
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
 
 # The frozen copy of the rule at ffae46c is benchmarks/legacy_rules.py, which the benchmark also
 # times side by side with the new rule: one copy, the baseline of both.
 _frozen_rejection_sample = legacy_rules.rejection_sample
+
+
+@pytest.fixture(params=["native", "torch"])
+def rule_path(request, monkeypatch):
+    """Run the test on the native kernel or on the torch code of the rule.  On the native path,
+    the tests of float32/bfloat16 tokens must have taken it (so that they cannot pass vacuously)."""
+    if request.param == "torch":
+        monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
+        yield request.param
+        return
+    if not native_rules.enabled():
+        pytest.skip("no C compiler: the native kernel cannot be built")
+    taken = []
+    original = native_rules.verify
+    monkeypatch.setattr(native_rules, "verify", lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
+    yield request.param
+    params = getattr(request.node, "callspec", None)
+    dtype = params.params.get("dtype") if params else None
+    if dtype in (torch.float32, torch.bfloat16) and request.node.originalname.startswith("test_same_tokens"):
+        assert any(result is not None for result in taken), "the native path was never taken"
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Run the test on the torch code of the rule (its internal paths are what it tests)."""
+    monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,6 +142,7 @@ SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 32), (17, 3, 50), (
 LARGE_SHAPES = [(3, 2, 131_072), (1, 8, 131_072)]
 
 
+@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("ragged", [False, True], ids=["full", "ragged"])
@@ -122,6 +154,7 @@ def test_same_tokens_as_the_frozen_rule_under_the_same_uniforms(shape, dtype, ra
         compare(*case, validate=False)
 
 
+@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", LARGE_SHAPES, ids=str)
 def test_same_tokens_at_128k(shape, dtype):
@@ -129,6 +162,7 @@ def test_same_tokens_at_128k(shape, dtype):
     compare(*case)
 
 
+@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
 def test_same_tokens_under_the_same_generator(dtype):
     """The generator path draws the same single ``torch.rand(B, K+1, float64)``: equal outputs, and
@@ -144,6 +178,7 @@ def test_same_tokens_under_the_same_generator(dtype):
             assert torch.equal(old_gen.get_state(), new_gen.get_state())
 
 
+@pytest.mark.usefixtures("torch_path")
 def test_chunking_does_not_change_tokens(monkeypatch):
     """One row per chunk, and a chunk size that does not divide the batch, give the same tokens."""
     case = random_case(derive_seed("rules-identity-chunks"), 23, 4, 300, torch.float32, ragged=True)
@@ -153,12 +188,14 @@ def test_chunking_does_not_change_tokens(monkeypatch):
         assert_same(reference, compare(*case))
 
 
+@pytest.mark.usefixtures("rule_path")
 def test_all_zero_uniforms_and_uniforms_just_below_one():
     for u_value in (0.0, math.nextafter(1.0, 0.0)):
         p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-extreme-u"), 12, 3, 40, torch.float32, True)
         compare(p, q, drafts, torch.full_like(u, u_value), num_draft)
 
 
+@pytest.mark.usefixtures("rule_path")
 def test_rounding_fallback_and_subnormal_residuals():
     """Residual with no mass (p = (1 - 1e-9) q in float64 rejects by rounding) and residual masses
     of ~1e-320 (subnormal), mixed with ordinary rows in one batch."""
@@ -209,6 +246,7 @@ def _corruptions(p, q, drafts, u, num_draft):
         yield "num_draft negative", (p, q, drafts, u, with_entry(num_draft, batch - 1, -1))
 
 
+@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("ragged", [False, True], ids=["full", "ragged"])
 def test_same_validation_errors_as_the_frozen_validator(dtype, ragged):
@@ -230,6 +268,7 @@ def test_screen_flags_minus_zero_but_the_detailed_check_accepts_it():
     rules.validate_verify_inputs(p, q, drafts, torch.Generator())
 
 
+@pytest.mark.usefixtures("rule_path")
 def test_non_contiguous_inputs():
     """Inputs that are slices of larger tensors (advanced-indexing path of the row gather)."""
     p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-strided"), 6, 3, 200, torch.float32, True)
@@ -264,6 +303,7 @@ PATHS = {
 }
 
 
+@pytest.mark.usefixtures("torch_path")
 @pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_path_gives_the_frozen_rule_tokens(path, dtype, monkeypatch):
@@ -276,6 +316,7 @@ def test_every_path_gives_the_frozen_rule_tokens(path, dtype, monkeypatch):
             compare(*case, validate=False)
 
 
+@pytest.mark.usefixtures("torch_path")
 @pytest.mark.parametrize("path", ["default", "chunked screen, one row a chunk", "chunked screen, uneven chunks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_every_screen_path_gives_the_frozen_validation_errors(path, dtype, monkeypatch):
@@ -318,6 +359,7 @@ INVALID = {
 }
 
 
+@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("path", ["default", "chunked screen, one row a chunk"])
 @pytest.mark.parametrize("argument", ["target_probs", "draft_probs"])
 @pytest.mark.parametrize("kind", list(INVALID) + ["not summing to 1"])
@@ -340,6 +382,7 @@ def test_validation_rejects_each_kind_of_invalid_value(path, argument, kind, dty
         rules.validate_verify_inputs(p, q, drafts, uniforms=u)
 
 
+@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("argument, change, message", [
     ("target_probs", lambda p, q, d: (p.double().long(), q, d), "expected a floating-point tensor"),
     ("target_probs", lambda p, q, d: (p[:, :1], q, d), "speculative verification needs K >= 1"),

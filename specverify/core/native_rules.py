@@ -1,0 +1,200 @@
+"""The fused CPU kernel of the chain rules (``native/verify_kernel.c``): build, load, call.
+
+:func:`specverify.core.rules.rejection_sample`, :func:`~specverify.core.rules.point_mass_verify` and
+:func:`~specverify.core.rules.greedy_verify` call :func:`verify` first; it returns ``None`` whenever
+the kernel does not apply, and the rule then runs its torch code, which stays the reference.  The
+kernel applies to contiguous CPU tensors of float32 or bfloat16 (target and draft of one dtype),
+when a C compiler is found and ``$SPECVERIFY_NATIVE`` is not ``0``.  In one call it screens every
+input row in use, runs the accept tests and draws the final token of each row; its outputs are
+bit-identical to the torch rule's under the same uniforms (tests/core/test_native_rules.py).  When the
+screen flags anything, :func:`verify` returns ``None`` (the generator restored) so that the torch
+rule words the error, exactly as before.
+
+The kernel is plain C (no torch headers): ``$CC`` (default ``cc``) compiles it once in about a
+second with ``-O3 -march=native`` into ``$SPECVERIFY_CACHE`` (default ``~/.cache/specverify``),
+named by the hash of the source, the command and the CPU's flags; the compiled file is renamed
+into place atomically, so concurrent test workers may build it at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "native" / "verify_kernel.c"
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+RULE_CODES = {"rejection": 0, "point_mass": 1, "greedy": 2}
+_FLAGGED, _NO_MEMORY = 1, 2
+
+SCREEN_MARGIN_FRACTION = 0.25
+"""The kernel accepts a row as certainly valid when its float64 sum is within
+``(1 - SCREEN_MARGIN_FRACTION) * row_sum_tolerance`` of 1; rows nearer the edge go to the torch
+check, whose own sum (in the input dtype, accumulated in float32) rounds differently.  The margin,
+1/4 of the tolerance, is 2.5e-5 for float32 (~420 float32 ulps of 1: torch's cascade sum errs by
+~100 at V = 128k) and 7.8e-3 for bfloat16 (twice the rounding of a bfloat16 sum near 1)."""
+
+
+class Outcome(NamedTuple):
+    """What one kernel call returned: the rule's two outputs and how many final rows took the
+    exact sequential cumulative sum (the others were certified by the error bound)."""
+
+    emitted: torch.Tensor
+    num_accepted: torch.Tensor
+    exact_rows: int
+
+
+def enabled() -> bool:
+    """Whether the native path may be used: ``$SPECVERIFY_NATIVE`` is not ``0`` and the kernel builds."""
+    return os.environ.get("SPECVERIFY_NATIVE", "1") != "0" and library() is not None
+
+
+class disabled(contextlib.ContextDecorator):
+    """Within it, every rule runs its torch code (``$SPECVERIFY_NATIVE=0``); reusable, not nestable."""
+
+    def __enter__(self) -> "disabled":
+        self._previous = os.environ.get("SPECVERIFY_NATIVE")
+        os.environ["SPECVERIFY_NATIVE"] = "0"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._previous is None:
+            os.environ.pop("SPECVERIFY_NATIVE", None)
+        else:
+            os.environ["SPECVERIFY_NATIVE"] = self._previous
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("SPECVERIFY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specverify")
+    return Path(root) / "native"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line for line in info if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use), or ``None`` when no C compiler can build it."""
+    return build(SOURCE.read_bytes())
+
+
+def build(source: bytes) -> ctypes.CDLL | None:
+    """Compile the C ``source`` (cached by its hash, the command and the CPU) and load it with its
+    ``sv_verify`` signature; ``None`` when there is no compiler or it fails.  Tests build mutated
+    copies of the kernel with it, to show that the identity tests catch them."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
+                                     platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:20]
+    folder = _cache_dir()
+    target = folder / f"verify_kernel-{key}.so"
+    if not target.exists():
+        partial = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle, partial = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=folder)
+            os.close(handle)
+            source_file = partial.removesuffix(".tmp") + ".c"
+            Path(source_file).write_bytes(source)
+            try:
+                subprocess.run([compiler, *FLAGS, "-o", partial, source_file], check=True, capture_output=True,
+                               timeout=120)
+            finally:
+                os.unlink(source_file)
+            os.replace(partial, target)  # atomic: a concurrent build renames an identical file
+        except (OSError, subprocess.SubprocessError):
+            if partial is not None and os.path.exists(partial):
+                os.unlink(partial)
+            return None
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError:
+        return None
+    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+    lib.sv_verify.argtypes = [ctypes.c_int, ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer,
+                              pointer, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int,
+                              pointer, pointer, pointer]
+    lib.sv_verify.restype = ctypes.c_int
+    return lib
+
+
+def applies(target_probs: object, draft_probs: object, draft_tokens: object, num_draft: object,
+            uniforms: object, generator: object) -> bool:
+    """Whether the kernel can take these inputs: CPU, contiguous, float32/bfloat16 of one dtype,
+    int64 tokens, shapes consistent (checked here too, since validation may be off), enabled."""
+    if not (isinstance(target_probs, torch.Tensor) and isinstance(draft_tokens, torch.Tensor)):
+        return False
+    if target_probs.dtype not in DTYPE_CODES or target_probs.device.type != "cpu" or target_probs.dim() != 3:
+        return False
+    batch, positions, vocab = target_probs.shape
+    if batch < 1 or positions < 2 or vocab < 1 or not target_probs.is_contiguous():
+        return False
+    tensors = [(draft_tokens, torch.int64, (batch, positions - 1))]
+    if draft_probs is not None:
+        tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
+    if num_draft is not None:
+        tensors.append((num_draft, torch.int64, (batch,)))
+    for tensor, dtype, shape in tensors:
+        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
+                and tensor.device.type == "cpu" and tensor.is_contiguous()):
+            return False
+    if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
+                                     and tuple(uniforms.shape) == (batch, positions) and uniforms.device.type == "cpu"):
+        return False
+    if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
+        return False
+    return enabled()
+
+
+def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor,
+           generator: torch.Generator | None, uniforms: torch.Tensor | None, num_draft: torch.Tensor | None,
+           validate: bool, *, target_limit: float = 0.0, draft_limit: float = 0.0,
+           force_exact: bool = False) -> Outcome | None:
+    """Run ``rule`` (``"rejection"``, ``"point_mass"`` or ``"greedy"``) on inputs that
+    :func:`applies` accepted; ``None`` when the kernel flagged them (the generator, if any, is
+    then back in its state before the call).  ``target_limit``/``draft_limit`` are the screen's
+    bounds on ``|row sum - 1|`` (``(1 - SCREEN_MARGIN_FRACTION) * row_sum_tolerance``);
+    ``force_exact`` sends every final row through the sequential cumulative sum (for tests)."""
+    batch, positions, vocab = target_probs.shape
+    state = None
+    if rule == "greedy":
+        u = None
+    elif uniforms is not None:
+        u = uniforms.to(torch.float64).contiguous()
+    else:  # no generator (possible with validate=False): torch.rand's global generator, as the torch code
+        source = generator if generator is not None else torch.default_generator
+        state = source.get_state()
+        u = torch.rand(batch, positions, generator=generator, dtype=torch.float64)
+    emitted = torch.empty(batch, positions, dtype=torch.int64)
+    num_accepted = torch.empty(batch, dtype=torch.int64)
+    exact_rows = ctypes.c_int64(0)
+    status = library().sv_verify(
+        RULE_CODES[rule], DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(),
+        draft_probs.data_ptr() if draft_probs is not None else None, batch, positions - 1, vocab,
+        draft_tokens.data_ptr(), num_draft.data_ptr() if num_draft is not None else None,
+        u.data_ptr() if u is not None else None, int(validate), int(uniforms is not None), target_limit, draft_limit,
+        int(force_exact), emitted.data_ptr(), num_accepted.data_ptr(), ctypes.byref(exact_rows))
+    if status == _NO_MEMORY:
+        raise MemoryError("specverify native kernel: out of memory for its scratch buffers")
+    if status == _FLAGGED:
+        if state is not None:
+            source.set_state(state)
+        return None
+    return Outcome(emitted, num_accepted, exact_rows.value)
