@@ -530,6 +530,8 @@ def _draw_final_tokens(
     with fewer passes.
     """
     batch, positions, vocab = target_probs.shape
+    if batch == 0:
+        return torch.empty(0, dtype=torch.int64, device=target_probs.device)
     on_cpu = target_probs.device.type == "cpu"
     if on_cpu and vocab >= ROW_BY_ROW_MIN_VOCAB:
         return _draw_final_tokens_by_row(target_probs, draft_probs, num_accepted, rejected, u_final)

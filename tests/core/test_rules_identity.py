@@ -395,3 +395,15 @@ def test_validation_rejects_wrong_dtypes_and_shapes(argument, change, message):
     p, q, drafts, u, _ = random_case(derive_seed("rules-identity-structure"), 4, 3, 40, torch.float32, False)
     with pytest.raises(ValueError, match=f"^{argument}: .*{message}"):
         rejection_sample(*change(p, q, drafts), uniforms=u)
+
+
+def test_an_empty_batch_gives_empty_outputs_on_every_rule():
+    """B = 0 (an engine's step with no requests) returns empty outputs; it used to raise from torch.cat."""
+    from specverify.core.rules import greedy_verify, point_mass_verify, rejection_sample
+
+    target, draft = torch.rand(0, 3, 5), torch.rand(0, 2, 5)
+    tokens = torch.zeros(0, 2, dtype=torch.int64)
+    for result in (rejection_sample(target, draft, tokens, generator=torch.Generator().manual_seed(0)),
+                   point_mass_verify(target, tokens, generator=torch.Generator().manual_seed(0)),
+                   greedy_verify(target, tokens)):
+        assert result.emitted.shape == (0, 3) and result.num_accepted.shape == (0,)
