@@ -15,11 +15,13 @@ the rows evaluated so far inside a check from the session's call log.  Two are p
   ETA) so that it moves within long checks.
 
 The expected time (:func:`expected_seconds`) is a cost model of the harness driving the
-reference rule on this project's 2-core CPU: ``1 s`` per statistical check (cells, exact laws,
-p-values), ``4e-5 s`` per sampled step plus ``4e-8 s`` per
-probability entry handed to the function (``(2K+1)·V`` per row), ``1.5e-4 s`` per whole decoding
-loop, ``0.1 s`` per decoder-level call (the standard audit of ``reference``: model 223 s, measured
-212 s; ``tests/auditing/test_newuser_run.py`` checks the order of magnitude on a measured audit).  A slower function takes longer: once checks have run, the
+reference rule (its fused C kernel, :mod:`specverify.core.native_rules`) on this project's idle
+2-core CPU: ``0.05 s`` per statistical check (cells, exact laws, p-values), ``2e-6 s`` per sampled
+step plus ``3e-9 s`` per probability entry handed to the function (``(2K+1)·V`` per row),
+``5e-6 s`` per whole decoding loop, ``0.1 s`` per decoder-level call (the standard audit of
+``reference``: model 18.5 s, measured 19 s at load 1; 63 s at load 4; about 212 s without a C
+compiler, where the rules run on torch; ``tests/auditing/test_newuser_run.py`` checks the order
+of magnitude on a measured audit).  A slower function takes longer: once checks have run, the
 ETA rescales the rest of the plan by the measured/expected ratio so far.  The ETA assumes every
 check runs to its final look and no check fails: a sequential check that rejects early, or
 fail-fast, only makes the audit end sooner.  At the endpoint level the servers set the pace: the
@@ -34,10 +36,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, TextIO
 
-SECONDS_PER_CHECK = 1.0
-SECONDS_PER_STEP = 4e-5
-SECONDS_PER_ENTRY = 4e-8
-SECONDS_PER_LOOP = 1.5e-4
+SECONDS_PER_CHECK = 0.05
+SECONDS_PER_STEP = 2e-6
+SECONDS_PER_ENTRY = 3e-9
+SECONDS_PER_LOOP = 5e-6
 SECONDS_PER_DECODER_CALL = 0.1
 
 
