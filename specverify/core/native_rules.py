@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 SOURCE = Path(__file__).resolve().parent / "native" / "verify_kernel.c"
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 RULE_CODES = {"rejection": 0, "point_mass": 1, "greedy": 2}
 _FLAGGED, _NO_MEMORY = 1, 2
@@ -132,6 +132,13 @@ def build(source: bytes) -> ctypes.CDLL | None:
                               pointer, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int,
                               pointer, pointer, pointer]
     lib.sv_verify.restype = ctypes.c_int
+    lib.sv_tree_begin.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
+                                  ctypes.c_int, ctypes.c_double, ctypes.c_double, pointer, pointer, pointer]
+    lib.sv_tree_begin.restype = ctypes.c_int
+    lib.sv_tree_advance.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
+                                    int64, pointer, ctypes.c_int, pointer, pointer, pointer, pointer, pointer,
+                                    pointer, ctypes.c_int, pointer, pointer, pointer]
+    lib.sv_tree_advance.restype = int64
     return lib
 
 
@@ -198,3 +205,92 @@ def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | No
             source.set_state(state)
         return None
     return Outcome(emitted, num_accepted, exact_rows.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Tree rules
+# --------------------------------------------------------------------------------------------
+
+
+class TreeOutcome(NamedTuple):
+    """What one native tree walk returned: the rule's three outputs, how many final rows took the
+    exact sequential cumulative sum, and how many times the totals were taken with ``torch.sum``."""
+
+    emitted: torch.Tensor
+    num_accepted: torch.Tensor
+    last_node: torch.Tensor
+    exact_rows: int
+    sums: int
+
+
+def tree_applies(target_probs: object, draft_probs: object, tree_tokens: object, parents: object,
+                 uniforms: object, generator: object) -> bool:
+    """Whether the kernel can take these tree inputs: CPU, contiguous, float32/bfloat16 of one dtype,
+    int64 tokens and parents, shapes consistent (checked here too, since validation may be off), enabled."""
+    if not (isinstance(target_probs, torch.Tensor) and target_probs.dtype in DTYPE_CODES
+            and target_probs.device.type == "cpu" and target_probs.dim() == 3 and target_probs.is_contiguous()):
+        return False
+    batch, positions, vocab = target_probs.shape
+    if batch < 1 or positions < 2 or vocab < 1:
+        return False
+    tensors = [(tree_tokens, torch.int64, (batch, positions - 1)), (parents, torch.int64, (batch, positions - 1))]
+    if draft_probs is not None:
+        tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
+    for tensor, dtype, shape in tensors:
+        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
+                and tensor.device.type == "cpu" and tensor.is_contiguous()):
+            return False
+    if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
+                                     and tuple(uniforms.shape) == (batch, positions) and uniforms.device.type == "cpu"):
+        return False
+    if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
+        return False
+    return enabled()
+
+
+def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
+                parents: torch.Tensor, draw_uniforms, uniforms: torch.Tensor | None, validate: bool,
+                buffers: tuple[torch.Tensor, torch.Tensor], *, limit: float = 0.0,
+                force_exact: bool = False) -> TreeOutcome | None:
+    """Recursive rejection sampling over the tree (``draft_probs`` given) or its point-mass form
+    (``None``) on inputs that :func:`tree_applies` accepted; ``None`` when the kernel flagged them
+    (before any uniform was drawn).  ``draw_uniforms()`` returns the step's float64 uniforms
+    ``[B, N+1]`` (:func:`specverify.core.tree_rules.step_uniforms`); ``buffers`` are two float64
+    ``[B, V]`` contiguous scratch rows (``r`` and the residuals); ``limit`` is the screen's bound on
+    ``|row sum - 1|``.  After each node with a rejecting row the residuals' totals are taken with
+    ``torch.sum(-1)`` over the ``[B, V]`` residual buffer, exactly as the torch walk takes them."""
+    batch, positions, vocab = target_probs.shape
+    lib, dtype = library(), DTYPE_CODES[target_probs.dtype]
+    r, scratch = buffers
+    s = torch.empty(batch, dtype=torch.float64)
+    current = torch.empty(batch, dtype=torch.int64)
+    injected = uniforms.to(torch.float64).contiguous() if uniforms is not None and validate else None
+    target, draft = target_probs.data_ptr(), draft_probs.data_ptr() if draft_probs is not None else None
+    shape = (batch, positions - 1, vocab)
+    status = lib.sv_tree_begin(dtype, target, draft, *shape, tree_tokens.data_ptr(), parents.data_ptr(),
+                               injected.data_ptr() if injected is not None else None, int(validate), limit, limit,
+                               r.data_ptr(), s.data_ptr(), current.data_ptr())
+    if status == _FLAGGED:
+        return None
+    u = draw_uniforms().contiguous()
+    rejecting = torch.zeros(batch, dtype=torch.int8)
+    num_rejecting = ctypes.c_int64(0)
+    exact_rows = ctypes.c_int64(0)
+    emitted = torch.empty(batch, positions, dtype=torch.int64)
+    depth = torch.empty(batch, dtype=torch.int64)
+    start, totals, swapped, sums = 0, None, 0, 0
+    while True:
+        start = lib.sv_tree_advance(dtype, target, draft, *shape, tree_tokens.data_ptr(), parents.data_ptr(),
+                                    u.data_ptr(), start, totals.data_ptr() if totals is not None else None, swapped,
+                                    r.data_ptr(), scratch.data_ptr(), s.data_ptr(), current.data_ptr(),
+                                    rejecting.data_ptr(), ctypes.byref(num_rejecting), int(force_exact),
+                                    emitted.data_ptr(), depth.data_ptr(), ctypes.byref(exact_rows))
+        if start < 0:
+            raise MemoryError("specverify native kernel: out of memory for its scratch buffers")
+        if start == positions:
+            return TreeOutcome(emitted, depth, current, exact_rows.value, sums)
+        totals = scratch.sum(-1)  # torch's own totals, over the [B, V] buffer as in the torch walk
+        sums += 1
+        swapped = int(num_rejecting.value == batch and bool((totals > 0).all()))
+        if swapped:  # every row keeps its residual: swap the rows instead of copying them
+            r, scratch = scratch, r

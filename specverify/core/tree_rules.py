@@ -75,7 +75,9 @@ from typing import NamedTuple
 
 import torch
 
-from specverify.core.rules import _check_device, _distribution_problems, _rows_look_valid, check_randomness_source
+from specverify.core import native_rules
+from specverify.core.rules import (_check_device, _distribution_problems, _native_screen_limit, _rows_look_valid,
+                                   check_randomness_source)
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
@@ -379,6 +381,29 @@ def _walk_buffers(batch: int, vocab: int, device: torch.device) -> tuple[torch.T
     return tuple(cached[i, :size].view(batch, vocab) for i in range(3))
 
 
+def _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, validate):
+    """:func:`_tree_walk` with the exact rule's tests and residuals on the native kernel
+    (:func:`specverify.core.native_rules.tree_verify`), or ``None`` when it does not apply (the
+    caller then runs its torch code).  With ``validate`` the structure checks of
+    :func:`validate_tree_inputs` run first (no device reads); the kernel screens the structure and
+    the rows in use; when it flags anything, :func:`validate_tree_inputs` words the error (or finds
+    none, and the torch walk runs)."""
+    if not native_rules.tree_applies(target_probs, draft_probs, tree_tokens, parents, uniforms, generator):
+        return None
+    if validate:
+        _check_tree_structure(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, True)
+    batch, _, vocab = target_probs.shape
+    r, scratch, _ = _walk_buffers(batch, vocab, target_probs.device)
+    outcome = native_rules.tree_verify(
+        target_probs, draft_probs, tree_tokens, parents, lambda: step_uniforms(target_probs, generator, uniforms),
+        uniforms, validate, (r, scratch), limit=_native_screen_limit(target_probs.dtype, vocab))
+    if outcome is None:
+        if validate:
+            validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
+        return None
+    return TreeVerifyResult(outcome.emitted, outcome.num_accepted, outcome.last_node)
+
+
 # --------------------------------------------------------------------------------------------
 # Lossless rules
 # --------------------------------------------------------------------------------------------
@@ -403,8 +428,13 @@ def tree_rejection_sample(
     (top-k, n-gram; equivalent in law to sampling from the target and matching a child).
     Duplicate sibling tokens under independent drawing need no special case: a rejected token
     has ``q(x) > p(x)``, so the residual gives it 0 and its duplicates are rejected too.
-    Vectorised over rows (ragged trees, absent nodes last); a loop over the N node indices.
+    Vectorised over rows (ragged trees, absent nodes last); a loop over the N node indices.  On
+    contiguous CPU float32/bfloat16 inputs the walk's tests, residuals and final draw run on the
+    native kernel (:func:`_native_walk`), with the totals still taken by ``torch.sum``: the same outputs.
     """
+    fast = _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, validate)
+    if fast is not None:
+        return fast
     if validate:
         validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
@@ -425,8 +455,12 @@ def point_mass_tree_verify(
     children chosen deterministically, or any way independent of the step's uniforms *with
     distinct sibling tokens*; ``draft_probs`` is not needed.  Accept ``c`` iff ``u_c < p(x_c)``;
     after a rejection ``p`` loses ``x_c`` and is renormalised.  In law: sample ``t ~ p`` at each
-    node and descend into the child holding ``t`` (SGLang's target-only tree sampling).
+    node and descend into the child holding ``t`` (SGLang's target-only tree sampling).  Native on
+    contiguous CPU float32/bfloat16 inputs, as :func:`tree_rejection_sample`.
     """
+    fast = _native_walk(target_probs, None, tree_tokens, parents, generator, uniforms, validate)
+    if fast is not None:
+        return fast
     if validate:
         validate_tree_inputs(target_probs, None, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)

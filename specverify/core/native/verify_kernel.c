@@ -454,3 +454,235 @@ int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_
     }
     return SV_OK;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Tree rules (specverify.core.tree_rules: tree_rejection_sample, point_mass_tree_verify).
+ *
+ * The walk of _tree_walk, driven from Python one node index at a time: sv_tree_advance runs the
+ * accept tests of the tested rows of node n on gathered scalars (u_n * q_n(x_n) * s < r(x_n) in
+ * float64, evaluated left to right as the torch expression), loads an accepting row's next target
+ * law (the float64 cast is exact), and writes each rejecting row's max(0, r - (q_n * s)) (the
+ * product rounded, then the difference, then the clamp: as torch.sub(r, q.mul_(s)).clamp_(min=0);
+ * built with -ffp-contract=off, so no fused multiply-add) into the [B, V] scratch buffer.  It then
+ * returns to the caller, which takes the totals with torch.sum over that buffer, so that the totals
+ * are torch's own bits (a C sum could not reproduce torch's summation order), and calls again to
+ * commit them (a row keeps its residual iff its total is > 0, the rounding fallback) and go on.
+ * After the last node it draws each row's final token from r by the certified inverse CDF (the
+ * same shortcut as the chain rules, on float64 terms) and writes the emitted path.
+ * ------------------------------------------------------------------------------------------- */
+
+/* One node's target or draft row as float64 (exact). */
+static void load_row(int dtype, const void *base, int64_t offset, int64_t vocab, double *out) {
+    if (dtype == 0) {
+        const uint32_t *row = (const uint32_t *)base + offset;
+        for (int64_t t = 0; t < vocab; t++) out[t] = (double)f32_value(row[t]);
+    } else {
+        const uint16_t *row = (const uint16_t *)base + offset;
+        for (int64_t t = 0; t < vocab; t++) out[t] = (double)bf16_value(row[t]);
+    }
+}
+
+static inline double value_at(int dtype, const void *base, int64_t index) {
+    return dtype == 0 ? (double)f32_value(((const uint32_t *)base)[index])
+                      : (double)bf16_value(((const uint16_t *)base)[index]);
+}
+
+static int row_ok(int dtype, const void *base, int64_t offset, int64_t vocab, double limit) {
+    return dtype == 0 ? f32_row_ok((const uint32_t *)base + offset, vocab, limit)
+                      : bf16_row_ok((const uint16_t *)base + offset, vocab, limit);
+}
+
+/* Sum of r[start..end) in float64 in any order (8 independent accumulators). */
+static double f64_block_sum(const double *r, int64_t start, int64_t end) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t t = start;
+    for (; t + 8 <= end; t += 8)
+        for (int j = 0; j < 8; j++) acc[j] += r[t + j];
+    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; t < end; t++) sum += r[t];
+    return sum;
+}
+
+/* The inverse-CDF token of a float64 row r (torch: search_cdf(r.cumsum(-1), u)), with the certified
+ * shortcut of NAME##_draw; -3 when out of memory. */
+static int64_t f64_draw(const double *r, int64_t vocab, double u, int force_exact, int64_t *exact_rows) {
+    int64_t num_blocks = (vocab + BLOCK - 1) / BLOCK;
+    double *blocks = grown(&scratch_blocks, &blocks_capacity, (size_t)num_blocks);
+    if (!blocks) return -3;
+    double approx_total = 0;
+    for (int64_t b = 0; b < num_blocks; b++) {
+        int64_t end = (b + 1) * BLOCK < vocab ? (b + 1) * BLOCK : vocab;
+        blocks[b] = f64_block_sum(r, b * BLOCK, end);
+        approx_total += blocks[b];
+    }
+    if (!force_exact && approx_total > 0.0 && isfinite(approx_total)) {
+        double delta = 2.0 * (double)(vocab + num_blocks + 3 * BLOCK) * (approx_total * 0x1p-53 * 1.01 + 0x1p-1074);
+        double low_total = approx_total - delta;
+        double th = threshold_of(u, approx_total);
+        double th_low = threshold_of(u, low_total > 0.0 ? low_total : 0.0);
+        double th_high = threshold_of(u, approx_total + delta);
+        double before = 0;
+        int64_t b = 0;
+        for (; b < num_blocks; b++) {
+            double after = before + blocks[b];
+            if (after > th) break;
+            before = after;
+        }
+        if (b < num_blocks) {
+            int64_t end = (b + 1) * BLOCK < vocab ? (b + 1) * BLOCK : vocab;
+            for (int64_t t = b * BLOCK; t < end; t++) {
+                double estimate = before + r[t];
+                if (estimate > th) {
+                    if ((t == 0 || before + delta <= th_low) && estimate - delta > th_high) return t;
+                    break;
+                }
+                before = estimate;
+            }
+        }
+    }
+    ++*exact_rows;
+    double *cumulative = grown(&scratch_cumulative, &cumulative_capacity, (size_t)vocab);
+    if (!cumulative) return -3;
+    double running = 0;
+    for (int64_t t = 0; t < vocab; t++) { running += r[t]; cumulative[t] = running; }
+    return upper_bound(cumulative, vocab, threshold_of(u, running));
+}
+
+/* Structure (always: it guards every memory access of the walk) and, with validate, the screen of
+ * every row in use: target row 0 and n+1 and draft row n of each present node, q_n(x_n) > 0, the
+ * injected uniforms in [0, 1).  Structure: tokens -1 or in [0, V), absent nodes last with parent -1,
+ * a present node's parent -1 or an earlier present node.  Then r := target row 0 (float64), s := 1,
+ * current := -1.  Returns SV_OK or SV_FLAGGED (the caller's torch code decides). */
+int sv_tree_begin(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
+                  int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
+                  int validate, double target_limit, double draft_limit, double *r, double *s, int64_t *current) {
+    int64_t positions = num_nodes + 1;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row_tokens = tokens + b * num_nodes, *row_parents = parents + b * num_nodes;
+        int absent_seen = 0;
+        for (int64_t n = 0; n < num_nodes; n++) {
+            int64_t token = row_tokens[n], parent = row_parents[n];
+            if (token == -1) {
+                absent_seen = 1;
+                if (parent != -1) return SV_FLAGGED;
+                continue;
+            }
+            if (absent_seen || token < 0 || token >= vocab || parent < -1 || parent >= n) return SV_FLAGGED;
+            if (parent >= 0 && row_tokens[parent] == -1) return SV_FLAGGED;
+        }
+    }
+    if (validate) {
+        if (uniforms)
+            for (int64_t k = 0; k < batch * positions; k++)
+                if (!(uniforms[k] >= 0.0 && uniforms[k] < 1.0)) return SV_FLAGGED;
+        for (int64_t b = 0; b < batch; b++) {
+            const int64_t *row_tokens = tokens + b * num_nodes;
+            if (!row_ok(dtype, target, b * positions * vocab, vocab, target_limit)) return SV_FLAGGED;
+            for (int64_t n = 0; n < num_nodes && row_tokens[n] >= 0; n++) {
+                if (!row_ok(dtype, target, (b * positions + n + 1) * vocab, vocab, target_limit)) return SV_FLAGGED;
+                if (draft) {
+                    int64_t row = (b * num_nodes + n) * vocab;
+                    if (!(value_at(dtype, draft, row + row_tokens[n]) > 0.0)) return SV_FLAGGED;
+                    if (!row_ok(dtype, draft, row, vocab, draft_limit)) return SV_FLAGGED;
+                }
+            }
+        }
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        load_row(dtype, target, b * positions * vocab, vocab, r + b * vocab);
+        s[b] = 1.0;
+        current[b] = -1;
+    }
+    return SV_OK;
+}
+
+/* Continue the walk at node `start`.  When start > 0 the rows flagged in `rejecting` rejected node
+ * start-1 and `totals` holds torch's sums of their residuals in `scratch` (`swapped`: the caller
+ * already swapped r and scratch, every row keeping its residual): commit them.  Then run nodes
+ * start, start+1, ... until one has a rejecting row: its residuals are written into `scratch`,
+ * `rejecting`/`*num_rejecting` say which rows, and the next node index is returned.  After the
+ * last node, draw the final tokens, write emitted [B, N+1] and depth [B], and return N+1.
+ * Returns -3 when out of memory. */
+int64_t sv_tree_advance(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
+                        int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
+                        int64_t start, const double *totals, int swapped, double *r, double *scratch, double *s,
+                        int64_t *current, int8_t *rejecting, int64_t *num_rejecting, int force_exact,
+                        int64_t *emitted, int64_t *depth, int64_t *exact_rows) {
+    int64_t positions = num_nodes + 1;
+    if (start > 0) {
+        for (int64_t b = 0; b < batch; b++) {
+            if (!rejecting[b]) continue;
+            rejecting[b] = 0;
+            if (totals[b] > 0.0) {
+                if (!swapped) memcpy(r + b * vocab, scratch + b * vocab, (size_t)vocab * sizeof(double));
+                s[b] = totals[b];
+            }
+        }
+    }
+    for (int64_t n = start; n < num_nodes; n++) {
+        int64_t count = 0;
+        for (int64_t b = 0; b < batch; b++) {
+            int64_t token = tokens[b * num_nodes + n];
+            if (token < 0 || parents[b * num_nodes + n] != current[b]) continue;
+            double *row = r + b * vocab;
+            double total = s[b];
+            double q_x = draft ? value_at(dtype, draft, (b * num_nodes + n) * vocab + token) : 1.0;
+            double scaled = uniforms[b * positions + n] * q_x;
+            scaled = scaled * total;
+            if (scaled < row[token]) {
+                load_row(dtype, target, (b * positions + n + 1) * vocab, vocab, row);
+                s[b] = 1.0;
+                current[b] = n;
+                continue;
+            }
+            double *out = scratch + b * vocab;
+            if (draft) {
+                int64_t offset = (b * num_nodes + n) * vocab;
+                if (dtype == 0) {
+                    const uint32_t *q = (const uint32_t *)draft + offset;
+                    for (int64_t t = 0; t < vocab; t++) {
+                        double qs = (double)f32_value(q[t]) * total;
+                        double d = row[t] - qs;
+                        out[t] = d < 0.0 ? 0.0 : d;
+                    }
+                } else {
+                    const uint16_t *q = (const uint16_t *)draft + offset;
+                    for (int64_t t = 0; t < vocab; t++) {
+                        double qs = (double)bf16_value(q[t]) * total;
+                        double d = row[t] - qs;
+                        out[t] = d < 0.0 ? 0.0 : d;
+                    }
+                }
+            } else {  /* q = onehot(x): r - 0 * s everywhere but at x */
+                double zero_scaled = 0.0 * total;
+                for (int64_t t = 0; t < vocab; t++) {
+                    double d = row[t] - zero_scaled;
+                    out[t] = d < 0.0 ? 0.0 : d;
+                }
+                double d = row[token] - 1.0 * total;
+                out[token] = d < 0.0 ? 0.0 : d;
+            }
+            rejecting[b] = 1;
+            count++;
+        }
+        if (count) {
+            *num_rejecting = count;
+            return n + 1;
+        }
+    }
+    exact_rows[0] = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t token = f64_draw(r + b * vocab, vocab, uniforms[b * positions + num_nodes], force_exact, exact_rows);
+        if (token == -3) return -3;
+        int64_t path[num_nodes > 0 ? num_nodes : 1];
+        int64_t length = 0;
+        for (int64_t node = current[b]; node >= 0; node = parents[b * num_nodes + node])
+            path[length++] = tokens[b * num_nodes + node];
+        int64_t *out = emitted + b * positions;
+        for (int64_t i = 0; i < length; i++) out[i] = path[length - 1 - i];
+        out[length] = token;
+        for (int64_t i = length + 1; i < positions; i++) out[i] = -1;
+        depth[b] = length;
+    }
+    return num_nodes + 1;
+}
