@@ -132,12 +132,12 @@ def build(source: bytes) -> ctypes.CDLL | None:
                               pointer, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int,
                               pointer, pointer, pointer]
     lib.sv_verify.restype = ctypes.c_int
-    lib.sv_tree_begin.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
-                                  ctypes.c_int, ctypes.c_double, ctypes.c_double, pointer, pointer, pointer]
-    lib.sv_tree_begin.restype = ctypes.c_int
+    lib.sv_tree_check.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
+                                  ctypes.c_int, ctypes.c_double, ctypes.c_double]
+    lib.sv_tree_check.restype = ctypes.c_int
     lib.sv_tree_advance.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
-                                    int64, pointer, ctypes.c_int, pointer, pointer, pointer, pointer, pointer,
-                                    pointer, ctypes.c_int, pointer, pointer, pointer]
+                                    int64, pointer, pointer, pointer, pointer, pointer, pointer, pointer, pointer,
+                                    ctypes.c_int, pointer, pointer, pointer]
     lib.sv_tree_advance.restype = int64
     return lib
 
@@ -256,41 +256,37 @@ def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tr
     (``None``) on inputs that :func:`tree_applies` accepted; ``None`` when the kernel flagged them
     (before any uniform was drawn).  ``draw_uniforms()`` returns the step's float64 uniforms
     ``[B, N+1]`` (:func:`specverify.core.tree_rules.step_uniforms`); ``buffers`` are two float64
-    ``[B, V]`` contiguous scratch rows (``r`` and the residuals); ``limit`` is the screen's bound on
-    ``|row sum - 1|``.  After each node with a rejecting row the residuals' totals are taken with
-    ``torch.sum(-1)`` over the ``[B, V]`` residual buffer, exactly as the torch walk takes them."""
+    ``[B, V]`` contiguous scratch tensors (the residuals); ``limit`` is the screen's bound on
+    ``|row sum - 1|``; ``force_exact`` sends every final row through the sequential cumulative sum.
+    After each node with a rejecting row the residuals' totals are taken with ``torch.sum(-1)``
+    over the ``[B, V]`` buffer holding them, exactly as the torch walk takes them."""
     batch, positions, vocab = target_probs.shape
     lib, dtype = library(), DTYPE_CODES[target_probs.dtype]
-    r, scratch = buffers
-    s = torch.empty(batch, dtype=torch.float64)
-    current = torch.empty(batch, dtype=torch.int64)
     injected = uniforms.to(torch.float64).contiguous() if uniforms is not None and validate else None
     target, draft = target_probs.data_ptr(), draft_probs.data_ptr() if draft_probs is not None else None
     shape = (batch, positions - 1, vocab)
-    status = lib.sv_tree_begin(dtype, target, draft, *shape, tree_tokens.data_ptr(), parents.data_ptr(),
-                               injected.data_ptr() if injected is not None else None, int(validate), limit, limit,
-                               r.data_ptr(), s.data_ptr(), current.data_ptr())
-    if status == _FLAGGED:
+    tokens, parent_ptr = tree_tokens.data_ptr(), parents.data_ptr()
+    if lib.sv_tree_check(dtype, target, draft, *shape, tokens, parent_ptr,
+                         injected.data_ptr() if injected is not None else None, int(validate), limit, limit) == _FLAGGED:
         return None
     u = draw_uniforms().contiguous()
-    rejecting = torch.zeros(batch, dtype=torch.int8)
-    num_rejecting = ctypes.c_int64(0)
-    exact_rows = ctypes.c_int64(0)
+    s = torch.ones(batch, dtype=torch.float64)  # a fresh target row counts as normalised
+    current = torch.full((batch,), -1, dtype=torch.int64)
+    state = torch.zeros(2, batch, dtype=torch.int8)  # held, rejecting
+    held, rejecting = state[0], state[1]
     emitted = torch.empty(batch, positions, dtype=torch.int64)
     depth = torch.empty(batch, dtype=torch.int64)
-    start, totals, swapped, sums = 0, None, 0, 0
+    into, exact_rows = ctypes.c_int64(0), ctypes.c_int64(0)
+    start, totals, sums = 0, None, 0
     while True:
-        start = lib.sv_tree_advance(dtype, target, draft, *shape, tree_tokens.data_ptr(), parents.data_ptr(),
-                                    u.data_ptr(), start, totals.data_ptr() if totals is not None else None, swapped,
-                                    r.data_ptr(), scratch.data_ptr(), s.data_ptr(), current.data_ptr(),
-                                    rejecting.data_ptr(), ctypes.byref(num_rejecting), int(force_exact),
-                                    emitted.data_ptr(), depth.data_ptr(), ctypes.byref(exact_rows))
+        start = lib.sv_tree_advance(dtype, target, draft, *shape, tokens, parent_ptr, u.data_ptr(), start,
+                                    totals.data_ptr() if totals is not None else None, buffers[0].data_ptr(),
+                                    buffers[1].data_ptr(), s.data_ptr(), current.data_ptr(), held.data_ptr(),
+                                    rejecting.data_ptr(), ctypes.byref(into), int(force_exact), emitted.data_ptr(),
+                                    depth.data_ptr(), ctypes.byref(exact_rows))
         if start < 0:
             raise MemoryError("specverify native kernel: out of memory for its scratch buffers")
         if start == positions:
             return TreeOutcome(emitted, depth, current, exact_rows.value, sums)
-        totals = scratch.sum(-1)  # torch's own totals, over the [B, V] buffer as in the torch walk
+        totals = buffers[into.value].sum(-1)  # torch's own totals, over a [B, V] buffer as in the torch walk
         sums += 1
-        swapped = int(num_rejecting.value == batch and bool((totals > 0).all()))
-        if swapped:  # every row keeps its residual: swap the rows instead of copying them
-            r, scratch = scratch, r

@@ -393,10 +393,10 @@ def _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uni
     if validate:
         _check_tree_structure(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, True)
     batch, _, vocab = target_probs.shape
-    r, scratch, _ = _walk_buffers(batch, vocab, target_probs.device)
+    first, second, _ = _walk_buffers(batch, vocab, target_probs.device)
     outcome = native_rules.tree_verify(
         target_probs, draft_probs, tree_tokens, parents, lambda: step_uniforms(target_probs, generator, uniforms),
-        uniforms, validate, (r, scratch), limit=_native_screen_limit(target_probs.dtype, vocab))
+        uniforms, validate, (first, second), limit=_native_screen_limit(target_probs.dtype, vocab))
     if outcome is None:
         if validate:
             validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)

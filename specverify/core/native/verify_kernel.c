@@ -458,29 +458,21 @@ int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_
 /* ---------------------------------------------------------------------------------------------
  * Tree rules (specverify.core.tree_rules: tree_rejection_sample, point_mass_tree_verify).
  *
- * The walk of _tree_walk, driven from Python one node index at a time: sv_tree_advance runs the
- * accept tests of the tested rows of node n on gathered scalars (u_n * q_n(x_n) * s < r(x_n) in
- * float64, evaluated left to right as the torch expression), loads an accepting row's next target
- * law (the float64 cast is exact), and writes each rejecting row's max(0, r - (q_n * s)) (the
- * product rounded, then the difference, then the clamp: as torch.sub(r, q.mul_(s)).clamp_(min=0);
- * built with -ffp-contract=off, so no fused multiply-add) into the [B, V] scratch buffer.  It then
- * returns to the caller, which takes the totals with torch.sum over that buffer, so that the totals
- * are torch's own bits (a C sum could not reproduce torch's summation order), and calls again to
- * commit them (a row keeps its residual iff its total is > 0, the rounding fallback) and go on.
- * After the last node it draws each row's final token from r by the certified inverse CDF (the
- * same shortcut as the chain rules, on float64 terms) and writes the emitted path.
+ * The walk of _tree_walk, driven from Python one node index at a time.  Per row the current law r
+ * (float64, total s) is either the unmodified target row at the current node (s = 1; read from the
+ * input, whose float64 cast is exact: nothing is copied) or a residual held in one of two float64
+ * [B, V] buffers.  sv_tree_advance runs the accept tests of the tested rows of node n on gathered
+ * scalars (u_n * q_n(x_n) * s < r(x_n) in float64, left to right as the torch expression; an
+ * accepting row's law becomes its node's target row) and writes each rejecting row's
+ * max(0, r - (q_n * s)) (the product rounded, then the difference, then the clamp: as
+ * torch.sub(r, q.mul_(s)).clamp_(min=0); built with -ffp-contract=off, so no fused multiply-add)
+ * into one of the buffers, the same for every rejecting row of the node.  It then returns to the
+ * caller, which takes the totals with torch.sum over that [B, V] buffer, so that the totals are
+ * torch's own bits (a C sum could not reproduce torch's summation order), and calls again to commit
+ * them (a row keeps its residual iff its total is > 0, the rounding fallback) and go on.  After the
+ * last node it draws each row's final token from r by the certified inverse CDF (float64 terms, or
+ * the input row's terms as the chain rules' bonus draw) and writes the emitted path.
  * ------------------------------------------------------------------------------------------- */
-
-/* One node's target or draft row as float64 (exact). */
-static void load_row(int dtype, const void *base, int64_t offset, int64_t vocab, double *out) {
-    if (dtype == 0) {
-        const uint32_t *row = (const uint32_t *)base + offset;
-        for (int64_t t = 0; t < vocab; t++) out[t] = (double)f32_value(row[t]);
-    } else {
-        const uint16_t *row = (const uint16_t *)base + offset;
-        for (int64_t t = 0; t < vocab; t++) out[t] = (double)bf16_value(row[t]);
-    }
-}
 
 static inline double value_at(int dtype, const void *base, int64_t index) {
     return dtype == 0 ? (double)f32_value(((const uint32_t *)base)[index])
@@ -490,6 +482,35 @@ static inline double value_at(int dtype, const void *base, int64_t index) {
 static int row_ok(int dtype, const void *base, int64_t offset, int64_t vocab, double limit) {
     return dtype == 0 ? f32_row_ok((const uint32_t *)base + offset, vocab, limit)
                       : bf16_row_ok((const uint16_t *)base + offset, vocab, limit);
+}
+
+#define SV_RESIDUAL_LOOP(SOURCE, SCALED)                                                             \
+    for (int64_t t = 0; t < vocab; t++) {                                                             \
+        double d = (SOURCE) - (SCALED);                                                               \
+        out[t] = d < 0.0 ? 0.0 : d;                                                                   \
+    }
+
+/* out := max(0, r - q * s) over the row: r is `r_row` (float64) or, when NULL, the target row at
+ * `p_offset` (then s = 1); q is the draft row at `q_offset`, or onehot(token) when draft is NULL. */
+static void residual_row(int dtype, const double *r_row, const void *target, int64_t p_offset, const void *draft,
+                         int64_t q_offset, int64_t token, double total, int64_t vocab, double *out) {
+    const uint32_t *p32 = (const uint32_t *)target + p_offset, *q32 = draft ? (const uint32_t *)draft + q_offset : NULL;
+    const uint16_t *p16 = (const uint16_t *)target + p_offset, *q16 = draft ? (const uint16_t *)draft + q_offset : NULL;
+    double zero_scaled = 0.0 * total;
+    if (!draft) {
+        if (r_row) { SV_RESIDUAL_LOOP(r_row[t], zero_scaled) }
+        else if (dtype == 0) { SV_RESIDUAL_LOOP((double)f32_value(p32[t]), zero_scaled) }
+        else { SV_RESIDUAL_LOOP((double)bf16_value(p16[t]), zero_scaled) }
+        double r_x = r_row ? r_row[token] : value_at(dtype, target, p_offset + token);
+        double d = r_x - 1.0 * total;
+        out[token] = d < 0.0 ? 0.0 : d;
+    } else if (dtype == 0) {
+        if (r_row) { SV_RESIDUAL_LOOP(r_row[t], (double)f32_value(q32[t]) * total) }
+        else { SV_RESIDUAL_LOOP((double)f32_value(p32[t]), (double)f32_value(q32[t]) * total) }
+    } else {
+        if (r_row) { SV_RESIDUAL_LOOP(r_row[t], (double)bf16_value(q16[t]) * total) }
+        else { SV_RESIDUAL_LOOP((double)bf16_value(p16[t]), (double)bf16_value(q16[t]) * total) }
+    }
 }
 
 /* Sum of r[start..end) in float64 in any order (8 independent accumulators). */
@@ -551,11 +572,11 @@ static int64_t f64_draw(const double *r, int64_t vocab, double u, int force_exac
 /* Structure (always: it guards every memory access of the walk) and, with validate, the screen of
  * every row in use: target row 0 and n+1 and draft row n of each present node, q_n(x_n) > 0, the
  * injected uniforms in [0, 1).  Structure: tokens -1 or in [0, V), absent nodes last with parent -1,
- * a present node's parent -1 or an earlier present node.  Then r := target row 0 (float64), s := 1,
- * current := -1.  Returns SV_OK or SV_FLAGGED (the caller's torch code decides). */
-int sv_tree_begin(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
+ * a present node's parent -1 or an earlier present node.  Returns SV_OK or SV_FLAGGED (the caller's
+ * torch code decides). */
+int sv_tree_check(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
                   int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
-                  int validate, double target_limit, double draft_limit, double *r, double *s, int64_t *current) {
+                  int validate, double target_limit, double draft_limit) {
     int64_t positions = num_nodes + 1;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t *row_tokens = tokens + b * num_nodes, *row_parents = parents + b * num_nodes;
@@ -571,117 +592,107 @@ int sv_tree_begin(int dtype, const void *target, const void *draft, int64_t batc
             if (parent >= 0 && row_tokens[parent] == -1) return SV_FLAGGED;
         }
     }
-    if (validate) {
-        if (uniforms)
-            for (int64_t k = 0; k < batch * positions; k++)
-                if (!(uniforms[k] >= 0.0 && uniforms[k] < 1.0)) return SV_FLAGGED;
-        for (int64_t b = 0; b < batch; b++) {
-            const int64_t *row_tokens = tokens + b * num_nodes;
-            if (!row_ok(dtype, target, b * positions * vocab, vocab, target_limit)) return SV_FLAGGED;
-            for (int64_t n = 0; n < num_nodes && row_tokens[n] >= 0; n++) {
-                if (!row_ok(dtype, target, (b * positions + n + 1) * vocab, vocab, target_limit)) return SV_FLAGGED;
-                if (draft) {
-                    int64_t row = (b * num_nodes + n) * vocab;
-                    if (!(value_at(dtype, draft, row + row_tokens[n]) > 0.0)) return SV_FLAGGED;
-                    if (!row_ok(dtype, draft, row, vocab, draft_limit)) return SV_FLAGGED;
-                }
+    if (!validate) return SV_OK;
+    if (uniforms)
+        for (int64_t k = 0; k < batch * positions; k++)
+            if (!(uniforms[k] >= 0.0 && uniforms[k] < 1.0)) return SV_FLAGGED;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row_tokens = tokens + b * num_nodes;
+        if (!row_ok(dtype, target, b * positions * vocab, vocab, target_limit)) return SV_FLAGGED;
+        for (int64_t n = 0; n < num_nodes && row_tokens[n] >= 0; n++) {
+            if (!row_ok(dtype, target, (b * positions + n + 1) * vocab, vocab, target_limit)) return SV_FLAGGED;
+            if (draft) {
+                int64_t row = (b * num_nodes + n) * vocab;
+                if (!(value_at(dtype, draft, row + row_tokens[n]) > 0.0)) return SV_FLAGGED;
+                if (!row_ok(dtype, draft, row, vocab, draft_limit)) return SV_FLAGGED;
             }
         }
-    }
-    for (int64_t b = 0; b < batch; b++) {
-        load_row(dtype, target, b * positions * vocab, vocab, r + b * vocab);
-        s[b] = 1.0;
-        current[b] = -1;
     }
     return SV_OK;
 }
 
-/* Continue the walk at node `start`.  When start > 0 the rows flagged in `rejecting` rejected node
- * start-1 and `totals` holds torch's sums of their residuals in `scratch` (`swapped`: the caller
- * already swapped r and scratch, every row keeping its residual): commit them.  Then run nodes
- * start, start+1, ... until one has a rejecting row: its residuals are written into `scratch`,
- * `rejecting`/`*num_rejecting` say which rows, and the next node index is returned.  After the
- * last node, draw the final tokens, write emitted [B, N+1] and depth [B], and return N+1.
- * Returns -3 when out of memory. */
+/* The walk from node `start` (0: from the root; the caller zeroes `held`).  State per row: current
+ * node, total s, held[b] = 0 (r is the target row at the current node) or 1 + the buffer holding r.
+ * When start > 0 the rows flagged in `rejecting` rejected node start-1, their residuals are in
+ * buffer `*buffer` and `totals` holds torch's sums over it: commit them.  Then run nodes start,
+ * start+1, ... until one has a rejecting row: its residuals are written into one buffer (`*buffer`:
+ * a row whose r is held there is first moved to the other one), and the next node index is
+ * returned.  After the last node, draw the final tokens, write emitted [B, N+1] and depth [B], and
+ * return N+1.  Returns -3 when out of memory. */
 int64_t sv_tree_advance(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
                         int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
-                        int64_t start, const double *totals, int swapped, double *r, double *scratch, double *s,
-                        int64_t *current, int8_t *rejecting, int64_t *num_rejecting, int force_exact,
+                        int64_t start, const double *totals, double *buffer0, double *buffer1, double *s,
+                        int64_t *current, int8_t *held, int8_t *rejecting, int64_t *buffer, int force_exact,
                         int64_t *emitted, int64_t *depth, int64_t *exact_rows) {
     int64_t positions = num_nodes + 1;
+    double *buffers[2] = {buffer0, buffer1};
     if (start > 0) {
         for (int64_t b = 0; b < batch; b++) {
             if (!rejecting[b]) continue;
             rejecting[b] = 0;
             if (totals[b] > 0.0) {
-                if (!swapped) memcpy(r + b * vocab, scratch + b * vocab, (size_t)vocab * sizeof(double));
+                held[b] = (int8_t)(1 + *buffer);
                 s[b] = totals[b];
             }
         }
     }
     for (int64_t n = start; n < num_nodes; n++) {
-        int64_t count = 0;
+        int64_t held_in[2] = {0, 0}, count = 0;
         for (int64_t b = 0; b < batch; b++) {
             int64_t token = tokens[b * num_nodes + n];
+            rejecting[b] = 0;
             if (token < 0 || parents[b * num_nodes + n] != current[b]) continue;
-            double *row = r + b * vocab;
-            double total = s[b];
+            double r_x = held[b] ? buffers[held[b] - 1][b * vocab + token]
+                                 : value_at(dtype, target, (b * positions + current[b] + 1) * vocab + token);
             double q_x = draft ? value_at(dtype, draft, (b * num_nodes + n) * vocab + token) : 1.0;
             double scaled = uniforms[b * positions + n] * q_x;
-            scaled = scaled * total;
-            if (scaled < row[token]) {
-                load_row(dtype, target, (b * positions + n + 1) * vocab, vocab, row);
+            scaled = scaled * s[b];
+            if (scaled < r_x) {
+                held[b] = 0;
                 s[b] = 1.0;
                 current[b] = n;
-                continue;
+            } else {
+                rejecting[b] = 1;
+                count++;
+                if (held[b]) held_in[held[b] - 1]++;
             }
-            double *out = scratch + b * vocab;
-            if (draft) {
-                int64_t offset = (b * num_nodes + n) * vocab;
-                if (dtype == 0) {
-                    const uint32_t *q = (const uint32_t *)draft + offset;
-                    for (int64_t t = 0; t < vocab; t++) {
-                        double qs = (double)f32_value(q[t]) * total;
-                        double d = row[t] - qs;
-                        out[t] = d < 0.0 ? 0.0 : d;
-                    }
-                } else {
-                    const uint16_t *q = (const uint16_t *)draft + offset;
-                    for (int64_t t = 0; t < vocab; t++) {
-                        double qs = (double)bf16_value(q[t]) * total;
-                        double d = row[t] - qs;
-                        out[t] = d < 0.0 ? 0.0 : d;
-                    }
-                }
-            } else {  /* q = onehot(x): r - 0 * s everywhere but at x */
-                double zero_scaled = 0.0 * total;
-                for (int64_t t = 0; t < vocab; t++) {
-                    double d = row[t] - zero_scaled;
-                    out[t] = d < 0.0 ? 0.0 : d;
-                }
-                double d = row[token] - 1.0 * total;
-                out[token] = d < 0.0 ? 0.0 : d;
+        }
+        if (!count) continue;
+        int64_t into = held_in[0] <= held_in[1] ? 0 : 1;  /* the buffer fewer rejecting rows' laws are in */
+        double *out_buffer = buffers[into];
+        for (int64_t b = 0; b < batch; b++) {
+            if (!rejecting[b]) continue;
+            if (held[b] == 1 + into) {  /* keep r (for the rounding fallback) in the other buffer */
+                memcpy(buffers[1 - into] + b * vocab, out_buffer + b * vocab, (size_t)vocab * sizeof(double));
+                held[b] = (int8_t)(2 - into);
             }
-            rejecting[b] = 1;
-            count++;
+            residual_row(dtype, held[b] ? buffers[held[b] - 1] + b * vocab : NULL, target,
+                         (b * positions + current[b] + 1) * vocab, draft, (b * num_nodes + n) * vocab,
+                         tokens[b * num_nodes + n], s[b], vocab, out_buffer + b * vocab);
         }
-        if (count) {
-            *num_rejecting = count;
-            return n + 1;
-        }
+        *buffer = into;
+        return n + 1;
     }
     exact_rows[0] = 0;
     for (int64_t b = 0; b < batch; b++) {
-        int64_t token = f64_draw(r + b * vocab, vocab, uniforms[b * positions + num_nodes], force_exact, exact_rows);
+        double u = uniforms[b * positions + num_nodes];
+        int64_t token;
+        if (held[b]) token = f64_draw(buffers[held[b] - 1] + b * vocab, vocab, u, force_exact, exact_rows);
+        else if (dtype == 0)
+            token = f32_final((const uint32_t *)target + (b * positions + current[b] + 1) * vocab, NULL, -1, vocab, u,
+                              force_exact, exact_rows);
+        else
+            token = bf16_final((const uint16_t *)target + (b * positions + current[b] + 1) * vocab, NULL, -1, vocab, u,
+                               force_exact, exact_rows);
         if (token == -3) return -3;
-        int64_t path[num_nodes > 0 ? num_nodes : 1];
         int64_t length = 0;
-        for (int64_t node = current[b]; node >= 0; node = parents[b * num_nodes + node])
-            path[length++] = tokens[b * num_nodes + node];
+        for (int64_t node = current[b]; node >= 0; node = parents[b * num_nodes + node]) length++;
         int64_t *out = emitted + b * positions;
-        for (int64_t i = 0; i < length; i++) out[i] = path[length - 1 - i];
+        int64_t i = length;
+        for (int64_t node = current[b]; node >= 0; node = parents[b * num_nodes + node])
+            out[--i] = tokens[b * num_nodes + node];
         out[length] = token;
-        for (int64_t i = length + 1; i < positions; i++) out[i] = -1;
+        for (i = length + 1; i < positions; i++) out[i] = -1;
         depth[b] = length;
     }
     return num_nodes + 1;
