@@ -554,7 +554,7 @@ static int64_t f64_draw(const double *r, int64_t vocab, double u, int force_exac
             for (int64_t t = b * BLOCK; t < end; t++) {
                 double estimate = before + r[t];
                 if (estimate > th) {
-                    if ((t == 0 || before + delta <= th_low) && estimate - delta > th_high) return t;
+                    if ((t == 0 || before + delta <= th_low) && th_high < estimate - delta) return t;
                     break;
                 }
                 before = estimate;
