@@ -393,15 +393,31 @@ def _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uni
     if validate:
         _check_tree_structure(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, True)
     batch, _, vocab = target_probs.shape
-    first, second, _ = _walk_buffers(batch, vocab, target_probs.device)
     outcome = native_rules.tree_verify(
         target_probs, draft_probs, tree_tokens, parents, lambda: step_uniforms(target_probs, generator, uniforms),
-        uniforms, validate, (first, second), limit=_native_screen_limit(target_probs.dtype, vocab))
+        uniforms, validate, _native_walk_buffers(batch, vocab), limit=_native_screen_limit(target_probs.dtype, vocab))
     if outcome is None:
         if validate:
             validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
         return None
     return TreeVerifyResult(outcome.emitted, outcome.num_accepted, outcome.last_node)
+
+
+NATIVE_BUFFER_CACHE_BYTES = 256 << 20
+"""Largest size (256 MiB: B = 64 at V = 256k) of the native walk's two float64 ``[B, V]`` residual
+buffers kept per thread between calls (:func:`_native_walk_buffers`); larger ones are allocated per call."""
+
+
+def _native_walk_buffers(batch: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two float64 ``[B, V]`` CPU buffers for the native walk's residuals, kept per thread up to
+    :data:`NATIVE_BUFFER_CACHE_BYTES` (faulting fresh pages in costs about as much as the walk)."""
+    size = batch * vocab
+    if 2 * size * 8 > NATIVE_BUFFER_CACHE_BYTES:
+        return torch.empty(batch, vocab, dtype=torch.float64), torch.empty(batch, vocab, dtype=torch.float64)
+    cached = getattr(_BUFFERS, "native", None)
+    if cached is None or cached.shape[1] < size:
+        cached = _BUFFERS.native = torch.empty(2, size, dtype=torch.float64)
+    return cached[0, :size].view(batch, vocab), cached[1, :size].view(batch, vocab)
 
 
 # --------------------------------------------------------------------------------------------
