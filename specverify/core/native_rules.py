@@ -1,4 +1,5 @@
-"""The fused CPU kernel of the chain rules (``native/verify_kernel.c``): build, load, call.
+"""The fused CPU kernel of the chain rules and the native tree walk (``native/verify_kernel.c``):
+build, load, call.
 
 :func:`specverify.core.rules.rejection_sample`, :func:`~specverify.core.rules.point_mass_verify` and
 :func:`~specverify.core.rules.greedy_verify` call :func:`verify` first; it returns ``None`` whenever
@@ -9,6 +10,12 @@ input row in use, runs the accept tests and draws the final token of each row; i
 bit-identical to the torch rule's under the same uniforms (tests/core/test_native_rules.py).  When the
 screen flags anything, :func:`verify` returns ``None`` (the generator restored) so that the torch
 rule words the error, exactly as before.
+
+:func:`specverify.core.tree_rules.tree_rejection_sample` and
+:func:`~specverify.core.tree_rules.point_mass_tree_verify` call :func:`tree_verify` likewise
+(:func:`tree_applies` decides): the kernel screens the tree and its rows, runs each node's accept
+tests and residuals and the final draw, and the Python loop in between takes the residuals' totals
+with ``torch.sum`` over the ``[B, V]`` float64 buffer, as the torch walk does (tests/core/test_native_tree_rules.py).
 
 The kernel is plain C (no torch headers): ``$CC`` (default ``cc``) compiles it once in about a
 second with ``-O3 -march=native`` into ``$SPECVERIFY_CACHE`` (default ``~/.cache/specverify``),

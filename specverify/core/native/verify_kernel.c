@@ -1,4 +1,5 @@
-/* Fused CPU kernel of the chain verification rules of specverify.core.rules.
+/* Fused CPU kernel of the chain verification rules of specverify.core.rules, and the native tree
+ * walk of specverify.core.tree_rules (its own section at the end of the file).
  *
  * One call per rule invocation does, for every batch row: the validity screen of every input row in
  * use (one pass: no entry with its sign bit set, row sum within tolerance of 1), the accept tests on
