@@ -15,7 +15,8 @@ rule words the error, exactly as before.
 :func:`~specverify.core.tree_rules.point_mass_tree_verify` call :func:`tree_verify` likewise
 (:func:`tree_applies` decides): the kernel screens the tree and its rows, runs each node's accept
 tests and residuals and the final draw, and the Python loop in between takes the residuals' totals
-with ``torch.sum`` over the ``[B, V]`` float64 buffer, as the torch walk does (tests/core/test_native_tree_rules.py).
+with ``torch.sum`` over the ``[B, V]`` float64 buffer, as the torch walk does; ``greedy_tree_verify``
+calls :func:`tree_greedy` (tests/core/test_native_tree_rules.py).
 
 The kernel is plain C (no torch headers): ``$CC`` (default ``cc``) compiles it once in about a
 second with ``-O3 -march=native`` into ``$SPECVERIFY_CACHE`` (default ``~/.cache/specverify``),
@@ -146,6 +147,9 @@ def build(source: bytes) -> ctypes.CDLL | None:
                                     int64, pointer, pointer, pointer, pointer, pointer, pointer, pointer, pointer,
                                     ctypes.c_int, pointer, pointer, pointer]
     lib.sv_tree_advance.restype = int64
+    lib.sv_tree_greedy.argtypes = [ctypes.c_int, pointer, int64, int64, int64, pointer, pointer, ctypes.c_int,
+                                   ctypes.c_double, pointer, pointer, pointer]
+    lib.sv_tree_greedy.restype = ctypes.c_int
     return lib
 
 
@@ -297,3 +301,18 @@ def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tr
             return TreeOutcome(emitted, depth, current, exact_rows.value, sums)
         totals = buffers[into.value].sum(-1)  # torch's own totals, over a [B, V] buffer as in the torch walk
         sums += 1
+
+
+def tree_greedy(target_probs: torch.Tensor, tree_tokens: torch.Tensor, parents: torch.Tensor, validate: bool, *,
+                limit: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Greedy tree verification (:func:`specverify.core.tree_rules.greedy_tree_verify`) on inputs that
+    :func:`tree_applies` accepted: ``(emitted, num_accepted, last_node)``, or ``None`` when the kernel
+    flagged them (a row in use that fails the screen, or with a sign bit set or a NaN: ``torch.argmax`` decides)."""
+    batch, positions, vocab = target_probs.shape
+    emitted = torch.empty(batch, positions, dtype=torch.int64)
+    depth = torch.empty(batch, dtype=torch.int64)
+    last_node = torch.empty(batch, dtype=torch.int64)
+    status = library().sv_tree_greedy(DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(), batch, positions - 1,
+                                      vocab, tree_tokens.data_ptr(), parents.data_ptr(), int(validate), limit,
+                                      emitted.data_ptr(), depth.data_ptr(), last_node.data_ptr())
+    return None if status == _FLAGGED else (emitted, depth, last_node)

@@ -495,7 +495,16 @@ def greedy_tree_verify(
     target's argmax at the current node, while one exists; then emit that node's argmax.  The
     emitted tokens are always a prefix of the target's greedy decoding (the temperature-0 limit of
     :func:`tree_rejection_sample`).  ``argmax`` is ``torch.argmax`` (first maximal index).  No randomness.
+    Native on contiguous CPU float32/bfloat16 inputs (:func:`specverify.core.native_rules.tree_greedy`:
+    the screen and the argmax of the rows visited only), with the same outputs.
     """
+    if native_rules.tree_applies(target_probs, None, tree_tokens, parents, None, None):
+        if validate:
+            _check_tree_structure(target_probs, None, tree_tokens, parents, None, None, False)
+        fast = native_rules.tree_greedy(target_probs, tree_tokens, parents, validate,
+                                        limit=_native_screen_limit(target_probs.dtype, target_probs.shape[-1]))
+        if fast is not None:
+            return TreeVerifyResult(*fast)
     if validate:
         validate_tree_inputs(target_probs, None, tree_tokens, parents, needs_randomness=False)
     batch, positions, _ = target_probs.shape

@@ -359,3 +359,36 @@ def test_the_residuals_are_the_torch_expressions_bit_for_bit(monkeypatch, tmp_pa
     monkeypatch.setattr(native_rules, "library", lambda: fused)
     buffers, second = residual_buffers(*case)
     assert not torch.equal(buffers[1], second)
+
+
+def greedy_friendly_tree(p, tokens, parents, seed):
+    """Tokens that equal the target's argmax at their parent for ~70 % of the present nodes."""
+    gen = torch.Generator().manual_seed(seed)
+    at_parent = p.argmax(-1).gather(1, parents + 1)
+    agree = torch.rand(tokens.shape, generator=gen) < 0.7
+    return torch.where(agree & (tokens >= 0), at_parent, tokens)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES, ids=str)
+def test_greedy_tree_verify_gives_the_torch_outputs_and_errors(dtype, monkeypatch):
+    taken = []
+    original = native_rules.tree_greedy
+    monkeypatch.setattr(native_rules, "tree_greedy", lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
+    for shape in SHAPES:
+        p, q, tokens, parents, u = random_tree_case(derive_seed("native-tree-greedy", shape, str(dtype)), *shape, dtype)
+        tokens = greedy_friendly_tree(p, tokens, parents, 0)
+        for validate in (True, False):
+            assert_same(on_path(False, tree_rules.greedy_tree_verify, p, tokens, parents, validate=validate),
+                        on_path(True, tree_rules.greedy_tree_verify, p, tokens, parents, validate=validate))
+        assert taken[-1] is not None
+        if shape[-1] >= 3:
+            for label, (bad_p, _, bad_tokens, bad_parents, _) in _corruptions(p, q, tokens, parents, u):
+                assert_same(on_path(False, tree_rules.greedy_tree_verify, bad_p, bad_tokens, bad_parents),
+                            on_path(True, tree_rules.greedy_tree_verify, bad_p, bad_tokens, bad_parents))
+    ties = torch.tensor([[[0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]]])  # first maximal index
+    for token in range(4):
+        assert_same(on_path(False, tree_rules.greedy_tree_verify, ties.to(dtype), torch.tensor([[token]]),
+                            torch.tensor([[-1]])),
+                    on_path(True, tree_rules.greedy_tree_verify, ties.to(dtype), torch.tensor([[token]]),
+                            torch.tensor([[-1]])))

@@ -575,10 +575,8 @@ static int64_t f64_draw(const double *r, int64_t vocab, double u, int force_exac
  * injected uniforms in [0, 1).  Structure: tokens -1 or in [0, V), absent nodes last with parent -1,
  * a present node's parent -1 or an earlier present node.  Returns SV_OK or SV_FLAGGED (the caller's
  * torch code decides). */
-int sv_tree_check(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
-                  int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
-                  int validate, double target_limit, double draft_limit) {
-    int64_t positions = num_nodes + 1;
+static int tree_structure_ok(int64_t batch, int64_t num_nodes, int64_t vocab, const int64_t *tokens,
+                             const int64_t *parents) {
     for (int64_t b = 0; b < batch; b++) {
         const int64_t *row_tokens = tokens + b * num_nodes, *row_parents = parents + b * num_nodes;
         int absent_seen = 0;
@@ -586,13 +584,21 @@ int sv_tree_check(int dtype, const void *target, const void *draft, int64_t batc
             int64_t token = row_tokens[n], parent = row_parents[n];
             if (token == -1) {
                 absent_seen = 1;
-                if (parent != -1) return SV_FLAGGED;
+                if (parent != -1) return 0;
                 continue;
             }
-            if (absent_seen || token < 0 || token >= vocab || parent < -1 || parent >= n) return SV_FLAGGED;
-            if (parent >= 0 && row_tokens[parent] == -1) return SV_FLAGGED;
+            if (absent_seen || token < 0 || token >= vocab || parent < -1 || parent >= n) return 0;
+            if (parent >= 0 && row_tokens[parent] == -1) return 0;
         }
     }
+    return 1;
+}
+
+int sv_tree_check(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
+                  int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
+                  int validate, double target_limit, double draft_limit) {
+    int64_t positions = num_nodes + 1;
+    if (!tree_structure_ok(batch, num_nodes, vocab, tokens, parents)) return SV_FLAGGED;
     if (!validate) return SV_OK;
     if (uniforms)
         for (int64_t k = 0; k < batch * positions; k++)
@@ -610,6 +616,18 @@ int sv_tree_check(int dtype, const void *target, const void *draft, int64_t batc
         }
     }
     return SV_OK;
+}
+
+/* emitted row: the tokens root -> last, then `final`, then -1; returns the depth of `last`. */
+static int64_t emit_path_row(const int64_t *tokens, const int64_t *parents, int64_t num_nodes, int64_t last,
+                             int64_t final, int64_t *out) {
+    int64_t length = 0;
+    for (int64_t node = last; node >= 0; node = parents[node]) length++;
+    int64_t i = length;
+    for (int64_t node = last; node >= 0; node = parents[node]) out[--i] = tokens[node];
+    out[length] = final;
+    for (i = length + 1; i <= num_nodes; i++) out[i] = -1;
+    return length;
 }
 
 /* The walk from node `start` (0: from the root; the caller zeroes `held`).  State per row: current
@@ -686,15 +704,39 @@ int64_t sv_tree_advance(int dtype, const void *target, const void *draft, int64_
             token = bf16_final((const uint16_t *)target + (b * positions + current[b] + 1) * vocab, NULL, -1, vocab, u,
                                force_exact, exact_rows);
         if (token == -3) return -3;
-        int64_t length = 0;
-        for (int64_t node = current[b]; node >= 0; node = parents[b * num_nodes + node]) length++;
-        int64_t *out = emitted + b * positions;
-        int64_t i = length;
-        for (int64_t node = current[b]; node >= 0; node = parents[b * num_nodes + node])
-            out[--i] = tokens[b * num_nodes + node];
-        out[length] = token;
-        for (i = length + 1; i < positions; i++) out[i] = -1;
-        depth[b] = length;
+        depth[b] = emit_path_row(tokens + b * num_nodes, parents + b * num_nodes, num_nodes, current[b], token,
+                                 emitted + b * positions);
     }
     return num_nodes + 1;
+}
+
+/* Greedy tree verification (greedy_tree_verify): descend into the first child whose token is the
+ * argmax (first maximal index) of the target row at the current node, then emit that row's argmax.
+ * Every target row in use is screened with validate; a row with a sign bit set or a NaN (argmax
+ * -1) is flagged, so that torch.argmax decides.  Returns SV_OK or SV_FLAGGED. */
+int sv_tree_greedy(int dtype, const void *target, int64_t batch, int64_t num_nodes, int64_t vocab,
+                   const int64_t *tokens, const int64_t *parents, int validate, double target_limit,
+                   int64_t *emitted, int64_t *depth, int64_t *last_node) {
+    int64_t positions = num_nodes + 1;
+    if (!tree_structure_ok(batch, num_nodes, vocab, tokens, parents)) return SV_FLAGGED;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row_tokens = tokens + b * num_nodes, *row_parents = parents + b * num_nodes;
+        if (validate) {
+            if (!row_ok(dtype, target, b * positions * vocab, vocab, target_limit)) return SV_FLAGGED;
+            for (int64_t n = 0; n < num_nodes && row_tokens[n] >= 0; n++)
+                if (!row_ok(dtype, target, (b * positions + n + 1) * vocab, vocab, target_limit)) return SV_FLAGGED;
+        }
+        int64_t current = -1, best = -1;
+        for (int64_t n = -1; n < num_nodes; n++) {
+            if (n >= 0 && !(row_tokens[n] >= 0 && row_parents[n] == current && row_tokens[n] == best)) continue;
+            current = n;
+            int64_t offset = (b * positions + n + 1) * vocab;
+            best = dtype == 0 ? f32_argmax((const uint32_t *)target + offset, vocab, 0x7f800000u)
+                              : bf16_argmax((const uint16_t *)target + offset, vocab, 0x7f80u);
+            if (best < 0) return SV_FLAGGED;
+        }
+        last_node[b] = current;
+        depth[b] = emit_path_row(row_tokens, row_parents, num_nodes, current, best, emitted + b * positions);
+    }
+    return SV_OK;
 }
