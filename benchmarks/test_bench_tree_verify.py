@@ -6,17 +6,23 @@ tree_verification_inputs`: a complete binary draft tree of N nodes per row):
 - ``copy-into``: ``copy_()`` of the target and draft probabilities into buffers allocated before
   timing (the steady-state copy bandwidth, the reference of issue 12);
 - ``verify`` / ``verify+validate``: ``specverify.core.tree_rules.tree_rejection_sample`` without
-  and with input validation (the default);
+  and with input validation (the default), which takes the native walk
+  (``specverify.core.native_rules.tree_verify``) for these contiguous CPU float32/bfloat16 inputs;
+- ``torch`` / ``torch+validate``: the same rule on its torch code (``SPECVERIFY_NATIVE=0``);
 - ``before`` / ``before+validate``: the tree rule before issue 12's speed-up
   (``benchmarks/legacy_tree_rules.py``, a frozen copy), timed side by side in one run.
 
 N = bytes of ``target_probs [B, N+1, V]`` + ``draft_probs [B, N, V]``; the fraction of copy-into
 bandwidth of a variant is ``t(copy-into) / t(variant)`` (``benchmarks/report.py``).  The recursive
 rule has no two-row shortcut: a rejected sibling updates the float64 residual of its whole row, so
-its work grows with the number of rejections along the walk, up to N rows per request.
+its work grows with the number of rejections along the walk, up to N rows per request, and the totals
+of the residuals are taken by ``torch.sum`` over the whole ``[B, V]`` float64 buffer after every node
+with a rejection (on both paths: a C sum could not reproduce torch's summation order).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -24,13 +30,14 @@ import torch
 from benchmarks.legacy_tree_rules import tree_rejection_sample as tree_rejection_sample_before
 from benchmarks.test_bench_verify import dtype_name
 from benchmarks.workloads import synchronized, tree_verification_inputs
+from specverify.core import native_rules
 from specverify.core.tree_rules import tree_rejection_sample
 
 BATCHES = (1, 8, 64)
 NUM_NODES = (4, 8)
 VOCABS = (32_768, 131_072)
 DTYPES = (torch.float32, torch.bfloat16)
-VARIANTS = ("copy-into", "verify", "verify+validate", "before", "before+validate")
+VARIANTS = ("copy-into", "verify", "verify+validate", "before", "before+validate", "torch", "torch+validate")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -51,9 +58,11 @@ def test_tree_verification_step(benchmark, variant: str, batch: int, num_nodes: 
     else:
         rule = tree_rejection_sample_before if variant.startswith("before") else tree_rejection_sample
         validate = variant.endswith("+validate")
+        torch_only = native_rules.disabled() if variant.startswith("torch") else contextlib.nullcontext()
 
         def step():
-            return rule(*inputs, generator, validate=validate)
+            with torch_only:
+                return rule(*inputs, generator, validate=validate)
 
     benchmark.group = f"tree B={batch} N={num_nodes} V={vocab} {dtype_name(dtype)} {device}"
     benchmark.extra_info.update(

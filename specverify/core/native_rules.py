@@ -1,4 +1,5 @@
-"""The fused CPU kernel of the chain rules (``native/verify_kernel.c``): build, load, call.
+"""The fused CPU kernel of the chain rules and the native tree walk (``native/verify_kernel.c``):
+build, load, call.
 
 :func:`specverify.core.rules.rejection_sample`, :func:`~specverify.core.rules.point_mass_verify` and
 :func:`~specverify.core.rules.greedy_verify` call :func:`verify` first; it returns ``None`` whenever
@@ -9,6 +10,13 @@ input row in use, runs the accept tests and draws the final token of each row; i
 bit-identical to the torch rule's under the same uniforms (tests/core/test_native_rules.py).  When the
 screen flags anything, :func:`verify` returns ``None`` (the generator restored) so that the torch
 rule words the error, exactly as before.
+
+:func:`specverify.core.tree_rules.tree_rejection_sample` and
+:func:`~specverify.core.tree_rules.point_mass_tree_verify` call :func:`tree_verify` likewise
+(:func:`tree_applies` decides): the kernel screens the tree and its rows, runs each node's accept
+tests and residuals and the final draw, and the Python loop in between takes the residuals' totals
+with ``torch.sum`` over the ``[B, V]`` float64 buffer, as the torch walk does; ``greedy_tree_verify``
+calls :func:`tree_greedy` (tests/core/test_native_tree_rules.py).
 
 The kernel is plain C (no torch headers): ``$CC`` (default ``cc``) compiles it once in about a
 second with ``-O3 -march=native`` into ``$SPECVERIFY_CACHE`` (default ``~/.cache/specverify``),
@@ -33,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 SOURCE = Path(__file__).resolve().parent / "native" / "verify_kernel.c"
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 RULE_CODES = {"rejection": 0, "point_mass": 1, "greedy": 2}
 _FLAGGED, _NO_MEMORY = 1, 2
@@ -132,6 +140,16 @@ def build(source: bytes) -> ctypes.CDLL | None:
                               pointer, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int,
                               pointer, pointer, pointer]
     lib.sv_verify.restype = ctypes.c_int
+    lib.sv_tree_check.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
+                                  ctypes.c_int, ctypes.c_double, ctypes.c_double]
+    lib.sv_tree_check.restype = ctypes.c_int
+    lib.sv_tree_advance.argtypes = [ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer, pointer,
+                                    int64, pointer, pointer, pointer, pointer, pointer, pointer, pointer, pointer,
+                                    ctypes.c_int, pointer, pointer, pointer]
+    lib.sv_tree_advance.restype = int64
+    lib.sv_tree_greedy.argtypes = [ctypes.c_int, pointer, int64, int64, int64, pointer, pointer, ctypes.c_int,
+                                   ctypes.c_double, pointer, pointer, pointer]
+    lib.sv_tree_greedy.restype = ctypes.c_int
     return lib
 
 
@@ -198,3 +216,103 @@ def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | No
             source.set_state(state)
         return None
     return Outcome(emitted, num_accepted, exact_rows.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Tree rules
+# --------------------------------------------------------------------------------------------
+
+
+class TreeOutcome(NamedTuple):
+    """What one native tree walk returned: the rule's three outputs, how many final rows took the
+    exact sequential cumulative sum, and how many times the totals were taken with ``torch.sum``."""
+
+    emitted: torch.Tensor
+    num_accepted: torch.Tensor
+    last_node: torch.Tensor
+    exact_rows: int
+    sums: int
+
+
+def tree_applies(target_probs: object, draft_probs: object, tree_tokens: object, parents: object,
+                 uniforms: object, generator: object) -> bool:
+    """Whether the kernel can take these tree inputs: CPU, contiguous, float32/bfloat16 of one dtype,
+    int64 tokens and parents, shapes consistent (checked here too, since validation may be off), enabled."""
+    if not (isinstance(target_probs, torch.Tensor) and target_probs.dtype in DTYPE_CODES
+            and target_probs.device.type == "cpu" and target_probs.dim() == 3 and target_probs.is_contiguous()):
+        return False
+    batch, positions, vocab = target_probs.shape
+    if batch < 1 or positions < 2 or vocab < 1:
+        return False
+    tensors = [(tree_tokens, torch.int64, (batch, positions - 1)), (parents, torch.int64, (batch, positions - 1))]
+    if draft_probs is not None:
+        tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
+    for tensor, dtype, shape in tensors:
+        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
+                and tensor.device.type == "cpu" and tensor.is_contiguous()):
+            return False
+    if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
+                                     and tuple(uniforms.shape) == (batch, positions) and uniforms.device.type == "cpu"):
+        return False
+    if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
+        return False
+    return enabled()
+
+
+def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
+                parents: torch.Tensor, draw_uniforms, uniforms: torch.Tensor | None, validate: bool,
+                buffers: tuple[torch.Tensor, torch.Tensor], *, limit: float = 0.0,
+                force_exact: bool = False) -> TreeOutcome | None:
+    """Recursive rejection sampling over the tree (``draft_probs`` given) or its point-mass form
+    (``None``) on inputs that :func:`tree_applies` accepted; ``None`` when the kernel flagged them
+    (before any uniform was drawn).  ``draw_uniforms()`` returns the step's float64 uniforms
+    ``[B, N+1]`` (:func:`specverify.core.tree_rules.step_uniforms`); ``buffers`` are two float64
+    ``[B, V]`` contiguous scratch tensors (the residuals); ``limit`` is the screen's bound on
+    ``|row sum - 1|``; ``force_exact`` sends every final row through the sequential cumulative sum.
+    After each node with a rejecting row the residuals' totals are taken with ``torch.sum(-1)``
+    over the ``[B, V]`` buffer holding them, exactly as the torch walk takes them."""
+    batch, positions, vocab = target_probs.shape
+    lib, dtype = library(), DTYPE_CODES[target_probs.dtype]
+    injected = uniforms.to(torch.float64).contiguous() if uniforms is not None and validate else None
+    target, draft = target_probs.data_ptr(), draft_probs.data_ptr() if draft_probs is not None else None
+    shape = (batch, positions - 1, vocab)
+    tokens, parent_ptr = tree_tokens.data_ptr(), parents.data_ptr()
+    if lib.sv_tree_check(dtype, target, draft, *shape, tokens, parent_ptr,
+                         injected.data_ptr() if injected is not None else None, int(validate), limit, limit) == _FLAGGED:
+        return None
+    u = draw_uniforms().contiguous()
+    s = torch.ones(batch, dtype=torch.float64)  # a fresh target row counts as normalised
+    current = torch.full((batch,), -1, dtype=torch.int64)
+    state = torch.zeros(2, batch, dtype=torch.int8)  # held, rejecting
+    held, rejecting = state[0], state[1]
+    emitted = torch.empty(batch, positions, dtype=torch.int64)
+    depth = torch.empty(batch, dtype=torch.int64)
+    into, exact_rows = ctypes.c_int64(0), ctypes.c_int64(0)
+    start, totals, sums = 0, None, 0
+    while True:
+        start = lib.sv_tree_advance(dtype, target, draft, *shape, tokens, parent_ptr, u.data_ptr(), start,
+                                    totals.data_ptr() if totals is not None else None, buffers[0].data_ptr(),
+                                    buffers[1].data_ptr(), s.data_ptr(), current.data_ptr(), held.data_ptr(),
+                                    rejecting.data_ptr(), ctypes.byref(into), int(force_exact), emitted.data_ptr(),
+                                    depth.data_ptr(), ctypes.byref(exact_rows))
+        if start < 0:
+            raise MemoryError("specverify native kernel: out of memory for its scratch buffers")
+        if start == positions:
+            return TreeOutcome(emitted, depth, current, exact_rows.value, sums)
+        totals = buffers[into.value].sum(-1)  # torch's own totals, over a [B, V] buffer as in the torch walk
+        sums += 1
+
+
+def tree_greedy(target_probs: torch.Tensor, tree_tokens: torch.Tensor, parents: torch.Tensor, validate: bool, *,
+                limit: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Greedy tree verification (:func:`specverify.core.tree_rules.greedy_tree_verify`) on inputs that
+    :func:`tree_applies` accepted: ``(emitted, num_accepted, last_node)``, or ``None`` when the kernel
+    flagged them (a row in use that fails the screen, or with a sign bit set or a NaN: ``torch.argmax`` decides)."""
+    batch, positions, vocab = target_probs.shape
+    emitted = torch.empty(batch, positions, dtype=torch.int64)
+    depth = torch.empty(batch, dtype=torch.int64)
+    last_node = torch.empty(batch, dtype=torch.int64)
+    status = library().sv_tree_greedy(DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(), batch, positions - 1,
+                                      vocab, tree_tokens.data_ptr(), parents.data_ptr(), int(validate), limit,
+                                      emitted.data_ptr(), depth.data_ptr(), last_node.data_ptr())
+    return None if status == _FLAGGED else (emitted, depth, last_node)

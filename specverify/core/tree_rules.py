@@ -75,7 +75,9 @@ from typing import NamedTuple
 
 import torch
 
-from specverify.core.rules import _check_device, _distribution_problems, _rows_look_valid, check_randomness_source
+from specverify.core import native_rules
+from specverify.core.rules import (_check_device, _distribution_problems, _native_screen_limit, _rows_look_valid,
+                                   check_randomness_source)
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
@@ -379,6 +381,45 @@ def _walk_buffers(batch: int, vocab: int, device: torch.device) -> tuple[torch.T
     return tuple(cached[i, :size].view(batch, vocab) for i in range(3))
 
 
+def _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, validate):
+    """:func:`_tree_walk` with the exact rule's tests and residuals on the native kernel
+    (:func:`specverify.core.native_rules.tree_verify`), or ``None`` when it does not apply (the
+    caller then runs its torch code).  With ``validate`` the structure checks of
+    :func:`validate_tree_inputs` run first (no device reads); the kernel screens the structure and
+    the rows in use; when it flags anything, :func:`validate_tree_inputs` words the error (or finds
+    none, and the torch walk runs)."""
+    if not native_rules.tree_applies(target_probs, draft_probs, tree_tokens, parents, uniforms, generator):
+        return None
+    if validate:
+        _check_tree_structure(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, True)
+    batch, _, vocab = target_probs.shape
+    outcome = native_rules.tree_verify(
+        target_probs, draft_probs, tree_tokens, parents, lambda: step_uniforms(target_probs, generator, uniforms),
+        uniforms, validate, _native_walk_buffers(batch, vocab), limit=_native_screen_limit(target_probs.dtype, vocab))
+    if outcome is None:
+        if validate:
+            validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
+        return None
+    return TreeVerifyResult(outcome.emitted, outcome.num_accepted, outcome.last_node)
+
+
+NATIVE_BUFFER_CACHE_BYTES = 256 << 20
+"""Largest size (256 MiB: B = 64 at V = 256k) of the native walk's two float64 ``[B, V]`` residual
+buffers kept per thread between calls (:func:`_native_walk_buffers`); larger ones are allocated per call."""
+
+
+def _native_walk_buffers(batch: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two float64 ``[B, V]`` CPU buffers for the native walk's residuals, kept per thread up to
+    :data:`NATIVE_BUFFER_CACHE_BYTES` (faulting fresh pages in costs about as much as the walk)."""
+    size = batch * vocab
+    if 2 * size * 8 > NATIVE_BUFFER_CACHE_BYTES:
+        return torch.empty(batch, vocab, dtype=torch.float64), torch.empty(batch, vocab, dtype=torch.float64)
+    cached = getattr(_BUFFERS, "native", None)
+    if cached is None or cached.shape[1] < size:
+        cached = _BUFFERS.native = torch.empty(2, size, dtype=torch.float64)
+    return cached[0, :size].view(batch, vocab), cached[1, :size].view(batch, vocab)
+
+
 # --------------------------------------------------------------------------------------------
 # Lossless rules
 # --------------------------------------------------------------------------------------------
@@ -403,8 +444,13 @@ def tree_rejection_sample(
     (top-k, n-gram; equivalent in law to sampling from the target and matching a child).
     Duplicate sibling tokens under independent drawing need no special case: a rejected token
     has ``q(x) > p(x)``, so the residual gives it 0 and its duplicates are rejected too.
-    Vectorised over rows (ragged trees, absent nodes last); a loop over the N node indices.
+    Vectorised over rows (ragged trees, absent nodes last); a loop over the N node indices.  On
+    contiguous CPU float32/bfloat16 inputs the walk's tests, residuals and final draw run on the
+    native kernel (:func:`_native_walk`), with the totals still taken by ``torch.sum``: the same outputs.
     """
+    fast = _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, validate)
+    if fast is not None:
+        return fast
     if validate:
         validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
@@ -425,8 +471,12 @@ def point_mass_tree_verify(
     children chosen deterministically, or any way independent of the step's uniforms *with
     distinct sibling tokens*; ``draft_probs`` is not needed.  Accept ``c`` iff ``u_c < p(x_c)``;
     after a rejection ``p`` loses ``x_c`` and is renormalised.  In law: sample ``t ~ p`` at each
-    node and descend into the child holding ``t`` (SGLang's target-only tree sampling).
+    node and descend into the child holding ``t`` (SGLang's target-only tree sampling).  Native on
+    contiguous CPU float32/bfloat16 inputs, as :func:`tree_rejection_sample`.
     """
+    fast = _native_walk(target_probs, None, tree_tokens, parents, generator, uniforms, validate)
+    if fast is not None:
+        return fast
     if validate:
         validate_tree_inputs(target_probs, None, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
@@ -445,7 +495,16 @@ def greedy_tree_verify(
     target's argmax at the current node, while one exists; then emit that node's argmax.  The
     emitted tokens are always a prefix of the target's greedy decoding (the temperature-0 limit of
     :func:`tree_rejection_sample`).  ``argmax`` is ``torch.argmax`` (first maximal index).  No randomness.
+    Native on contiguous CPU float32/bfloat16 inputs (:func:`specverify.core.native_rules.tree_greedy`:
+    the screen and the argmax of the rows visited only), with the same outputs.
     """
+    if native_rules.tree_applies(target_probs, None, tree_tokens, parents, None, None):
+        if validate:
+            _check_tree_structure(target_probs, None, tree_tokens, parents, None, None, False)
+        fast = native_rules.tree_greedy(target_probs, tree_tokens, parents, validate,
+                                        limit=_native_screen_limit(target_probs.dtype, target_probs.shape[-1]))
+        if fast is not None:
+            return TreeVerifyResult(*fast)
     if validate:
         validate_tree_inputs(target_probs, None, tree_tokens, parents, needs_randomness=False)
     batch, positions, _ = target_probs.shape

@@ -7,6 +7,12 @@ frozen twin on random ragged trees (shapes up to V = 128k, fp32/bf16/fp16/fp64, 
 the target itself for high acceptance, exact zeros, one-hot rows, uniforms at the acceptance edge),
 with injected uniforms and with generators; outputs must be equal tensors and corrupted inputs must
 raise the same ``ValueError`` message.
+
+The comparisons run on both paths of the rules (the ``rule_path`` fixture): the native walk
+(``specverify.core.native_rules.tree_verify``, taken by ``tree_rejection_sample`` and
+``point_mass_tree_verify`` for contiguous CPU float32/bfloat16 inputs) and the torch code
+(``SPECVERIFY_NATIVE=0``).  On the native path a test of those rules and dtypes must have taken it.
+tests/core/test_native_tree_rules.py checks the kernel's own pieces and mutants.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import pytest
 import torch
 
 from benchmarks import legacy_tree_rules as frozen
-from specverify.core import tree_rules
+from specverify.core import native_rules, tree_rules
 from specverify.core.seeding import derive_seed
 
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -29,6 +35,32 @@ RULES = [
     ("unchanged_target_tree_verify", True, {}),
     ("thresholded_tree_verify", True, {}),
 ]
+
+
+NATIVE_RULES = ("tree_rejection_sample", "point_mass_tree_verify")
+
+
+@pytest.fixture(params=["native", "torch"])
+def rule_path(request, monkeypatch):
+    """Run the test on the native walk or on the torch code; yields the list of the native walk's
+    outcomes (``None``: it declined or flagged the inputs), which stays empty on the torch path."""
+    taken: list = []
+    if request.param == "torch":
+        monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
+        yield taken
+        return
+    if not native_rules.enabled():
+        pytest.skip("no C compiler: the native kernel cannot be built")
+    original = native_rules.tree_verify
+    monkeypatch.setattr(native_rules, "tree_verify", lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
+    yield taken
+
+
+def assert_native_taken(taken, request, name, dtype):
+    """On the native path, a native rule on float32/bfloat16 inputs must have run the native walk."""
+    if request.node.callspec.params.get("rule_path") == "native" and name in NATIVE_RULES \
+            and dtype in (torch.float32, torch.bfloat16):
+        assert any(result is not None for result in taken), "the native path was never taken"
 
 
 def random_rows(gen: torch.Generator, shape: tuple[int, ...], zero_fraction: float) -> torch.Tensor:
@@ -99,20 +131,23 @@ LARGE_SHAPES = [(4, 5, 4099), (3, 4, 32_768)]
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("rule", RULES, ids=[name for name, _, _ in RULES])
-def test_same_outputs_as_the_frozen_tree_rule(rule, shape, dtype):
+def test_same_outputs_as_the_frozen_tree_rule(rule, shape, dtype, rule_path, request):
     name, with_draft, _ = rule
     for repeat in range(3):
         case = random_tree_case(derive_seed("tree-identity", name, shape, str(dtype), repeat), *shape, dtype)
         compare(name, with_draft, *case)
         compare(name, with_draft, *case, validate=False)
+    assert_native_taken(rule_path, request, name, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", LARGE_SHAPES, ids=str)
-def test_same_outputs_as_the_frozen_tree_rule_at_large_vocabularies(shape, dtype):
+def test_same_outputs_as_the_frozen_tree_rule_at_large_vocabularies(shape, dtype, rule_path, request):
     case = random_tree_case(derive_seed("tree-identity-large", shape, str(dtype)), *shape, dtype)
     compare("tree_rejection_sample", True, *case)
     compare("tree_rejection_sample", True, *case, validate=False)
+    compare("point_mass_tree_verify", False, *case)
+    assert_native_taken(rule_path, request, "tree_rejection_sample", dtype)
 
 
 def test_greedy_tree_rule_unchanged():
@@ -124,19 +159,23 @@ def test_greedy_tree_rule_unchanged():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_same_outputs_at_128k(dtype):
+def test_same_outputs_at_128k(dtype, rule_path, request):
     case = random_tree_case(derive_seed("tree-identity-128k", str(dtype)), 2, 4, 131_072, dtype)
     compare("tree_rejection_sample", True, *case)
+    assert_native_taken(rule_path, request, "tree_rejection_sample", dtype)
 
 
-def test_same_outputs_under_the_same_generator():
-    p, q, tokens, parents, _ = random_tree_case(derive_seed("tree-identity-gen"), 9, 6, 300, torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_same_outputs_under_the_same_generator(dtype, rule_path, request):
+    p, q, tokens, parents, _ = random_tree_case(derive_seed("tree-identity-gen", str(dtype)), 9, 6, 300, dtype)
     for seed in range(3):
-        old_gen, new_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        old = frozen.tree_rejection_sample(p, q, tokens, parents, old_gen)
-        new = tree_rules.tree_rejection_sample(p, q, tokens, parents, new_gen)
-        assert_same(tuple(old), tuple(new))
-        assert torch.equal(old_gen.get_state(), new_gen.get_state())
+        for name, draft in (("tree_rejection_sample", (q,)), ("point_mass_tree_verify", ())):
+            old_gen, new_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            old = getattr(frozen, name)(p, *draft, tokens, parents, old_gen)
+            new = getattr(tree_rules, name)(p, *draft, tokens, parents, new_gen)
+            assert_same(tuple(old), tuple(new))
+            assert torch.equal(old_gen.get_state(), new_gen.get_state())
+    assert_native_taken(rule_path, request, "tree_rejection_sample", dtype)
 
 
 def test_float64_inputs_are_not_modified():
@@ -170,6 +209,7 @@ def _corruptions(p, q, tokens, parents, u):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.usefixtures("rule_path")
 def test_same_validation_errors_as_the_frozen_validator(dtype):
     for shape in [(1, 1, 3), (4, 3, 50), (3, 2, 4096)]:
         case = random_tree_case(derive_seed("tree-identity-validation", shape, str(dtype)), *shape, dtype)

@@ -1,4 +1,5 @@
-/* Fused CPU kernel of the chain verification rules of specverify.core.rules.
+/* Fused CPU kernel of the chain verification rules of specverify.core.rules, and the native tree
+ * walk of specverify.core.tree_rules (its own section at the end of the file).
  *
  * One call per rule invocation does, for every batch row: the validity screen of every input row in
  * use (one pass: no entry with its sign bit set, row sum within tolerance of 1), the accept tests on
@@ -451,6 +452,291 @@ int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_
         if (final_token == -3) return SV_NO_MEMORY;
         num_accepted[b] = accepted;
         emit_row(emitted + b * positions, row_tokens, num_drafts, accepted, final_token);
+    }
+    return SV_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tree rules (specverify.core.tree_rules: tree_rejection_sample, point_mass_tree_verify).
+ *
+ * The walk of _tree_walk, driven from Python one node index at a time.  Per row the current law r
+ * (float64, total s) is either the unmodified target row at the current node (s = 1; read from the
+ * input, whose float64 cast is exact: nothing is copied) or a residual held in one of two float64
+ * [B, V] buffers.  sv_tree_advance runs the accept tests of the tested rows of node n on gathered
+ * scalars (u_n * q_n(x_n) * s < r(x_n) in float64, left to right as the torch expression; an
+ * accepting row's law becomes its node's target row) and writes each rejecting row's
+ * max(0, r - (q_n * s)) (the product rounded, then the difference, then the clamp: as
+ * torch.sub(r, q.mul_(s)).clamp_(min=0); built with -ffp-contract=off, so no fused multiply-add)
+ * into one of the buffers, the same for every rejecting row of the node.  It then returns to the
+ * caller, which takes the totals with torch.sum over that [B, V] buffer, so that the totals are
+ * torch's own bits (a C sum could not reproduce torch's summation order), and calls again to commit
+ * them (a row keeps its residual iff its total is > 0, the rounding fallback) and go on.  After the
+ * last node it draws each row's final token from r by the certified inverse CDF (float64 terms, or
+ * the input row's terms as the chain rules' bonus draw) and writes the emitted path.
+ * ------------------------------------------------------------------------------------------- */
+
+static inline double value_at(int dtype, const void *base, int64_t index) {
+    return dtype == 0 ? (double)f32_value(((const uint32_t *)base)[index])
+                      : (double)bf16_value(((const uint16_t *)base)[index]);
+}
+
+static int row_ok(int dtype, const void *base, int64_t offset, int64_t vocab, double limit) {
+    return dtype == 0 ? f32_row_ok((const uint32_t *)base + offset, vocab, limit)
+                      : bf16_row_ok((const uint16_t *)base + offset, vocab, limit);
+}
+
+#define SV_RESIDUAL_LOOP(SOURCE, SCALED)                                                             \
+    for (int64_t t = 0; t < vocab; t++) {                                                             \
+        double d = (SOURCE) - (SCALED);                                                               \
+        out[t] = d < 0.0 ? 0.0 : d;                                                                   \
+    }
+
+/* out := max(0, r - q * s) over the row: r is `r_row` (float64) or, when NULL, the target row at
+ * `p_offset` (then s = 1); q is the draft row at `q_offset`, or onehot(token) when draft is NULL. */
+static void residual_row(int dtype, const double *r_row, const void *target, int64_t p_offset, const void *draft,
+                         int64_t q_offset, int64_t token, double total, int64_t vocab, double *out) {
+    const uint32_t *p32 = (const uint32_t *)target + p_offset, *q32 = draft ? (const uint32_t *)draft + q_offset : NULL;
+    const uint16_t *p16 = (const uint16_t *)target + p_offset, *q16 = draft ? (const uint16_t *)draft + q_offset : NULL;
+    double zero_scaled = 0.0 * total;
+    if (!draft) {
+        if (r_row) { SV_RESIDUAL_LOOP(r_row[t], zero_scaled) }
+        else if (dtype == 0) { SV_RESIDUAL_LOOP((double)f32_value(p32[t]), zero_scaled) }
+        else { SV_RESIDUAL_LOOP((double)bf16_value(p16[t]), zero_scaled) }
+        double r_x = r_row ? r_row[token] : value_at(dtype, target, p_offset + token);
+        double d = r_x - 1.0 * total;
+        out[token] = d < 0.0 ? 0.0 : d;
+    } else if (dtype == 0) {
+        if (r_row) { SV_RESIDUAL_LOOP(r_row[t], (double)f32_value(q32[t]) * total) }
+        else { SV_RESIDUAL_LOOP((double)f32_value(p32[t]), (double)f32_value(q32[t]) * total) }
+    } else {
+        if (r_row) { SV_RESIDUAL_LOOP(r_row[t], (double)bf16_value(q16[t]) * total) }
+        else { SV_RESIDUAL_LOOP((double)bf16_value(p16[t]), (double)bf16_value(q16[t]) * total) }
+    }
+}
+
+/* Sum of r[start..end) in float64 in any order (8 independent accumulators). */
+static double f64_block_sum(const double *r, int64_t start, int64_t end) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t t = start;
+    for (; t + 8 <= end; t += 8)
+        for (int j = 0; j < 8; j++) acc[j] += r[t + j];
+    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; t < end; t++) sum += r[t];
+    return sum;
+}
+
+/* The inverse-CDF token of a float64 row r (torch: search_cdf(r.cumsum(-1), u)), with the certified
+ * shortcut of NAME##_draw; -3 when out of memory. */
+static int64_t f64_draw(const double *r, int64_t vocab, double u, int force_exact, int64_t *exact_rows) {
+    int64_t num_blocks = (vocab + BLOCK - 1) / BLOCK;
+    double *blocks = grown(&scratch_blocks, &blocks_capacity, (size_t)num_blocks);
+    if (!blocks) return -3;
+    double approx_total = 0;
+    for (int64_t b = 0; b < num_blocks; b++) {
+        int64_t end = (b + 1) * BLOCK < vocab ? (b + 1) * BLOCK : vocab;
+        blocks[b] = f64_block_sum(r, b * BLOCK, end);
+        approx_total += blocks[b];
+    }
+    if (!force_exact && approx_total > 0.0 && isfinite(approx_total)) {
+        double delta = 2.0 * (double)(vocab + num_blocks + 3 * BLOCK) * (approx_total * 0x1p-53 * 1.01 + 0x1p-1074);
+        double low_total = approx_total - delta;
+        double th = threshold_of(u, approx_total);
+        double th_low = threshold_of(u, low_total > 0.0 ? low_total : 0.0);
+        double th_high = threshold_of(u, approx_total + delta);
+        double before = 0;
+        int64_t b = 0;
+        for (; b < num_blocks; b++) {
+            double after = before + blocks[b];
+            if (after > th) break;
+            before = after;
+        }
+        if (b < num_blocks) {
+            int64_t end = (b + 1) * BLOCK < vocab ? (b + 1) * BLOCK : vocab;
+            for (int64_t t = b * BLOCK; t < end; t++) {
+                double estimate = before + r[t];
+                if (estimate > th) {
+                    if ((t == 0 || before + delta <= th_low) && th_high < estimate - delta) return t;
+                    break;
+                }
+                before = estimate;
+            }
+        }
+    }
+    ++*exact_rows;
+    double *cumulative = grown(&scratch_cumulative, &cumulative_capacity, (size_t)vocab);
+    if (!cumulative) return -3;
+    double running = 0;
+    for (int64_t t = 0; t < vocab; t++) { running += r[t]; cumulative[t] = running; }
+    return upper_bound(cumulative, vocab, threshold_of(u, running));
+}
+
+/* Structure (always: it guards every memory access of the walk) and, with validate, the screen of
+ * every row in use: target row 0 and n+1 and draft row n of each present node, q_n(x_n) > 0, the
+ * injected uniforms in [0, 1).  Structure: tokens -1 or in [0, V), absent nodes last with parent -1,
+ * a present node's parent -1 or an earlier present node.  Returns SV_OK or SV_FLAGGED (the caller's
+ * torch code decides). */
+static int tree_structure_ok(int64_t batch, int64_t num_nodes, int64_t vocab, const int64_t *tokens,
+                             const int64_t *parents) {
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row_tokens = tokens + b * num_nodes, *row_parents = parents + b * num_nodes;
+        int absent_seen = 0;
+        for (int64_t n = 0; n < num_nodes; n++) {
+            int64_t token = row_tokens[n], parent = row_parents[n];
+            if (token == -1) {
+                absent_seen = 1;
+                if (parent != -1) return 0;
+                continue;
+            }
+            if (absent_seen || token < 0 || token >= vocab || parent < -1 || parent >= n) return 0;
+            if (parent >= 0 && row_tokens[parent] == -1) return 0;
+        }
+    }
+    return 1;
+}
+
+int sv_tree_check(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
+                  int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
+                  int validate, double target_limit, double draft_limit) {
+    int64_t positions = num_nodes + 1;
+    if (!tree_structure_ok(batch, num_nodes, vocab, tokens, parents)) return SV_FLAGGED;
+    if (!validate) return SV_OK;
+    if (uniforms)
+        for (int64_t k = 0; k < batch * positions; k++)
+            if (!(uniforms[k] >= 0.0 && uniforms[k] < 1.0)) return SV_FLAGGED;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row_tokens = tokens + b * num_nodes;
+        if (!row_ok(dtype, target, b * positions * vocab, vocab, target_limit)) return SV_FLAGGED;
+        for (int64_t n = 0; n < num_nodes && row_tokens[n] >= 0; n++) {
+            if (!row_ok(dtype, target, (b * positions + n + 1) * vocab, vocab, target_limit)) return SV_FLAGGED;
+            if (draft) {
+                int64_t row = (b * num_nodes + n) * vocab;
+                if (!(value_at(dtype, draft, row + row_tokens[n]) > 0.0)) return SV_FLAGGED;
+                if (!row_ok(dtype, draft, row, vocab, draft_limit)) return SV_FLAGGED;
+            }
+        }
+    }
+    return SV_OK;
+}
+
+/* emitted row: the tokens root -> last, then `final`, then -1; returns the depth of `last`. */
+static int64_t emit_path_row(const int64_t *tokens, const int64_t *parents, int64_t num_nodes, int64_t last,
+                             int64_t final, int64_t *out) {
+    int64_t length = 0;
+    for (int64_t node = last; node >= 0; node = parents[node]) length++;
+    int64_t i = length;
+    for (int64_t node = last; node >= 0; node = parents[node]) out[--i] = tokens[node];
+    out[length] = final;
+    for (i = length + 1; i <= num_nodes; i++) out[i] = -1;
+    return length;
+}
+
+/* The walk from node `start` (0: from the root; the caller zeroes `held`).  State per row: current
+ * node, total s, held[b] = 0 (r is the target row at the current node) or 1 + the buffer holding r.
+ * When start > 0 the rows flagged in `rejecting` rejected node start-1, their residuals are in
+ * buffer `*buffer` and `totals` holds torch's sums over it: commit them.  Then run nodes start,
+ * start+1, ... until one has a rejecting row: its residuals are written into one buffer (`*buffer`:
+ * a row whose r is held there is first moved to the other one), and the next node index is
+ * returned.  After the last node, draw the final tokens, write emitted [B, N+1] and depth [B], and
+ * return N+1.  Returns -3 when out of memory. */
+int64_t sv_tree_advance(int dtype, const void *target, const void *draft, int64_t batch, int64_t num_nodes,
+                        int64_t vocab, const int64_t *tokens, const int64_t *parents, const double *uniforms,
+                        int64_t start, const double *totals, double *buffer0, double *buffer1, double *s,
+                        int64_t *current, int8_t *held, int8_t *rejecting, int64_t *buffer, int force_exact,
+                        int64_t *emitted, int64_t *depth, int64_t *exact_rows) {
+    int64_t positions = num_nodes + 1;
+    double *buffers[2] = {buffer0, buffer1};
+    if (start > 0) {
+        for (int64_t b = 0; b < batch; b++) {
+            if (!rejecting[b]) continue;
+            rejecting[b] = 0;
+            if (totals[b] > 0.0) {
+                held[b] = (int8_t)(1 + *buffer);
+                s[b] = totals[b];
+            }
+        }
+    }
+    for (int64_t n = start; n < num_nodes; n++) {
+        int64_t held_in[2] = {0, 0}, count = 0;
+        for (int64_t b = 0; b < batch; b++) {
+            int64_t token = tokens[b * num_nodes + n];
+            rejecting[b] = 0;
+            if (token < 0 || parents[b * num_nodes + n] != current[b]) continue;
+            double r_x = held[b] ? buffers[held[b] - 1][b * vocab + token]
+                                 : value_at(dtype, target, (b * positions + current[b] + 1) * vocab + token);
+            double q_x = draft ? value_at(dtype, draft, (b * num_nodes + n) * vocab + token) : 1.0;
+            double scaled = uniforms[b * positions + n] * q_x;
+            scaled = scaled * s[b];
+            if (scaled < r_x) {
+                held[b] = 0;
+                s[b] = 1.0;
+                current[b] = n;
+            } else {
+                rejecting[b] = 1;
+                count++;
+                if (held[b]) held_in[held[b] - 1]++;
+            }
+        }
+        if (!count) continue;
+        int64_t into = held_in[0] <= held_in[1] ? 0 : 1;  /* the buffer fewer rejecting rows' laws are in */
+        double *out_buffer = buffers[into];
+        for (int64_t b = 0; b < batch; b++) {
+            if (!rejecting[b]) continue;
+            if (held[b] == 1 + into) {  /* keep r (for the rounding fallback) in the other buffer */
+                memcpy(buffers[1 - into] + b * vocab, out_buffer + b * vocab, (size_t)vocab * sizeof(double));
+                held[b] = (int8_t)(2 - into);
+            }
+            residual_row(dtype, held[b] ? buffers[held[b] - 1] + b * vocab : NULL, target,
+                         (b * positions + current[b] + 1) * vocab, draft, (b * num_nodes + n) * vocab,
+                         tokens[b * num_nodes + n], s[b], vocab, out_buffer + b * vocab);
+        }
+        *buffer = into;
+        return n + 1;
+    }
+    exact_rows[0] = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        double u = uniforms[b * positions + num_nodes];
+        int64_t token;
+        if (held[b]) token = f64_draw(buffers[held[b] - 1] + b * vocab, vocab, u, force_exact, exact_rows);
+        else if (dtype == 0)
+            token = f32_final((const uint32_t *)target + (b * positions + current[b] + 1) * vocab, NULL, -1, vocab, u,
+                              force_exact, exact_rows);
+        else
+            token = bf16_final((const uint16_t *)target + (b * positions + current[b] + 1) * vocab, NULL, -1, vocab, u,
+                               force_exact, exact_rows);
+        if (token == -3) return -3;
+        depth[b] = emit_path_row(tokens + b * num_nodes, parents + b * num_nodes, num_nodes, current[b], token,
+                                 emitted + b * positions);
+    }
+    return num_nodes + 1;
+}
+
+/* Greedy tree verification (greedy_tree_verify): descend into the first child whose token is the
+ * argmax (first maximal index) of the target row at the current node, then emit that row's argmax.
+ * Every target row in use is screened with validate; a row with a sign bit set or a NaN (argmax
+ * -1) is flagged, so that torch.argmax decides.  Returns SV_OK or SV_FLAGGED. */
+int sv_tree_greedy(int dtype, const void *target, int64_t batch, int64_t num_nodes, int64_t vocab,
+                   const int64_t *tokens, const int64_t *parents, int validate, double target_limit,
+                   int64_t *emitted, int64_t *depth, int64_t *last_node) {
+    int64_t positions = num_nodes + 1;
+    if (!tree_structure_ok(batch, num_nodes, vocab, tokens, parents)) return SV_FLAGGED;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *row_tokens = tokens + b * num_nodes, *row_parents = parents + b * num_nodes;
+        if (validate) {
+            if (!row_ok(dtype, target, b * positions * vocab, vocab, target_limit)) return SV_FLAGGED;
+            for (int64_t n = 0; n < num_nodes && row_tokens[n] >= 0; n++)
+                if (!row_ok(dtype, target, (b * positions + n + 1) * vocab, vocab, target_limit)) return SV_FLAGGED;
+        }
+        int64_t current = -1, best = -1;
+        for (int64_t n = -1; n < num_nodes; n++) {
+            if (n >= 0 && !(row_tokens[n] >= 0 && row_parents[n] == current && row_tokens[n] == best)) continue;
+            current = n;
+            int64_t offset = (b * positions + n + 1) * vocab;
+            best = dtype == 0 ? f32_argmax((const uint32_t *)target + offset, vocab, 0x7f800000u)
+                              : bf16_argmax((const uint16_t *)target + offset, vocab, 0x7f80u);
+            if (best < 0) return SV_FLAGGED;
+        }
+        last_node[b] = current;
+        depth[b] = emit_path_row(row_tokens, row_parents, num_nodes, current, best, emitted + b * positions);
     }
     return SV_OK;
 }
