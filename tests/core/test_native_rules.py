@@ -292,8 +292,8 @@ def test_the_certificate_declines_a_candidate_the_sequential_sum_has_passed():
 # --------------------------------------------------------------------------------------------
 
 MUTATIONS = {
-    "accept test <= instead of <": ("u[i] * (double)f32_value(q[i * vocab + row_tokens[i]]) < pv",
-                                    "u[i] * (double)f32_value(q[i * vocab + row_tokens[i]]) <= pv"),
+    "accept test <= instead of <": ("u[i] * (double)VALUE(q[i * vocab + row_tokens[i]]) < pv",
+                                    "u[i] * (double)VALUE(q[i * vocab + row_tokens[i]]) <= pv"),
     "search >= instead of >": ("if (cumulative[mid] > threshold) high = mid;",
                                "if (cumulative[mid] >= threshold) high = mid;"),
     "residual not clamped at 0": ("x -= (double)VALUE(q[t]); x = x > 0.0 ? x : 0.0;", "x -= (double)VALUE(q[t]);"),

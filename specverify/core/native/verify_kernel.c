@@ -320,6 +320,54 @@ static int64_t NAME##_argmax(const BITS *row, int64_t vocab, uint32_t infinity_b
     if ((signs & SIGN) || max > infinity_bits) return -1;                                             \
     for (t = 0; t < vocab; t++) if (row[t] == max) return t;                                          \
     return -1;                                                                                        \
+}                                                                                                     \
+                                                                                                      \
+/* One batch row of sv_verify: the accept tests, the screen of the rows in use (validate), the final  \
+ * token.  p: the row's K+1 target rows; q: its K draft rows (NULL for point mass and greedy).        \
+ * Writes *accepted and *final_token (-3: out of memory); returns SV_OK or SV_FLAGGED. */             \
+static int NAME##_verify_row(int rule, const BITS *p, const BITS *q, const int64_t *row_tokens,       \
+                             int64_t drafts, int64_t num_drafts, int64_t vocab, const double *u,      \
+                             int validate, double target_limit, double draft_limit, int force_exact,  \
+                             uint32_t infinity_bits, int64_t *exact_rows, int64_t *accepted_out,      \
+                             int64_t *final_out) {                                                    \
+    int64_t accepted = 0, final_token = -1;                                                           \
+    if (rule == 2) {                                                                                  \
+        for (int64_t i = 0; i <= drafts; i++) {                                                       \
+            int64_t best = (i <= accepted || validate) ? NAME##_argmax(p + i * vocab, vocab, infinity_bits) : 0;\
+            if (best < 0 || (validate && !NAME##_row_ok(p + i * vocab, vocab, target_limit))) return SV_FLAGGED;\
+            if (i == accepted) {                                                                      \
+                if (i < drafts && row_tokens[i] == best) accepted++;                                  \
+                else final_token = best;                                                              \
+            }                                                                                         \
+        }                                                                                             \
+        *accepted_out = accepted;                                                                     \
+        *final_out = final_token;                                                                     \
+        return SV_OK;                                                                                 \
+    }                                                                                                 \
+    if (validate) {                                                                                   \
+        for (int64_t i = 0; i < drafts; i++)                                                          \
+            if (q && !(VALUE(q[i * vocab + row_tokens[i]]) > 0.0f)) return SV_FLAGGED;                \
+    }                                                                                                 \
+    for (int64_t i = 0; i < drafts; i++) {                                                            \
+        double pv = (double)VALUE(p[i * vocab + row_tokens[i]]);                                      \
+        int accept = q ? u[i] * (double)VALUE(q[i * vocab + row_tokens[i]]) < pv : u[i] < pv;         \
+        if (!accept) break;                                                                           \
+        accepted++;                                                                                   \
+    }                                                                                                 \
+    int rejected = accepted < drafts;                                                                 \
+    if (validate) {                                                                                   \
+        for (int64_t i = 0; i <= drafts; i++)                                                         \
+            if (i != accepted && !NAME##_row_ok(p + i * vocab, vocab, target_limit)) return SV_FLAGGED;\
+        for (int64_t i = 0; q && i < drafts; i++)                                                     \
+            if (i != accepted && !NAME##_row_ok(q + i * vocab, vocab, draft_limit)) return SV_FLAGGED;\
+        if (!NAME##_row_ok(p + accepted * vocab, vocab, target_limit)) return SV_FLAGGED;             \
+        if (q && rejected && !NAME##_row_ok(q + accepted * vocab, vocab, draft_limit)) return SV_FLAGGED;\
+    }                                                                                                 \
+    *accepted_out = accepted;                                                                         \
+    *final_out = NAME##_final(p + accepted * vocab, rejected && q ? q + accepted * vocab : NULL,      \
+                              rejected && !q ? row_tokens[accepted] : -1, vocab, u[num_drafts],       \
+                              force_exact, exact_rows);                                               \
+    return SV_OK;                                                                                     \
 }
 
 #define F32_VALUE(x) f32_value(x)
@@ -372,83 +420,16 @@ int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_
         const int64_t *row_tokens = tokens + b * num_drafts;
         const double *u = uniforms ? uniforms + b * positions : NULL;
         int64_t accepted = 0, final_token = -1;
-        if (dtype == 0) {
-            const uint32_t *p = (const uint32_t *)target + b * positions * vocab;
-            const uint32_t *q = draft ? (const uint32_t *)draft + b * num_drafts * vocab : NULL;
-            if (rule == 2) {
-                for (int64_t i = 0; i <= drafts; i++) {
-                    int64_t best = (i <= accepted || validate) ? f32_argmax(p + i * vocab, vocab, 0x7f800000u) : 0;
-                    if (best < 0 || (validate && !f32_row_ok(p + i * vocab, vocab, target_limit))) return SV_FLAGGED;
-                    if (i == accepted) {
-                        if (i < drafts && row_tokens[i] == best) accepted++;
-                        else final_token = best;
-                    }
-                }
-                num_accepted[b] = accepted;
-                emit_row(emitted + b * positions, row_tokens, num_drafts, accepted, final_token);
-                continue;
-            }
-            if (validate) {
-                for (int64_t i = 0; i < drafts; i++)
-                    if (q && !(f32_value(q[i * vocab + row_tokens[i]]) > 0.0f)) return SV_FLAGGED;
-            }
-            for (int64_t i = 0; i < drafts; i++) {
-                double pv = (double)f32_value(p[i * vocab + row_tokens[i]]);
-                int accept = q ? u[i] * (double)f32_value(q[i * vocab + row_tokens[i]]) < pv : u[i] < pv;
-                if (!accept) break;
-                accepted++;
-            }
-            int rejected = accepted < drafts;
-            if (validate) {
-                for (int64_t i = 0; i <= drafts; i++)
-                    if (i != accepted && !f32_row_ok(p + i * vocab, vocab, target_limit)) return SV_FLAGGED;
-                for (int64_t i = 0; q && i < drafts; i++)
-                    if (i != accepted && !f32_row_ok(q + i * vocab, vocab, draft_limit)) return SV_FLAGGED;
-                if (!f32_row_ok(p + accepted * vocab, vocab, target_limit)) return SV_FLAGGED;
-                if (q && rejected && !f32_row_ok(q + accepted * vocab, vocab, draft_limit)) return SV_FLAGGED;
-            }
-            final_token = f32_final(p + accepted * vocab, rejected && q ? q + accepted * vocab : NULL,
-                                    rejected && !q ? row_tokens[accepted] : -1, vocab, u[num_drafts],
-                                    force_exact, exact_rows);
-        } else {
-            const uint16_t *p = (const uint16_t *)target + b * positions * vocab;
-            const uint16_t *q = draft ? (const uint16_t *)draft + b * num_drafts * vocab : NULL;
-            if (rule == 2) {
-                for (int64_t i = 0; i <= drafts; i++) {
-                    int64_t best = (i <= accepted || validate) ? bf16_argmax(p + i * vocab, vocab, 0x7f80u) : 0;
-                    if (best < 0 || (validate && !bf16_row_ok(p + i * vocab, vocab, target_limit))) return SV_FLAGGED;
-                    if (i == accepted) {
-                        if (i < drafts && row_tokens[i] == best) accepted++;
-                        else final_token = best;
-                    }
-                }
-                num_accepted[b] = accepted;
-                emit_row(emitted + b * positions, row_tokens, num_drafts, accepted, final_token);
-                continue;
-            }
-            if (validate) {
-                for (int64_t i = 0; i < drafts; i++)
-                    if (q && !(bf16_value(q[i * vocab + row_tokens[i]]) > 0.0f)) return SV_FLAGGED;
-            }
-            for (int64_t i = 0; i < drafts; i++) {
-                double pv = (double)bf16_value(p[i * vocab + row_tokens[i]]);
-                int accept = q ? u[i] * (double)bf16_value(q[i * vocab + row_tokens[i]]) < pv : u[i] < pv;
-                if (!accept) break;
-                accepted++;
-            }
-            int rejected = accepted < drafts;
-            if (validate) {
-                for (int64_t i = 0; i <= drafts; i++)
-                    if (i != accepted && !bf16_row_ok(p + i * vocab, vocab, target_limit)) return SV_FLAGGED;
-                for (int64_t i = 0; q && i < drafts; i++)
-                    if (i != accepted && !bf16_row_ok(q + i * vocab, vocab, draft_limit)) return SV_FLAGGED;
-                if (!bf16_row_ok(p + accepted * vocab, vocab, target_limit)) return SV_FLAGGED;
-                if (q && rejected && !bf16_row_ok(q + accepted * vocab, vocab, draft_limit)) return SV_FLAGGED;
-            }
-            final_token = bf16_final(p + accepted * vocab, rejected && q ? q + accepted * vocab : NULL,
-                                     rejected && !q ? row_tokens[accepted] : -1, vocab, u[num_drafts],
-                                     force_exact, exact_rows);
-        }
+        int status = dtype == 0
+            ? f32_verify_row(rule, (const uint32_t *)target + b * positions * vocab,
+                             draft ? (const uint32_t *)draft + b * num_drafts * vocab : NULL, row_tokens, drafts,
+                             num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f800000u,
+                             exact_rows, &accepted, &final_token)
+            : bf16_verify_row(rule, (const uint16_t *)target + b * positions * vocab,
+                              draft ? (const uint16_t *)draft + b * num_drafts * vocab : NULL, row_tokens, drafts,
+                              num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f80u,
+                              exact_rows, &accepted, &final_token);
+        if (status != SV_OK) return status;
         if (final_token == -3) return SV_NO_MEMORY;
         num_accepted[b] = accepted;
         emit_row(emitted + b * positions, row_tokens, num_drafts, accepted, final_token);
