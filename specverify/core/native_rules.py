@@ -153,6 +153,23 @@ def build(source: bytes) -> ctypes.CDLL | None:
     return lib
 
 
+def _fit(tensors: list[tuple[object, torch.dtype, tuple[int, ...]]], uniforms: object,
+         uniforms_shape: tuple[int, int], generator: object) -> bool:
+    """Every ``(tensor, dtype, shape)`` is a contiguous CPU tensor of that dtype and shape, the
+    uniforms (if given) a floating CPU tensor ``[B, K+1]``, the generator (if given) a CPU one,
+    and the kernel enabled."""
+    for tensor, dtype, shape in tensors:
+        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
+                and tensor.device.type == "cpu" and tensor.is_contiguous()):
+            return False
+    if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
+                                     and tuple(uniforms.shape) == uniforms_shape and uniforms.device.type == "cpu"):
+        return False
+    if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
+        return False
+    return enabled()
+
+
 def applies(target_probs: object, draft_probs: object, draft_tokens: object, num_draft: object,
             uniforms: object, generator: object) -> bool:
     """Whether the kernel can take these inputs: CPU, contiguous, float32/bfloat16 of one dtype,
@@ -169,16 +186,7 @@ def applies(target_probs: object, draft_probs: object, draft_tokens: object, num
         tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
     if num_draft is not None:
         tensors.append((num_draft, torch.int64, (batch,)))
-    for tensor, dtype, shape in tensors:
-        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
-                and tensor.device.type == "cpu" and tensor.is_contiguous()):
-            return False
-    if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
-                                     and tuple(uniforms.shape) == (batch, positions) and uniforms.device.type == "cpu"):
-        return False
-    if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
-        return False
-    return enabled()
+    return _fit(tensors, uniforms, (batch, positions), generator)
 
 
 def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor,
@@ -247,16 +255,7 @@ def tree_applies(target_probs: object, draft_probs: object, tree_tokens: object,
     tensors = [(tree_tokens, torch.int64, (batch, positions - 1)), (parents, torch.int64, (batch, positions - 1))]
     if draft_probs is not None:
         tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
-    for tensor, dtype, shape in tensors:
-        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
-                and tensor.device.type == "cpu" and tensor.is_contiguous()):
-            return False
-    if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
-                                     and tuple(uniforms.shape) == (batch, positions) and uniforms.device.type == "cpu"):
-        return False
-    if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
-        return False
-    return enabled()
+    return _fit(tensors, uniforms, (batch, positions), generator)
 
 
 def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
