@@ -68,12 +68,16 @@ def enabled() -> bool:
     return os.environ.get("SPECVERIFY_NATIVE", "1") != "0" and library() is not None
 
 
-class disabled(contextlib.ContextDecorator):
-    """Within it, every rule runs its torch code (``$SPECVERIFY_NATIVE=0``); reusable, not nestable."""
+class path(contextlib.ContextDecorator):
+    """Within it, the rules take the native path where it applies (``native=True``) or always run
+    their torch code (``native=False``, ``$SPECVERIFY_NATIVE=0``); reusable, not nestable."""
 
-    def __enter__(self) -> "disabled":
+    def __init__(self, native: bool) -> None:
+        self.native = native
+
+    def __enter__(self) -> "path":
         self._previous = os.environ.get("SPECVERIFY_NATIVE")
-        os.environ["SPECVERIFY_NATIVE"] = "0"
+        os.environ["SPECVERIFY_NATIVE"] = "1" if self.native else "0"
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -81,6 +85,11 @@ class disabled(contextlib.ContextDecorator):
             os.environ.pop("SPECVERIFY_NATIVE", None)
         else:
             os.environ["SPECVERIFY_NATIVE"] = self._previous
+
+
+def disabled() -> path:
+    """Within it, every rule runs its torch code (``$SPECVERIFY_NATIVE=0``)."""
+    return path(False)
 
 
 def _cache_dir() -> Path:

@@ -11,7 +11,6 @@ shown to fail these comparisons.  Without a compiler everything runs on the torc
 from __future__ import annotations
 
 import math
-import os
 import threading
 from pathlib import Path
 
@@ -32,15 +31,8 @@ SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 33), (17, 3, 50), (
 
 def on_path(native: bool, rule, *args, **kwargs):
     """``outcome(rule, ...)`` with the native path on or off (``$SPECVERIFY_NATIVE``)."""
-    previous = os.environ.get("SPECVERIFY_NATIVE")
-    os.environ["SPECVERIFY_NATIVE"] = "1" if native else "0"
-    try:
+    with native_rules.path(native):
         return outcome(rule, *args, **kwargs)
-    finally:
-        if previous is None:
-            del os.environ["SPECVERIFY_NATIVE"]
-        else:
-            os.environ["SPECVERIFY_NATIVE"] = previous
 
 
 def both_paths(rule, *args, **kwargs):

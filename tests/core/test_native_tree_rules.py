@@ -10,7 +10,6 @@ comparisons.  Without a compiler everything runs on the torch path.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -37,15 +36,8 @@ def random_tree_case(seed: int, batch: int, num_nodes: int, vocab: int, dtype: t
 
 def on_path(native: bool, rule, *args, **kwargs):
     """``outcome(rule, ...)`` with the native path on or off (``$SPECVERIFY_NATIVE``)."""
-    previous = os.environ.get("SPECVERIFY_NATIVE")
-    os.environ["SPECVERIFY_NATIVE"] = "1" if native else "0"
-    try:
+    with native_rules.path(native):
         return outcome(rule, *args, **kwargs)
-    finally:
-        if previous is None:
-            del os.environ["SPECVERIFY_NATIVE"]
-        else:
-            os.environ["SPECVERIFY_NATIVE"] = previous
 
 
 def both_rules(p, q, tokens, parents, **kwargs):
