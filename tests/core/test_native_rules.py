@@ -29,6 +29,30 @@ SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 33), (17, 3, 50), (
           (33, 5, 257), (4, 2, 32_768 + 5)]
 
 
+def mutated_library(old: str, new: str, monkeypatch, tmp_path):
+    """The kernel built (into ``tmp_path``) from its source with the one occurrence of ``old``
+    replaced by ``new``."""
+    source = native_rules.SOURCE.read_text()
+    assert source.count(old) == 1
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    mutated = native_rules.build(source.replace(old, new).encode())
+    assert mutated is not None
+    return mutated
+
+
+def use_portable_build(monkeypatch, tmp_path) -> None:
+    """From here on the rules use the kernel built for baseline x86-64 (no AVX-512: the plain C
+    loops everywhere), as on a machine without AVX-512; skips elsewhere."""
+    if native_rules.platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the portable-build check targets x86-64")
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_rules, "FLAGS", tuple(f for f in native_rules.FLAGS if f != "-march=native")
+                        + ("-march=x86-64-v2",))
+    portable = native_rules.build(native_rules.SOURCE.read_bytes())
+    assert portable is not None
+    monkeypatch.setattr(native_rules, "library", lambda: portable)
+
+
 def on_path(native: bool, rule, *args, **kwargs):
     """``outcome(rule, ...)`` with the native path on or off (``$SPECVERIFY_NATIVE``)."""
     with native_rules.path(native):
@@ -302,11 +326,7 @@ bfloat16 rows cannot produce in float64, so removing it from the kernel changes 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=list(MUTATIONS))
 def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_path):
     old, new = MUTATIONS[mutation]
-    source = native_rules.SOURCE.read_text()
-    assert source.count(old) == 1
-    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
-    mutated = native_rules.build(source.replace(old, new).encode())
-    assert mutated is not None
+    mutated = mutated_library(old, new, monkeypatch, tmp_path)
     cases = [random_case(derive_seed("native-mutation", seed), 16, 3, 40, torch.float32, True) for seed in range(6)]
     # p(x) = 0 with u = 0 (the accept test's edge), then a residual [0, 0.5] searched with u = 0
     cases.append((torch.tensor([[[0.0, 1.0], [0.5, 0.5]]]), torch.tensor([[[0.5, 0.5]]]), torch.tensor([[0]]),
@@ -331,14 +351,7 @@ def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_
 def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, tmp_path):
     """The kernel built for baseline x86-64 (no AVX-512: the plain C loops everywhere), as on a
     machine without AVX-512, on the identity cases of every rule."""
-    if native_rules.platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the portable-build check targets x86-64")
-    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
-    monkeypatch.setattr(native_rules, "FLAGS", tuple(f for f in native_rules.FLAGS if f != "-march=native")
-                        + ("-march=x86-64-v2",))
-    portable = native_rules.build(native_rules.SOURCE.read_bytes())
-    assert portable is not None
-    monkeypatch.setattr(native_rules, "library", lambda: portable)
+    use_portable_build(monkeypatch, tmp_path)
     calls = Calls(monkeypatch)
     for dtype in NATIVE_DTYPES:
         for shape in [(5, 4, 7), (17, 3, 50), (33, 5, 257), (3, 2, 4096 + 3)]:

@@ -17,6 +17,7 @@ import torch
 from specverify.core import native_rules, tree_rules
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_rules import point_mass_tree_verify, tree_rejection_sample
+from tests.core.test_native_rules import mutated_library, use_portable_build
 from tests.core.test_tree_rules_identity import _corruptions, assert_same, outcome
 from tests.core.test_tree_rules_identity import random_tree_case as identity_case
 
@@ -241,11 +242,7 @@ MUTATIONS = {
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=list(MUTATIONS))
 def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_path):
     old, new = MUTATIONS[mutation]
-    source = native_rules.SOURCE.read_text()
-    assert source.count(old) == 1
-    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
-    mutated = native_rules.build(source.replace(old, new).encode())
-    assert mutated is not None
+    mutated = mutated_library(old, new, monkeypatch, tmp_path)
     cases = [random_tree_case(derive_seed("native-tree-mutation", seed), 16, 6, 40, torch.float32) for seed in range(6)]
     # p(x) = 0 with u = 0 (the accept test's edge)
     cases.append((torch.tensor([[[0.0, 1.0], [0.5, 0.5]]]), torch.tensor([[[0.5, 0.5]]]), torch.tensor([[0]]),
@@ -274,14 +271,7 @@ def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_
 
 @needs_compiler
 def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, tmp_path):
-    if native_rules.platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the portable-build check targets x86-64")
-    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
-    monkeypatch.setattr(native_rules, "FLAGS", tuple(f for f in native_rules.FLAGS if f != "-march=native")
-                        + ("-march=x86-64-v2",))
-    portable = native_rules.build(native_rules.SOURCE.read_bytes())
-    assert portable is not None
-    monkeypatch.setattr(native_rules, "library", lambda: portable)
+    use_portable_build(monkeypatch, tmp_path)
     calls = Calls(monkeypatch)
     for dtype in NATIVE_DTYPES:
         for shape in [(5, 4, 7), (17, 3, 50), (3, 6, 4099)]:
