@@ -134,6 +134,15 @@ def test_a_closure_falls_back_to_in_process_calls_with_a_note():
     assert "cannot be pickled" in report.isolation["note"]
 
 
+def _default_sigint() -> None:
+    """In the audit's child process: SIGINT at its default disposition, unblocked, as in a shell.
+    A pytest-xdist worker can be left with SIGINT ignored by an earlier test's code (seen in full
+    runs: ``signal.getsignal(SIGINT)`` was ``SIG_IGN`` after some long audits), and a child
+    inherits an ignored signal, so without this the Ctrl-C below would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_a_users_ctrl_c_stops_at_once_with_a_partial_report(tmp_path):
     marker = tmp_path / "called"
     environment = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -141,7 +150,7 @@ def test_a_users_ctrl_c_stops_at_once_with_a_partial_report(tmp_path):
     command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / 'slow_with_marker.py'}:verify", "--budget",
                "quick"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                               env=environment)
+                               env=environment, preexec_fn=_default_sigint)
     deadline = time.perf_counter() + 180
     while not marker.exists() and time.perf_counter() < deadline and process.poll() is None:
         time.sleep(0.2)
