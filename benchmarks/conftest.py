@@ -65,19 +65,25 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     machine_info["specverify"] = dict(machine_description(), clock=f"{clock.__module__}.{clock.__name__}")
 
 
+def load_unit(target_spec: str, draft_spec: str | None, *, missing: str) -> ModelUnderTest:
+    """The packaged target (and draft) in fp32 on CPU with the code/edit prompts; skips with
+    ``missing`` and the pip line when the packages are not installed."""
+    from specverify.hf import packaged as models
+
+    try:
+        pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
+    except models.ModelNotInstalledError as error:
+        pytest.skip(f"{missing}: {error}")
+    return ModelUnderTest(name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer),
+                          draft_model=pair.draft)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> ModelUnderTest:
     """The target model (fp32, CPU) with the code/edit prompts; skips when it is not provisioned."""
     from specverify.hf import packaged as models
 
-    target_spec, draft_spec = models.default_specs()
-    try:
-        pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
-    except models.ModelNotInstalledError as error:
-        pytest.skip(f"target model not provisioned: {error}")
-    unit = ModelUnderTest(
-        name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer), draft_model=pair.draft,
-    )
+    unit = load_unit(*models.default_specs(), missing="target model not provisioned")
     if unit.draft_model is not None:
         warm_up(unit.draft_model, unit.prompts[0])
     return unit
@@ -89,14 +95,7 @@ def qwen_pair() -> ModelUnderTest:
     code/edit prompts; skips when the packages are not installed."""
     from specverify.hf import packaged as models
 
-    target_spec, draft_spec = models.SLOW_PAIR
-    try:
-        pair = models.load_model_pair(target_spec, draft_spec, dtype=torch.float32, device="cpu")
-    except models.ModelNotInstalledError as error:
-        pytest.skip(f"Qwen pair not provisioned: {error}")
-    unit = ModelUnderTest(
-        name=target_spec, model=pair.target, prompts=encode_prompts(pair.tokenizer), draft_model=pair.draft,
-    )
+    unit = load_unit(*models.SLOW_PAIR, missing="Qwen pair not provisioned")
     warm_up(unit.draft_model, unit.prompts[0])  # the target is warmed by each prompt's plain decoding
     return unit
 
