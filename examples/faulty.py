@@ -60,6 +60,22 @@ def non_draft_accepted(target_probs, draft_probs, draft_tokens, generator):
     return emitted
 
 
+def reads_other_rows_drafts(target_probs, draft_probs, draft_tokens, generator):
+    """Verifies every row against the next row's draft tokens (a batch-index bug): well-formed
+    output whose accepted slots hold other requests' tokens."""
+    return reference(target_probs, draft_probs, draft_tokens.roll(1, dims=0), generator)
+
+
+def emits_forbidden_token(target_probs, draft_probs, draft_tokens, generator):
+    """Replaces every correction-or-bonus token by the target's least likely token, often of
+    probability 0 (tests forbid tokens on purpose)."""
+    emitted = reference(target_probs, draft_probs, draft_tokens, generator)
+    lengths = (emitted >= 0).sum(dim=-1)
+    final = target_probs[torch.arange(len(emitted)), lengths - 1].argmin(dim=-1)
+    emitted[torch.arange(len(emitted)), lengths - 1] = final
+    return emitted
+
+
 def mutates_inputs(target_probs, draft_probs, draft_tokens, generator):
     """Correct output, but reuses the draft-token buffer afterwards (engines share these buffers)."""
     emitted = reference(target_probs, draft_probs, draft_tokens, generator)

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from specverify.auditing.faults import Fault, FaultKind, call_with_deadline
-from specverify.core import stats
+from specverify.core import rounding, stats
 
 POWER = 0.99
 """Power every statistical check is sized for (β = 0.01)."""
@@ -253,9 +253,10 @@ def check_report(check: Any, plan: Plan, verdict: Verdict | str, message: str, *
 
 
 def result_from_fault(check: Any, plan: Plan, fault: Fault) -> CheckResult:
-    """The result of a run stopped by ``fault``: ``fail`` for contract violations (the function
-    produced output that breaks the contract), ``error`` for faults that leave nothing to judge."""
-    verdict = Verdict.FAIL if fault.kind.violates_contract else Verdict.ERROR
+    """The result of a run stopped by ``fault``: ``fail`` for an impossible output (a loss) and for
+    contract violations (the function produced output that breaks the contract), ``error`` for
+    faults that leave nothing to judge."""
+    verdict = Verdict.FAIL if fault.kind.fails_check else Verdict.ERROR
     return check_report(check, plan, verdict, fault.message, fault=fault.kind)
 
 
@@ -455,40 +456,82 @@ class ChiSquareCheck(SequentialCheck):
         return _detectable_tv(n, alpha=alpha, power=power, num_cells=self.num_cells)
 
 
-EXACT_TOLERANCE = 1e-9
-"""An exact check fails when the integrated TV exceeds this (float64 integration error is ~1e-15)."""
+EXACT_TOLERANCE = rounding.INTEGRATION_FLOOR
+"""The tolerance of an exact check of a float64 rule (float64 integration error is ~1e-13); a
+function computing in another precision gets :func:`specverify.core.rounding.rounding_tolerance`."""
 
 
-def exact_cases_result(check: Check, plan: Plan, labels: Sequence[str], integrals: Sequence[Callable[[], float]],
-                       deadline_s: float) -> CheckResult:
-    """The verdict of an exact check: integrate each case's TV (``integrals[i]()``, case
-    ``labels[i]``) in order, all of them under one deadline, stopping at the first lossy case
-    (TV > :data:`EXACT_TOLERANCE`), which decides.  A :class:`Fault` of the function propagates;
-    any other error means the integrator cannot handle this function: the check is skipped."""
+@dataclass(frozen=True)
+class ExactCase:
+    """One case of an exact check: its label, its ``integral()`` (the exact TV of one step) and the
+    K (draft positions or tree nodes) and V that size its rounding tolerance."""
+
+    label: str
+    integral: Callable[[], float]
+    num_draft: int
+    vocab_size: int
+
+
+def declared_arithmetic_of(function: Any) -> tuple[str, bool]:
+    """The arithmetic the guarded ``function`` declares and whether it declared one
+    (:func:`specverify.core.rounding.declared_arithmetic`); a declaration that names no known
+    precision is a ``malformed`` fault (the check cannot be judged)."""
+    declared = function.declared("arithmetic") if hasattr(function, "declared") else None
+    if declared is None:
+        return rounding.DEFAULT_ARITHMETIC, False
+    try:
+        return rounding.check_arithmetic(declared), True
+    except ValueError as error:
+        raise Fault("malformed", str(error)) from None
+
+
+def exact_cases_result(check: Check, plan: Plan, cases: Sequence[ExactCase], deadline_s: float,
+                       arithmetic: str = "float64", declared: bool = True) -> CheckResult:
+    """The verdict of an exact check: integrate each case's TV in order, all of them under one
+    deadline, stopping at the first lossy case, which decides.
+
+    A case is lossy when its TV exceeds the TV rounding in ``arithmetic`` explains for its K and V
+    (:func:`specverify.core.rounding.rounding_tolerance`); a TV within that bound but above the
+    float64 floor passes as "exact up to <arithmetic> rounding", with the figure.  ``declared``:
+    whether the function declared its arithmetic (the message says how to tighten the bound).
+    A :class:`Fault` of the function propagates; any other error means the integrator cannot
+    handle this function: the check is skipped."""
+    tolerances = [rounding.rounding_tolerance(arithmetic, case.num_draft, case.vocab_size) for case in cases]
 
     def integrate() -> list[float] | str:
         distances: list[float] = []
-        for integral in integrals:
+        for case, tolerance in zip(cases, tolerances):
             try:
-                distances.append(float(integral()))
+                distances.append(float(case.integral()))
             except Fault:
                 raise
             except Exception as error:  # the integrator could not handle this function
                 return f"{type(error).__name__}: {error}"
-            if distances[-1] > EXACT_TOLERANCE:
+            if distances[-1] > tolerance:
                 break  # one lossy case decides; the later cases are not integrated
         return distances
 
     outcome = call_with_deadline(integrate, (), deadline_s, what=f"exact integration ({check.name})")
     if isinstance(outcome, str):
         return check.skipped(plan, f"exact integration not possible: {outcome}")
-    worst = max(range(len(outcome)), key=lambda i: outcome[i])
-    failed = outcome[worst] > EXACT_TOLERANCE
+    labels = [case.label for case in cases]
+    excess = [tv / tolerance for tv, tolerance in zip(outcome, tolerances)]
+    worst = max(range(len(outcome)), key=lambda i: excess[i])
+    failed = outcome[worst] > tolerances[worst]
     summary = ", ".join(f"{label}: {tv:.3g}" for label, tv in zip(labels, outcome))
     if len(outcome) < len(labels):
         summary += f"; {len(labels) - len(outcome)} later case(s) not integrated"
-    message = (f"exact TV of one step = {outcome[worst]:.6g} on {labels[worst]} (> {EXACT_TOLERANCE:g}): "
-               f"lossy; per case {summary}" if failed else f"exact TV ≤ {EXACT_TOLERANCE:g} on every case ({summary})")
+    assumed = "" if declared else (f" (the function declares no `arithmetic`, so {arithmetic} is assumed; declare "
+                                   "`arithmetic = 'float64'` for the tight bound)")
+    bound = f"the {arithmetic} rounding bound {tolerances[worst]:.3g} for K={cases[worst].num_draft}, V={cases[worst].vocab_size}"
+    if failed:
+        message = (f"exact TV of one step = {outcome[worst]:.6g} on {labels[worst]}, above {bound}: lossy{assumed}; "
+                   f"per case {summary}")
+    elif max(outcome) > rounding.INTEGRATION_FLOOR:
+        message = (f"exact up to {arithmetic} rounding: largest exact TV {outcome[worst]:.3g} on {labels[worst]}, within "
+                   f"{bound}{assumed} ({summary})")
+    else:
+        message = f"exact TV ≤ {rounding.INTEGRATION_FLOOR:g} on every case ({summary})"
     return check.report(plan, Verdict.FAIL if failed else Verdict.PASS, message,
                         empirical_tv=outcome[worst], statistic=outcome[worst])
 

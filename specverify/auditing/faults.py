@@ -13,8 +13,11 @@ kind                meaning                                                     
 ==================  ===================================================================  ====
 ``exception``       the function raised                                                     2
 ``timeout``         one call ran longer than the per-call deadline                          2
-``malformed``       the output breaks SPEC §1 (type, shape, dtype, NaN, id range,           2
-                    padding, a non-draft token in an accepted slot)
+``malformed``       the output breaks SPEC §1's layout (type, shape, dtype, NaN, id         2
+                    range, padding)
+``impossible``      the layout is right but no lossless rule emits these tokens (a          1
+                    non-draft token in an accepted slot, a path off the tree, a token
+                    of target probability 0): a loss, proved by one output
 ``mutation``        the function modified one of its input tensors in place                1
 ``global-rng``      randomness not taken from ``generator``'s stream: the output changes      1
                     with the global RNG seeds (or between equal runs) while the
@@ -25,7 +28,9 @@ kind                meaning                                                     
 
 An ``exception`` also covers a worker process that ended abnormally (an exit call, a signal, a
 lost pipe; :mod:`specverify.auditing.isolation` names which).  The first three make the audit
-"could not audit" (there is no output to judge); the last three are
+"could not audit" (there is no output to judge); ``impossible`` fails the check as a loss (the
+tokens are well formed, and impossible under the law: a kernel that mixes requests or ignores the
+target's zeros, not a broken adapter); the last three are
 contract violations judged as failures, because the function did produce outputs and they break
 the contract every engine relies on (inputs are shared buffers; seeded generation must be
 reproducible; outputs are kept across steps).
@@ -49,11 +54,13 @@ from specverify.core import outputs
 
 class FaultKind(StrEnum):
     """What went wrong in one call (the module table).  The first three leave nothing to judge
-    ("could not audit"); the last two are contract violations judged as failures."""
+    ("could not audit"); ``impossible`` is a loss; the last three are contract violations judged
+    as failures."""
 
     EXCEPTION = "exception"
     TIMEOUT = "timeout"
     MALFORMED = "malformed"
+    IMPOSSIBLE = "impossible"
     MUTATION = "mutation"
     GLOBAL_RNG = "global-rng"
     ALIASING = "aliasing"
@@ -62,6 +69,12 @@ class FaultKind(StrEnum):
     def violates_contract(self) -> bool:
         """True when the function did produce output, and that output breaks the contract."""
         return self in (FaultKind.MUTATION, FaultKind.GLOBAL_RNG, FaultKind.ALIASING)
+
+    @property
+    def fails_check(self) -> bool:
+        """True when the fault is itself a verdict against the function: a loss (``impossible``)
+        or a contract violation; False when it leaves nothing to judge."""
+        return self is FaultKind.IMPOSSIBLE or self.violates_contract
 
 
 class Fault(Exception):
@@ -166,23 +179,28 @@ def _call_in_thread(fn: Callable[..., Any], args: tuple, timeout_s: float, what:
 # --------------------------------------------------------------------------------------------
 
 
-def _malformed_as_fault(validate: Callable[..., Any], *args: Any) -> Any:
+def _malformed_as_fault(validate: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
-        return validate(*args)
+        return validate(*args, **kwargs)
     except outputs.MalformedOutput as error:
         raise Fault(FaultKind.MALFORMED, str(error)) from None
+    except outputs.ImpossibleOutput as error:
+        raise Fault(FaultKind.IMPOSSIBLE, f"impossible output: {error}") from None
 
 
-def validate_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def validate_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int,
+                     target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specverify.core.outputs.validate_emitted` for a guarded call: the violations of the
-    output become one :class:`Fault` of kind ``malformed``."""
-    return _malformed_as_fault(outputs.validate_emitted, result, draft_tokens, vocab_size)
+    output become one :class:`Fault`, of kind ``malformed`` (layout) or ``impossible`` (tokens no
+    lossless rule emits; ``target_probs`` adds the zero-probability test)."""
+    return _malformed_as_fault(outputs.validate_emitted, result, draft_tokens, vocab_size, target_probs=target_probs)
 
 
-def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor,
-                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor, vocab_size: int,
+                          target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`specverify.core.outputs.validate_tree_emitted` for a guarded call (SPEC §3)."""
-    return _malformed_as_fault(outputs.validate_tree_emitted, result, tree_tokens, parents, vocab_size)
+    return _malformed_as_fault(outputs.validate_tree_emitted, result, tree_tokens, parents, vocab_size,
+                               target_probs=target_probs)
 
 
 def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:

@@ -7,13 +7,18 @@ detection; with ``isolation="process"`` the call runs in a worker
 (:mod:`specverify.auditing.isolation`) that is killed at the deadline and restarted after any
 abnormal end.  Everything that goes wrong becomes a :class:`~specverify.auditing.faults.Fault`.
 
-Call sizing.  The first call of a session is small (the first check's, or a probe of a few rows
-of the first large call, whose output is validated and discarded).  Its time gives the speed;
-later calls of more than :data:`TARGET_CALL_S` expected seconds are split into consecutive row
-groups of a power-of-two size that take about that long (only slow functions are ever split, so
-audits of fast ones are reproducible to the row), and a call is a hang only past
-``max(timeout_s, HANG_FACTOR × its expected time)``: a slow machine or a slow-but-correct function
-gets a verdict, a real hang is still caught in bounded time.
+Call plan and speed.  Which rows go into which call is the caller's (the harness's batches, a
+check's group sizes) and nothing else: the partition, like every draw, is a function of the seed,
+the budget and the level, never of how fast the function runs.  A function that draws its random
+numbers per call (engines draw the whole batch's bonus tokens first) therefore returns the same
+tokens on a fast machine and on a slow one.  Speed only sets deadlines: the first call of a
+session is small (the first check's, or a probe of a few rows of the first large call, whose
+output is validated and discarded, on a throwaway generator); its time gives the speed, and a
+call is a hang only past ``max(timeout_s, HANG_FACTOR × its expected time)``, so a slow machine
+or a slow-but-correct function gets a verdict and a real hang is still caught in bounded time.
+In a worker, consecutive calls travel in one request of about :data:`TARGET_REQUEST_S` expected
+seconds (fewer round trips for fast functions); a request carries whole calls, so this changes
+no call.
 """
 
 from __future__ import annotations
@@ -46,16 +51,21 @@ from specverify.auditing.isolation import (
     layout,
     worker_target,
 )
+from specverify.auditing.presentation import decoy_value, fill_storage, presented, storage_shape
 from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0
 """A call is a hang when it runs this many times longer than its expected time (and past the floor)."""
 
-TARGET_CALL_S = 10.0
-"""Calls expected to take longer than this are split into row groups."""
+TARGET_REQUEST_S = 10.0
+"""Consecutive calls expected to take less than this in all travel to the worker in one request."""
 
 PROBE_ELEMENTS = 1 << 18
 """A first call with more input entries than this is preceded by a probe of a few rows."""
+
+DECLARED_ATTRIBUTES = ("draft_schemes", "arithmetic", "input_dtypes")
+"""Attributes a function may declare about itself (SPEC §3 ``draft_schemes``; the precision of its
+arithmetic, :mod:`specverify.core.rounding`; the input dtypes it accepts), read where it is loaded."""
 
 MAX_WORKER_LOSSES = 2
 """After this many deadlines or abnormal ends, the audit stops calling the function."""
@@ -303,6 +313,29 @@ class _Session:
             self.buffer = SharedBuffer.create(nbytes)
         return self.buffer
 
+    def _share(self, inputs: dict[str, torch.Tensor], output_shape: tuple[int, int], strided: bool,
+               vocab: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """Copy ``inputs`` into the shared buffer (each in its own region, as a view of a wider
+        buffer when ``strided``), after them an int64 output region of ``output_shape``; return the
+        input views, the output view and the request fields that let the worker rebuild them."""
+        shapes = [tuple(t.shape) for t in inputs.values()] + [output_shape]
+        parts = [(t.dtype, storage_shape(tuple(t.shape), strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
+        offsets, nbytes = layout(parts)
+        buffer = self._ensure_buffer(nbytes)
+        storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
+        views = [fill_storage(storage, tensor, decoy_value(name, vocab)) if strided else storage.copy_(tensor)
+                 for storage, (name, tensor) in zip(storages, inputs.items())]
+        header = {"buffer": (buffer.path, buffer.size), "offsets": offsets,
+                  "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
+                  "shapes": [shape for _, shape in parts], "views": shapes}
+        return views + [storages[-1]], header
+
+    def declared(self, name: str) -> Any:
+        """The function's declared attribute ``name`` (one of :data:`DECLARED_ATTRIBUTES`), None when absent."""
+        if self.isolation == "none":
+            return getattr(self.fn, name, None)
+        return self.info.get("declared", {}).get(name)
+
     def describe(self) -> dict[str, Any]:
         """The report's ``isolation`` entry: mode, note, restarts, captured output."""
         entry: dict[str, Any] = {"mode": self.isolation}
@@ -337,50 +370,46 @@ class GuardedFunction(_Session):
 
     # -- calls -------------------------------------------------------------------------------
 
-    def __call__(self, proposal: Any, generator: Any, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """One call on the whole proposal (split into row groups only for slow functions);
-        returns ``(emitted, lengths)``."""
-        batch, width, vocab = proposal.target_probs.shape
-        return self.call_groups(proposal, generator, self._split(batch, width, vocab), where=where)
+    def __call__(self, proposal: Any, generator: Any, *, where: str,
+                 strided: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call on the whole proposal; returns ``(emitted, lengths)``."""
+        return self.call_groups(proposal, generator, [proposal.target_probs.shape[0]], where=where, strided=strided)
 
-    def call_groups(self, proposal: Any, generator: Any, sizes: Sequence[int], *,
-                    where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def call_groups(self, proposal: Any, generator: Any, sizes: Sequence[int], *, where: str,
+                    strided: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One call per group of consecutive rows (``sizes`` sum to the proposal's rows), all with
-        ``generator``: how engines call a sampler with one row, small batches or ragged ones."""
+        ``generator``: how engines call a sampler with one row, small batches or ragged ones.
+        ``strided``: the inputs arrive as views of wider buffers (:mod:`specverify.auditing.presentation`).
+
+        The output is validated against SPEC §1 (a broken layout is a ``malformed`` fault) and
+        against the law: tokens no lossless rule emits (a non-draft token in an accepted slot, a
+        token of target probability 0) are an ``impossible`` fault, a loss."""
         batch, width, vocab = proposal.target_probs.shape
         if sum(sizes) != batch or any(s < 1 for s in sizes):
             raise ValueError(f"sizes: expected positive group sizes summing to {batch}, got {list(sizes)[:8]}…")
         if self.isolation == "none":
-            emitted = self._groups_in_process(proposal, generator, sizes, where)
+            emitted = self._groups_in_process(proposal, generator, sizes, where, strided)
         else:
-            emitted = self._groups_in_worker(proposal, generator, sizes, where)
-        return validate_emitted(emitted, proposal.draft_tokens, vocab)
-
-    def _split(self, batch: int, width: int, vocab: int) -> list[int]:
-        per_row = (2 * width - 1) * vocab
-        if not self.speed.known or self.speed.expected(1, batch * per_row) <= TARGET_CALL_S:
-            return [batch]
-        rows = 1
-        while rows * 2 <= batch and self.speed.expected(1, rows * 2 * per_row) <= TARGET_CALL_S:
-            rows *= 2
-        return [rows] * (batch // rows) + ([batch % rows] if batch % rows else [])
+            emitted = self._groups_in_worker(proposal, generator, sizes, where, strided)
+        return validate_emitted(emitted, proposal.draft_tokens, vocab, proposal.target_probs)
 
     def _chunks(self, sizes: Sequence[int], per_row: int) -> list[tuple[int, int]]:
-        """Consecutive ranges of groups, each one request of about TARGET_CALL_S expected seconds
-        (the first request of a session: one group, to measure the speed)."""
+        """Consecutive ranges of groups, each one request of about TARGET_REQUEST_S expected seconds
+        (the first request of a session: one group, to measure the speed).  Only the transport
+        depends on the speed: every group is one call of the function, whatever the ranges."""
         chunks, start = [], 0
         while start < len(sizes):
             stop = start + 1
             if self.speed.known:
                 rows = sizes[start]
-                while stop < len(sizes) and self.speed.expected(stop + 1 - start, (rows + sizes[stop]) * per_row) <= TARGET_CALL_S:
+                while stop < len(sizes) and self.speed.expected(stop + 1 - start, (rows + sizes[stop]) * per_row) <= TARGET_REQUEST_S:
                     rows += sizes[stop]
                     stop += 1
             chunks.append((start, stop))
             start = stop
         return chunks
 
-    def _probe_first(self, proposal: Any, sizes: Sequence[int], where: str) -> None:
+    def _probe_first(self, proposal: Any, sizes: Sequence[int], where: str, strided: bool) -> None:
         """Before a first call of unknown speed and more than PROBE_ELEMENTS entries, call the
         function on a few of its rows (throwaway generator, output validated and discarded)."""
         batch, width, vocab = proposal.target_probs.shape
@@ -389,17 +418,19 @@ class GuardedFunction(_Session):
             return
         rows = max(1, min(sizes[0] - 1, PROBE_ELEMENTS // per_row))
         probe = type(proposal)(*(t[:rows] for t in proposal))
-        self.call_groups(probe, self.generator(0), [rows], where=f"{where}, speed probe")
+        self.call_groups(probe, self.generator(0), [rows], where=f"{where}, speed probe", strided=strided)
         self.log.calls -= 1
         self.log.rows -= rows
         self.log.probe_calls += 1
 
-    def _groups_in_process(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str) -> torch.Tensor:
-        self._probe_first(proposal, sizes, where)
+    def _groups_in_process(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str,
+                           strided: bool) -> torch.Tensor:
+        self._probe_first(proposal, sizes, where, strided)
         batch, width, vocab = proposal.target_probs.shape
         per_row = (2 * width - 1) * vocab
         names = ("target_probs", "draft_probs", "draft_tokens")
-        passed = {name: getattr(proposal, name).to(self.device, copy=True) for name in names}
+        passed = {name: presented(getattr(proposal, name), device=self.device, strided=strided,
+                                  decoy=decoy_value(name, vocab)) for name in names}
         outputs, start = [], 0
         for number, rows in enumerate(sizes):
             what = f"the function (in {where})" if len(sizes) == 1 else f"the function (in {where}, call {number + 1} of {len(sizes)})"
@@ -425,23 +456,17 @@ class GuardedFunction(_Session):
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return torch.cat(outputs)
 
-    def _groups_in_worker(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str) -> torch.Tensor:
+    def _groups_in_worker(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str,
+                          strided: bool) -> torch.Tensor:
         if not isinstance(generator, FunctionGenerator):
             raise ValueError("generator: pass a generator made by GuardedFunction.generator(seed)")
-        self._probe_first(proposal, sizes, where)
+        self._probe_first(proposal, sizes, where, strided)
         target, draft, tokens = proposal.target_probs, proposal.draft_probs, proposal.draft_tokens
         batch, width, vocab = target.shape
         per_row = (2 * width - 1) * vocab
-        parts = [(target.dtype, tuple(target.shape)), (draft.dtype, tuple(draft.shape)),
-                 (torch.int64, tuple(tokens.shape)), (torch.int64, (batch, width))]
-        offsets, nbytes = layout(parts)
-        buffer = self._ensure_buffer(nbytes)
-        views = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
-        for view, tensor in zip(views, (target, draft, tokens)):
-            view.copy_(tensor)
-        header = {"op": "steps", "buffer": (buffer.path, buffer.size), "offsets": offsets,
-                  "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
-                  "shapes": [shape for _, shape in parts], "generator": generator, "where": where}
+        inputs = {"target_probs": target, "draft_probs": draft, "draft_tokens": tokens}
+        views, header = self._share(inputs, (batch, width), strided, vocab)
+        header.update(op="steps", generator=generator, where=where)
         first_row = [0]
         for size in sizes:
             first_row.append(first_row[-1] + size)
@@ -455,7 +480,7 @@ class GuardedFunction(_Session):
             reply = self._request(dict(header), deadline, what, where)
             if reply[0] == "fault":
                 _, kind, message, number = reply
-                returned = number + (kind == "malformed")
+                returned = number + (kind in ("malformed", "impossible"))
                 self._returned(returned, sum(sizes[start:start + returned]))
                 call = f"call {start + number + 1} of {len(sizes)}, " if len(sizes) > 1 else ""
                 raise Fault(kind, message.replace("{what}", f"the function (in {call}{where})"))
@@ -571,13 +596,14 @@ class GuardedTreeFunction(_Session):
     def __init__(self, fn: Callable[..., Any] | str, *, timeout_s: float, device: str = "cpu",
                  isolation: str = "none") -> None:
         super().__init__(fn, timeout_s=timeout_s, device=device, isolation=isolation)
-        self.draft_schemes = (getattr(self.fn, "draft_schemes", None) if self.isolation == "none"
-                              else self.info.get("draft_schemes"))
+        self.draft_schemes = self.declared("draft_schemes")
 
-    def __call__(self, proposal: Any, generator: Any, *,
-                 where: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, proposal: Any, generator: Any, *, where: str,
+                 strided: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One call on the whole proposal; returns ``(emitted, lengths, last_node)`` (SPEC §3
-        validated: the accepted tokens are a root-to-node path of each row's tree)."""
+        validated: the accepted tokens are a root-to-node path of each row's tree, else an
+        ``impossible`` fault, as is a token of target probability 0).  ``strided``: the inputs
+        arrive as views of wider buffers (:mod:`specverify.auditing.presentation`)."""
         from specverify.auditing.faults import validate_tree_emitted
 
         batch, nodes = proposal.tree_tokens.shape
@@ -586,17 +612,19 @@ class GuardedTreeFunction(_Session):
         deadline = self.speed.deadline(1, elements, self.timeout_s)
         what = f"the function (in {where})"
         if self.isolation == "none":
-            emitted, seconds = self._tree_in_process(proposal, generator, deadline, what, where)
+            emitted, seconds = self._tree_in_process(proposal, generator, deadline, what, where, strided)
         else:
-            emitted, seconds = self._tree_in_worker(proposal, generator, deadline, what, where)
+            emitted, seconds = self._tree_in_worker(proposal, generator, deadline, what, where, strided)
         self.speed.record(1, elements, seconds)
         self.log.function_seconds += seconds
-        return validate_tree_emitted(emitted, proposal.tree_tokens, proposal.parents, vocab)
+        return validate_tree_emitted(emitted, proposal.tree_tokens, proposal.parents, vocab, proposal.target_probs)
 
     def _tree_in_process(self, proposal: Any, generator: Any, deadline: float, what: str,
-                         where: str) -> tuple[Any, float]:
+                         where: str, strided: bool) -> tuple[Any, float]:
         originals = {name: getattr(proposal, name) for name in TREE_INPUTS}
-        passed = {name: tensor.to(self.device, copy=True) for name, tensor in originals.items()}
+        vocab = proposal.target_probs.shape[-1]
+        passed = {name: presented(tensor, device=self.device, strided=strided, decoy=decoy_value(name, vocab))
+                  for name, tensor in originals.items()}
         started = time.perf_counter()
         try:
             result = self._in_process(lambda: self.fn(*passed.values(), generator), deadline, what, where)
@@ -618,24 +646,19 @@ class GuardedTreeFunction(_Session):
             return result, seconds  # validated (and reported as malformed) by the caller
 
     def _tree_in_worker(self, proposal: Any, generator: Any, deadline: float, what: str,
-                        where: str) -> tuple[torch.Tensor, float]:
+                        where: str, strided: bool) -> tuple[torch.Tensor, float]:
         if not isinstance(generator, FunctionGenerator):
             raise ValueError("generator: pass a generator made by GuardedTreeFunction.generator(seed)")
-        inputs = [getattr(proposal, name) for name in TREE_INPUTS]
+        named = {name: getattr(proposal, name) for name in TREE_INPUTS}
+        inputs = list(named.values())
         batch, nodes = proposal.tree_tokens.shape
-        parts = [(t.dtype, tuple(t.shape)) for t in inputs] + [(torch.int64, (batch, nodes + 1))]
-        offsets, nbytes = layout(parts)
-        buffer = self._ensure_buffer(nbytes)
-        views = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
-        for view, tensor in zip(views, inputs):
-            view.copy_(tensor)
-        message = {"op": "tree", "buffer": (buffer.path, buffer.size), "offsets": offsets,
-                   "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
-                   "shapes": [shape for _, shape in parts], "generator": generator}
+        views, message = self._share(named, (batch, nodes + 1), strided, proposal.target_probs.shape[-1])
+        message.update(op="tree", generator=generator)
         reply = self._request(message, deadline, what, where)
         if reply[0] == "fault":
             _, kind, text, _ = reply
-            self._returned(int(kind == "malformed"), batch if kind == "malformed" else 0)
+            returned = kind in ("malformed", "impossible")
+            self._returned(int(returned), batch if returned else 0)
             raise Fault(kind, text.replace("{what}", what))
         _, seconds, aliased = reply
         self._returned(1, batch)

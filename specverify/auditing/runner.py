@@ -35,7 +35,7 @@ from typing import Any
 
 from specverify.core import stats
 from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
-from specverify.auditing.faults import Fault, preserved_global_rng, seed_global_rng
+from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
 from specverify.auditing.captured import captured_warnings
 from specverify.auditing.isolation import check_isolation, preserved_process_state
@@ -388,6 +388,10 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) 
     errors = [r for r in results if r.verdict is Verdict.ERROR]
     if failed:
         names = ", ".join(r.name for r in failed)
+        impossible = [r.name for r in failed if r.fault is FaultKind.IMPOSSIBLE]
+        if impossible:
+            return "loss detected", EXIT_FAIL, (f"{len(failed)} check(s) failed: {names}; impossible output in "
+                                                f"{', '.join(impossible)} (tokens no lossless rule can emit)"), detectable
         if any(r.kind.detects_loss for r in failed):
             return "loss detected", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
         return "contract violated", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable

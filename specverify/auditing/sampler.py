@@ -41,6 +41,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     CheckResult,
     ChiSquareCheck,
     EXACT_TOLERANCE,
+    ExactCase,
     InputsUnchangedCheck,
     Plan,
     SequentialCheck,
@@ -49,6 +50,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     binomial_detectable_rate,
     binomial_result,
     binomial_sample_size,
+    declared_arithmetic_of,
     exact_cases_result,
     SampleBudget,
     goodness_of_fit_result,
@@ -447,9 +449,10 @@ class ExactStepCheck(Check):
                                          f"{type(error).__name__}: {error}") from error
             return validate_emitted(result, draft_tokens, target_probs.shape[-1])[0]
 
-        labels = [label for label, _, _ in self.cases]
-        integrals = [functools.partial(exact.exact_step_tv, rule, bank.chain(0), k) for _, bank, k in self.cases]
-        return exact_cases_result(self, plan, labels, integrals, 10 * session.timeout_s)
+        cases = [ExactCase(label, functools.partial(exact.exact_step_tv, rule, bank.chain(0), k), k, bank.vocab_size)
+                 for label, bank, k in self.cases]
+        arithmetic, declared = declared_arithmetic_of(session.function)
+        return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
 
 
 @dataclass

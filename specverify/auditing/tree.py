@@ -57,6 +57,8 @@ from specverify.auditing.checks import (
     binomial_detectable_rate,
     binomial_result,
     binomial_sample_size,
+    ExactCase,
+    declared_arithmetic_of,
     exact_cases_result,
     goodness_of_fit_result,
 )
@@ -269,10 +271,12 @@ class ExactTreeCheck(Check):
                                          f"{type(error).__name__}: {error}") from error
             return validate_tree_emitted(result, tree_tokens, parents, target_probs.shape[-1])[0]
 
-        labels = [f"{label} {list(shape)} ({scheme})" for label, _, shape, scheme in self.cases]
-        integrals = [functools.partial(tree_exact.exact_tree_step_tv, rule, chain, shape, scheme)
-                     for _, chain, shape, scheme in self.cases]
-        return exact_cases_result(self, plan, labels, integrals, 10 * session.timeout_s)
+        cases = [ExactCase(f"{label} {list(shape)} ({scheme})",
+                           functools.partial(tree_exact.exact_tree_step_tv, rule, chain, shape, scheme),
+                           len(shape), chain.vocab_size)
+                 for label, chain, shape, scheme in self.cases]
+        arithmetic, declared = declared_arithmetic_of(session.function)
+        return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
 
 
 @dataclass

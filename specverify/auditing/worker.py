@@ -82,14 +82,16 @@ class Worker:
             from specverify.auditing.decoder import DecoderModels
 
             self.models = DecoderModels(self.device)
-        info: dict[str, Any] = {"parameters": parameters}
-        if self.level == "tree":
-            declared = getattr(self.fn, "draft_schemes", None)
+        from specverify.auditing.guarded import DECLARED_ATTRIBUTES
+
+        info: dict[str, Any] = {"parameters": parameters, "declared": {}}
+        for name in DECLARED_ATTRIBUTES:
+            declared = getattr(self.fn, name, None)
             try:
                 pickle.dumps(declared)
             except Exception:
                 declared = repr(declared)  # reported as malformed by the audit
-            info["draft_schemes"] = declared
+            info["declared"][name] = declared
         return ("loaded", info)
 
     def _generator(self, handle: Any) -> Any:
@@ -115,7 +117,7 @@ class Worker:
             rows_slice = slice(start, start + rows)
             inputs = (target[rows_slice], draft[rows_slice], tokens[rows_slice])
             drafts = tokens[rows_slice].clone()
-            passed = inputs if on_cpu else tuple(t.to(self.device) for t in inputs)
+            passed = inputs if on_cpu else tuple(_on_device(t, self.device) for t in inputs)
             started = time.perf_counter()
             try:
                 result = self.fn(*passed, generator)
@@ -138,14 +140,17 @@ class Worker:
         import torch
 
         from specverify.auditing.isolation import SharedBuffer
+        from specverify.auditing.presentation import view_of
 
         path, size = request["buffer"]
         if self.buffer is None or self.buffer.path != path:
             if self.buffer is not None:
                 self.buffer.close()
             self.buffer = SharedBuffer.open(path, size)
-        return [self.buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
-                for offset, dtype, shape in zip(request["offsets"], request["dtypes"], request["shapes"])]
+        storages = [self.buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
+                    for offset, dtype, shape in zip(request["offsets"], request["dtypes"], request["shapes"])]
+        # Strided presentation: each input is the leading block of its (wider) region.
+        return [view_of(storage, tuple(shape)) for storage, shape in zip(storages, request["views"])]
 
     def tree(self, request: dict[str, Any]) -> tuple:
         """One SPEC §3 call on the four input tensors of the shared buffer; the validated output
@@ -157,7 +162,7 @@ class Worker:
         tree_tokens, parents = inputs[2].clone(), inputs[3].clone()
         generator = self._generator(request["generator"])
         on_cpu = self.device == "cpu"
-        passed = inputs if on_cpu else [t.to(self.device) for t in inputs]
+        passed = inputs if on_cpu else [_on_device(t, self.device) for t in inputs]
         started = time.perf_counter()
         try:
             result = self.fn(*passed, generator)
@@ -230,6 +235,14 @@ class Worker:
         if changed:
             self.models = type(models)(self.device)  # later calls get the audit's models again
         return ("ok", tokens, seconds, mutated, changed)
+
+
+def _on_device(view: Any, device: str) -> Any:
+    """``view`` on ``device`` with its strides and the rest of its region kept: a strided input
+    stays the leading block of its wider buffer there too, decoy padding included."""
+    base = view if view._base is None else view._base
+    moved = base.to(device)
+    return moved.as_strided(tuple(view.shape), view.stride(), view.storage_offset() - base.storage_offset())
 
 
 def _plain(result: Any, rows: int, width: int) -> bool:

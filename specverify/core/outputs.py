@@ -1,9 +1,18 @@
 """The one validator of what a verification step, a tree step or a decoder returns (SPEC §1, §3 and §2).
 
 Every consumer of emitted tokens (the audit's guarded calls, the exact integrator, the property
-suite) validates through this module and gets one exception type, :class:`MalformedOutput`,
-which lists *every* violation of one output at once (a float tensor of the wrong shape reports
-both its dtype and its shape).
+suite) validates through this module and gets one of two exception types, each listing *every*
+violation of one output at once (a float tensor of the wrong shape reports both its dtype and its
+shape):
+
+- :class:`MalformedOutput`: the output breaks the layout (type, dtype, shape, NaN, ids outside
+  ``[0, V)``, tokens after padding, an empty row): there is nothing to judge;
+- :class:`ImpossibleOutput`: the layout is right but the tokens are impossible under *any*
+  lossless rule: a token other than the row's draft in an accepted slot (or, for a tree, accepted
+  tokens that are no root-to-node path of the row's tree), or a token its target law gives
+  probability 0 (:func:`zero_probability_tokens`).  Such a function did produce tokens, and they
+  prove a loss: a verifier that reads another row's drafts or ignores the target's zeros emits
+  exactly this.
 
 SPEC §1 layout of ``emitted [B, K+1]``: row b holds ``m_b ≥ 1`` tokens in ``[0, V)``, then only
 ``-1``; its first ``m_b − 1`` tokens (the accepted slots) are the row's draft tokens, the last one
@@ -19,6 +28,14 @@ import torch
 
 class MalformedOutput(ValueError):
     """An output that breaks the SPEC layout; ``violations`` lists every problem found."""
+
+    def __init__(self, violations: list[str]) -> None:
+        self.violations = tuple(violations)
+        super().__init__("; ".join(violations))
+
+
+class ImpossibleOutput(ValueError):
+    """An output of the right layout whose tokens no lossless rule can emit; ``violations`` lists them."""
 
     def __init__(self, violations: list[str]) -> None:
         self.violations = tuple(violations)
@@ -63,13 +80,16 @@ def _integral_values(tensor: torch.Tensor) -> torch.Tensor | None:
 
 
 def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size: int,
-                     *, num_positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     *, num_positions: int | None = None,
+                     target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Check one step's output against the SPEC §1 layout and return ``(emitted, lengths)`` on the CPU.
 
     ``draft_tokens [B, K]``: the row's draft tokens, which the accepted slots must repeat (None
     skips that check, for tree steps whose accepted slots are path tokens checked elsewhere; then
     ``num_positions`` gives K+1 and B is taken from the output).  Raises :class:`MalformedOutput`
-    with every violation found, each naming the first offending row.
+    with every layout violation found, each naming the first offending row; an output of the right
+    layout with a non-draft token in an accepted slot, or (given ``target_probs [B, K+1, V]``) a
+    token of target probability 0, raises :class:`ImpossibleOutput`.
     """
     tensor = emitted_tensor(result)
     if draft_tokens is not None:
@@ -102,28 +122,66 @@ def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size:
     if bool((lengths == 0).any()):
         row = int((lengths == 0).nonzero()[0, 0])
         problems.append(f"emitted no token in row {row} (every step emits at least the correction-or-bonus token)")
+    if problems:
+        raise MalformedOutput(problems)
     if draft_tokens is not None:
         accepted_slot = torch.arange(width - 1)[None, :] < (lengths[:, None] - 1)
         wrong_slot = accepted_slot & (emitted[:, : width - 1] != draft_tokens.cpu())
         if bool(wrong_slot.any()):
+            rows = wrong_slot.any(dim=-1).nonzero().squeeze(-1)
             row, col = (int(i) for i in wrong_slot.nonzero()[0])
-            problems.append(f"emitted {int(emitted[row, col])} in accepted slot {col} of row {row}, but the draft "
-                            f"token there is {int(draft_tokens[row, col])}: only accepted draft tokens may precede "
-                            "the one correction-or-bonus token")
-    if problems:
-        raise MalformedOutput(problems)
+            raise ImpossibleOutput([
+                f"emitted {int(emitted[row, col])} in accepted slot {col} of row {row}, but the draft token there "
+                f"is {int(draft_tokens[row, col])} ({len(rows)} of {batch} rows hold a non-draft token in an "
+                "accepted slot): only the row's own accepted draft tokens may precede its one correction-or-bonus "
+                "token; a rule that reads another row's drafts (or shifts them) emits exactly this"])
+    if target_probs is not None:
+        impossible = zero_probability_tokens(emitted, lengths, target_probs)
+        if impossible is not None:
+            raise impossible
     return emitted, lengths
 
 
-def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor,
-                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def zero_probability_tokens(emitted: torch.Tensor, lengths: torch.Tensor, target_probs: torch.Tensor,
+                            law_index: torch.Tensor | None = None) -> ImpossibleOutput | None:
+    """The violation (or None) of emitted tokens that their target law gives probability 0.
+
+    Slot j of row b was drawn from the target law ``target_probs[b, law_index[b, j]]`` (chain
+    steps: ``law_index[b, j] = j``, the default; tree steps: 1 + the node the path reached before
+    slot j, 0 at the root).  Under any lossless rule an accepted draft x has probability
+    min(1, p(x)/q(x)) = 0 of acceptance when p(x) = 0, and the correction and bonus laws
+    normalize(max(0, p − q)) and p put no mass where p = 0: such a token is impossible.
+    """
+    batch, width = emitted.shape
+    if law_index is None:
+        law_index = torch.arange(width).expand(batch, width)
+    used = torch.arange(width)[None, :] < lengths[:, None]
+    tokens = emitted.clamp(min=0)
+    laws = target_probs.detach().cpu()
+    rows = torch.arange(batch)[:, None].expand(batch, width)
+    mass = laws[rows, law_index.clamp(min=0, max=laws.shape[1] - 1), tokens]
+    zero = used & (mass == 0)
+    if not bool(zero.any()):
+        return None
+    row, slot = (int(i) for i in zero.nonzero()[0])
+    kind = "accepted draft" if slot < int(lengths[row]) - 1 else "correction-or-bonus token"
+    return ImpossibleOutput([
+        f"emitted token {int(emitted[row, slot])} in slot {slot} of row {row} (its {kind}), which the target law "
+        f"of that slot gives probability 0 ({int(zero.sum())} such tokens in {int(zero.any(dim=-1).sum())} of {batch} "
+        "rows): no lossless rule emits a token the target forbids"])
+
+
+def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor, vocab_size: int,
+                          target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check one tree step's output against SPEC §3; return ``(emitted, lengths, last_node)`` on the CPU.
 
     The layout is SPEC §1's with ``K+1 = N+1`` slots (:func:`validate_emitted` without draft
     tokens); in addition the first ``m_b − 1`` tokens of row b must be the tokens of a
     root-to-node path of the row's tree (``tree_tokens``, ``parents [B, N]``).  With duplicate
     sibling tokens any matching child may continue the path; ``last_node`` is the lowest-index
-    node ending a matching path (-1 when nothing was accepted).  Raises :class:`MalformedOutput`.
+    node ending a matching path (-1 when nothing was accepted).  Raises :class:`MalformedOutput`
+    for a broken layout and :class:`ImpossibleOutput` for accepted tokens off the tree or (given
+    ``target_probs [B, N+1, V]``) a token of target probability 0 along the path.
     """
     batch, width = tree_tokens.shape
     emitted, lengths = validate_emitted(result, None, vocab_size, num_positions=width + 1)
@@ -136,19 +194,26 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
     reached = torch.zeros(batch, width + 1, dtype=torch.bool)
     reached[:, 0] = True
     current = torch.full((batch,), -1, dtype=torch.int64)
+    law_index = torch.zeros(batch, width + 1, dtype=torch.int64)  # slot j's law: 1 + the node before it
     for j in range(width):
+        law_index[:, j] = current + 1
         on_path = j < lengths - 1
         match = present & reached.gather(-1, parents + 1) & (tree_tokens == emitted[:, j:j + 1])
         broken = on_path & ~match.any(-1)
         if bool(broken.any()):
             row = int(broken.nonzero()[0, 0])
-            raise MalformedOutput([(
+            raise ImpossibleOutput([(
                 f"row {row}: emitted {emitted[row].tolist()}, whose accepted tokens are not a root-to-node path of "
                 f"the tree (slot {j}: token {int(emitted[row, j])} is not a child of the path so far; tree_tokens "
                 f"{tree_tokens[row].tolist()}, parents {parents[row].tolist()}): only the tokens of an accepted "
                 "path may precede the correction-or-bonus token")])
         current = torch.where(on_path, match.to(torch.int64).argmax(-1), current)
         reached = torch.where(on_path[:, None], torch.cat([torch.zeros(batch, 1, dtype=torch.bool), match], 1), reached)
+    law_index[:, width] = current + 1
+    if target_probs is not None:
+        impossible = zero_probability_tokens(emitted, lengths, target_probs, law_index)
+        if impossible is not None:
+            raise impossible
     return emitted, lengths, current
 
 

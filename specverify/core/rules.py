@@ -821,6 +821,13 @@ def typical_acceptance_as_verify(
     return typical_acceptance_verify(target_probs, draft_tokens, generator, uniforms=uniforms).emitted
 
 
+# The rules compute in float64 whatever their inputs' dtype (module docstring), so the exact check
+# holds them to the float64 bound (specverify.core.rounding).
+for _rule in (verify, point_mass_as_verify, greedy_as_verify, typical_acceptance_as_verify):
+    _rule.arithmetic = "float64"
+del _rule
+
+
 def accepts_uniforms(fn: Callable[..., Any]) -> bool:
     """Whether ``fn``'s signature has a ``uniforms`` parameter: the uniform convention of the rules
     above (docs/ARCHITECTURE.md), which lets :mod:`specverify.core.exact` integrate it exactly."""

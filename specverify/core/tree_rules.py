@@ -678,3 +678,11 @@ def thresholded_verify_tree(target_probs, draft_probs, tree_tokens, parents, gen
     """SPEC §3 function of :func:`thresholded_tree_verify` (LOSSY, thresholds 0.9 / 0.9)."""
     return thresholded_tree_verify(target_probs, draft_probs, tree_tokens, parents, generator,
                                    uniforms=uniforms).emitted
+
+
+# The tree rules compute in float64 (as the chain rules do), so the exact check holds them to the
+# float64 bound (specverify.core.rounding).
+for _rule in (verify_tree, point_mass_verify_tree, greedy_verify_tree, typical_verify_tree,
+              unchanged_target_verify_tree, thresholded_verify_tree):
+    _rule.arithmetic = "float64"
+del _rule

@@ -1,5 +1,6 @@
 """Faulty adapters are reported, never crash the audit and never pass: exit 2 for exceptions, hangs and
-malformed output; exit 1 for input mutation and randomness not taken from the generator."""
+malformed output; exit 1 for impossible output (well formed, impossible under the law), input mutation
+and randomness not taken from the generator."""
 
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ def faulty(name):
         ("wrong_dtype", "dtype torch.int32"),
         ("out_of_range", "outside [0,"),
         ("token_after_padding", "after -1 padding"),
-        ("non_draft_accepted", "accepted slot 0"),
     ],
 )
 def test_malformed_or_raising_adapters_could_not_be_audited(name, fragment):
@@ -39,6 +39,24 @@ def test_malformed_or_raising_adapters_could_not_be_audited(name, fragment):
     errored = [c for c in report.checks if c.verdict == "error"]
     assert len(errored) == 3 and all(fragment in c.message for c in errored)
     assert next(c for c in report.checks if c.name == "inputs-unchanged").verdict == ("skipped" if name == "raises" else "pass")
+
+
+@pytest.mark.parametrize(
+    "name, fragment, checks",
+    [
+        ("non_draft_accepted", "accepted slot 0", SMALL["checks"]),
+        ("reads_other_rows_drafts", "non-draft token in an accepted slot", SMALL["checks"]),
+        ("emits_forbidden_token", "probability 0", ["zeros-both-sides", "disjoint-supports"]),
+    ],
+)
+def test_impossible_outputs_are_losses_not_adapter_errors(name, fragment, checks):
+    # Right shape and dtype, tokens no lossless rule emits: a kernel that mixes requests or ignores
+    # the target's zeros, proved by one output (exit 1), not "my adapter is broken" (exit 2).
+    report = audit(faulty(name), budget=500, checks=checks, fail_fast=False)
+    assert report.exit_code == EXIT_FAIL and report.verdict == "loss detected", report.summary
+    assert "impossible output" in report.summary
+    failed = [c for c in report.checks if c.verdict == "fail"]
+    assert failed and all(c.fault == "impossible" and fragment in c.message for c in failed), [c.message for c in failed]
 
 
 def test_a_hanging_adapter_times_out_and_the_rest_is_skipped():

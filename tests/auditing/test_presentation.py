@@ -1,0 +1,98 @@
+"""Strided presentation: inputs reach the function as views of wider buffers whose padding holds a
+valid decoy, in the audit's own process and in a worker, so a function that ignores strides emits
+wrong tokens instead of crashing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specverify.auditing.faults import Fault
+from specverify.auditing.guarded import GuardedFunction, GuardedTreeFunction
+from specverify.auditing.presentation import STRIDE_PAD, decoy_value, presented
+from specverify.auditing.sampler import positional_family_bank
+from specverify.core.rules import verify as reference
+from specverify.core.tree_rules import verify_tree
+from specverify.testing.harness import propose
+
+
+def test_a_presented_input_is_a_view_of_a_wider_buffer_with_decoy_padding():
+    tensor = torch.rand(3, 4, 5)
+    view = presented(tensor, device=torch.device("cpu"), strided=True, decoy=decoy_value("target_probs", 5))
+    assert torch.equal(view, tensor) and not view.is_contiguous()
+    assert view.stride() == (5 * (5 + STRIDE_PAD), 5 + STRIDE_PAD, 1)
+    wide = view.as_strided((3, 5, 5 + STRIDE_PAD), view.stride())
+    assert torch.all(wide[:, 4] == 0.2) and torch.all(wide[:, :, 5:] == 0.2)
+
+
+def contiguity_of_inputs(target_probs, draft_probs, draft_tokens, generator):
+    """Emits the reference's tokens, then records in slot K whether every input was contiguous
+    (-1 padding elsewhere is kept): a probe of what the function received."""
+    emitted = reference(target_probs, draft_probs, draft_tokens, generator)
+    contiguous = all(t.is_contiguous() for t in (target_probs, draft_probs, draft_tokens))
+    return emitted if not contiguous else emitted.fill_(-7)  # -7: malformed on purpose
+
+
+def reads_as_if_contiguous(target_probs, draft_probs, draft_tokens, generator):
+    """A kernel (no input validation, like most) that indexes its inputs with the strides of
+    contiguous tensors."""
+    from tests.auditing.precision_rules import float32_rule
+
+    def flat(tensor):
+        return torch.as_strided(tensor, tensor.shape, torch.empty(tensor.shape).stride())
+    return float32_rule(flat(target_probs), flat(draft_probs), flat(draft_tokens), generator)
+
+
+def _proposal(rows=64, vocab=6, num_draft=3):
+    bank = positional_family_bank("presentation", "random", vocab, num_draft, 2)
+    return propose(bank, bank.initial_state(torch.arange(rows) % 2), num_draft, torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_the_function_receives_strided_views(isolation):
+    function = GuardedFunction(f"{__file__}:contiguity_of_inputs" if isolation == "process" else contiguity_of_inputs,
+                               timeout_s=60, isolation=isolation)
+    try:
+        proposal = _proposal()
+        emitted, _ = function(proposal, function.generator(1), where="strided", strided=True)
+        expected, _ = function(proposal, function.generator(1), where="strided again", strided=True)
+        assert torch.equal(emitted, expected) and bool((emitted >= -1).all())
+        assert not function.log.mutations
+    finally:
+        function.close()
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_a_stride_ignoring_function_is_caught_as_a_loss_not_a_crash(isolation):
+    # It reads other rows' drafts and laws: its tokens are impossible (a loss, exit 1), where the
+    # contiguous presentation lets it pass.
+    target = f"{__file__}:reads_as_if_contiguous" if isolation == "process" else reads_as_if_contiguous
+    function = GuardedFunction(target, timeout_s=60, isolation=isolation)
+    try:
+        proposal = _proposal(rows=512)
+        function(proposal, function.generator(5), where="contiguous")
+        with pytest.raises(Fault) as caught:
+            function(proposal, function.generator(5), where="strided", strided=True)
+        assert caught.value.kind == "impossible" and "accepted slot" in caught.value.message
+    finally:
+        function.close()
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_tree_inputs_can_be_strided_too(isolation):
+    from specverify.testing.tree_harness import TreeProposal
+
+    function = GuardedTreeFunction("specverify.core.tree_rules:verify_tree" if isolation == "process" else verify_tree,
+                                   timeout_s=60, isolation=isolation)
+    try:
+        batch, nodes, vocab = 8, 3, 5
+        target = torch.softmax(torch.randn(batch, nodes + 1, vocab, generator=torch.Generator().manual_seed(0)), -1)
+        draft = torch.softmax(torch.randn(batch, nodes, vocab, generator=torch.Generator().manual_seed(1)), -1)
+        tokens = torch.tensor([[1, 2, 3]] * batch)
+        parents = torch.tensor([[-1, -1, 0]] * batch)
+        proposal = TreeProposal(target, draft, tokens, parents)
+        a = function(proposal, function.generator(2), where="contiguous")[0]
+        b = function(proposal, function.generator(2), where="strided", strided=True)[0]
+        assert torch.equal(a, b)
+    finally:
+        function.close()
