@@ -414,7 +414,7 @@ class GuardedFunction(_Session):
         function on a few of its rows (throwaway generator, output validated and discarded)."""
         batch, width, vocab = proposal.target_probs.shape
         per_row = (2 * width - 1) * vocab
-        if self.speed.known or sizes[0] * per_row <= PROBE_ELEMENTS:
+        if self.speed.known or sizes[0] == 1 or sizes[0] * per_row <= PROBE_ELEMENTS:
             return
         rows = max(1, min(sizes[0] - 1, PROBE_ELEMENTS // per_row))
         probe = type(proposal)(*(t[:rows] for t in proposal))
