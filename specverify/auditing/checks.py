@@ -132,6 +132,8 @@ class Plan:
     deterministic checks and for checks tested once at ``alpha``."""
     look_alphas: tuple[float, ...] = ()
     """The level of each look (α-spending increments, summing to ``alpha``: :mod:`specverify.core.sequential`)."""
+    fixed_budget: bool = False
+    """True under a fixed budget of N samples per check (``--budget N``), False under a named one."""
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,8 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         looks, look_alphas = plan_looks(check, n, share)
         final_alpha = look_alphas[-1] if looks else share
         detectable = check.detectable_tv(n, alpha=final_alpha, power=POWER)
-        plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas))
+        plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
+                          fixed_budget=budget.epsilon is None))
     return plans, share
 
 
