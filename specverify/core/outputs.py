@@ -166,9 +166,9 @@ def zero_probability_tokens(emitted: torch.Tensor, lengths: torch.Tensor, target
     row, slot = (int(i) for i in zero.nonzero()[0])
     kind = "accepted draft" if slot < int(lengths[row]) - 1 else "correction-or-bonus token"
     return ImpossibleOutput([
-        f"emitted token {int(emitted[row, slot])} in slot {slot} of row {row} (its {kind}), which the target law "
-        f"of that slot gives probability 0 ({int(zero.sum())} such tokens in {int(zero.any(dim=-1).sum())} of {batch} "
-        "rows): no lossless rule emits a token the target forbids"])
+        f"emitted token {int(emitted[row, slot])} in slot {slot} of row {row} (its {kind}), of target probability 0 "
+        f"in that slot ({int(zero.sum())} such tokens in {int(zero.any(dim=-1).sum())} of {batch} rows): no lossless "
+        "rule emits a token the target forbids"])
 
 
 def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor, vocab_size: int,

@@ -54,7 +54,7 @@ def test_declared_schemes_select_the_checks():
     assert report.exit_code == 0, report.explain()
 
 
-def test_non_path_output_is_malformed():
+def test_non_path_output_is_an_impossible_output():
     def jumps(target_probs, draft_probs, tree_tokens, parents, generator):
         emitted = torch.full((tree_tokens.shape[0], tree_tokens.shape[1] + 1), -1, dtype=torch.int64)
         emitted[:, 0] = (tree_tokens[:, 0] + 1) % target_probs.shape[-1]  # not a root child's token ...
@@ -62,7 +62,9 @@ def test_non_path_output_is_malformed():
         return emitted
 
     report = audit(jumps, level="tree", budget=200, checks=["tree-siblings-independent"])
-    assert report.exit_code == 2 and "root-to-node path" in report.checks[0].message
+    # Well formed, but no lossless rule emits a path off the tree: a loss (exit 1), not a broken adapter.
+    assert report.exit_code == 1 and report.checks[0].fault == "impossible"
+    assert "root-to-node path" in report.checks[0].message
 
 
 def test_global_rng_is_a_contract_violation():

@@ -43,7 +43,7 @@ def test_a_token_of_target_probability_zero_is_impossible():
     target = torch.full((2, 3, 4), 0.25)
     target[1, 0] = torch.tensor([0.5, 0.5, 0.0, 0.0])  # row 1 slot 0: tokens 2 and 3 forbidden
     output = torch.tensor([[1, 2, 3], [3, -1, -1]])
-    with pytest.raises(ImpossibleOutput, match="slot 0 of row 1 .*probability 0"):
+    with pytest.raises(ImpossibleOutput, match="slot 0 of row 1 .*target probability 0"):
         validate_emitted(output, DRAFTS, 4, target_probs=target)
     validate_emitted(torch.tensor([[1, 2, 3], [1, -1, -1]]), DRAFTS, 4, target_probs=target)
 

@@ -204,7 +204,6 @@ DRAFTS = torch.tensor([[1, 2], [3, 0]])
         (torch.tensor([[1, -2, -1], [3, 0, 1]]), "outside [0, 4)"),
         (torch.tensor([[1, -1, 2], [3, 0, 1]]), "after -1"),
         (torch.tensor([[-1, -1, -1], [3, 0, 1]]), "no token"),
-        (torch.tensor([[2, 1, -1], [3, 0, 1]]), "accepted slot 0"),
         ([1, 2], "returned a list"),
     ],
 )
@@ -212,6 +211,12 @@ def test_malformed_outputs_are_faults(emitted, fragment):
     with pytest.raises(Fault) as caught:
         validate_emitted(emitted, DRAFTS, 4)
     assert caught.value.kind == "malformed" and fragment in caught.value.message
+
+
+def test_a_non_draft_accepted_token_is_an_impossible_output():
+    with pytest.raises(Fault) as caught:
+        validate_emitted(torch.tensor([[2, 1, -1], [3, 0, 1]]), DRAFTS, 4)
+    assert caught.value.kind == "impossible" and "accepted slot 0" in caught.value.message
 
 
 def test_wellformed_output_gives_lengths():
