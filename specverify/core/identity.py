@@ -355,10 +355,6 @@ class IdentityDesign:
     """The distinct (λ, w) of the tokens of positive probability, how many tokens have each, and
     b = −min_k ((k − λ)² − k)/w ≥ 0 (the terms are ≥ −b): what planning needs."""
 
-    @property
-    def parts(self) -> tuple[str, ...]:
-        return tuple(name for name in PART_NAMES if name == "zeros" or name in self.shares)
-
 
 def _poisson_mean(n: int) -> float:
     """Largest n' with P(Poisson(n') > n) ≤ SUBSAMPLE_OVERFLOW."""

@@ -343,3 +343,16 @@ def test_one_test_takes_well_under_a_second(vocab_size: int, n: int) -> None:
     cached = time.perf_counter() - start
     print(f"V={vocab_size} n={n}: first test (with its design) {fresh:.3f} s, next test {cached:.3f} s")
     assert cached < 0.5 and fresh < 3.0  # generous: shared CI cores
+
+
+def test_identity_table_script_prints_the_table() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "identity_table.py"
+    spec = importlib.util.spec_from_file_location("identity_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = module.format_identity_table(vocab_sizes=(1024,), epsilons=(0.2,))
+    print(text)
+    assert "identity" in text and "χ² unpooled" in text and len(text.splitlines()) == 2 + 3
