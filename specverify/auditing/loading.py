@@ -31,6 +31,22 @@ BUILTINS: dict[str, dict[str, str]] = {
         "greedy": "specverify.core.rules:greedy_as_verify",
         "typical": "specverify.core.rules:typical_acceptance_as_verify",
         "hf-transformers": "specverify.hf.sampler_adapter:verify",
+        # Real engines' verification code, unmodified (specverify.engines; `pip install specverify[ENGINE]`).
+        "lmdeploy": "specverify.engines.lmdeploy_engine:verify",
+        "lmdeploy-one-hot": "specverify.engines.lmdeploy_engine:verify_one_hot",
+        "lmdeploy-greedy": "specverify.engines.lmdeploy_engine:verify_greedy",
+        "lmdeploy-mixed": "specverify.engines.lmdeploy_engine:verify_mixed",
+        "sglang": "specverify.engines.sglang_engine:verify",
+        "sglang-one-hot": "specverify.engines.sglang_engine:verify_one_hot",
+        "sglang-greedy": "specverify.engines.sglang_engine:verify_greedy",
+        "sglang-triton": "specverify.engines.sglang_engine:verify_triton",
+        "sglang-triton-one-hot": "specverify.engines.sglang_engine:verify_triton_one_hot",
+        "sglang-chain-triton": "specverify.engines.sglang_engine:verify_chain_triton",
+        "sglang-chain-block-triton": "specverify.engines.sglang_engine:verify_chain_block_triton",
+        "vllm": "specverify.engines.vllm_engine:verify",
+        "vllm-no-draft-probs": "specverify.engines.vllm_engine:verify_no_draft_probs",
+        "vllm-greedy": "specverify.engines.vllm_engine:verify_greedy",
+        "vllm-mixed": "specverify.engines.vllm_engine:verify_mixed",
     },
     "decoder": {
         "reference": "reference.decoder:generate",
@@ -46,6 +62,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "thresholded": "specverify.core.tree_rules:thresholded_verify_tree",
         "sglang-style": "specverify.core.tree_layouts:sglang_style_verify_tree",
         "eagle-style": "specverify.core.tree_layouts:eagle_style_verify_tree",
+        "sglang-tree-greedy-triton": "specverify.engines.sglang_engine:verify_tree_greedy_triton",
     },
 }
 
