@@ -27,6 +27,24 @@ def prepare_engine_import() -> bool:
     return os.environ["TRITON_INTERPRET"] == "1"
 
 
+# Engine -> what installs it and its import chain (pins: engines.txt, pyproject's extras).
+INSTALL_HINTS: dict[str, str] = {
+    "vllm": "pip install specverify[vllm] && pip install --no-deps vllm==0.33.0 triton==3.9.0",
+    "sglang": "pip install specverify[sglang] && pip install --no-deps sglang==0.5.23 triton==3.9.0",
+    "lmdeploy": "pip install specverify[lmdeploy] && pip install --no-deps lmdeploy==0.18.0",
+}
+
+
+def require_engine(distribution: str) -> str:
+    """The installed version of ``distribution``; ModuleNotFoundError naming the install command if absent."""
+    found = installed_version(distribution)
+    if found is None:
+        hint = INSTALL_HINTS.get(distribution, f"pip install {distribution}")
+        raise ModuleNotFoundError(f"{distribution} is not installed; install the audited version with: {hint} "
+                                  "(--no-deps: its declared torch pin would replace your torch)", name=distribution)
+    return found
+
+
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import
+from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import, require_engine
 
+require_engine("lmdeploy")
 prepare_engine_import()
 
 from lmdeploy.pytorch.backends.default.rejection_sampling import DefaultRejectionSamplingImpl  # noqa: E402

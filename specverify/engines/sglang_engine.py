@@ -42,8 +42,9 @@ from __future__ import annotations
 import torch
 
 from specverify.core.tree_layouts import to_sglang_layout
-from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import
+from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import, require_engine
 
+require_engine("sglang")
 INTERPRETED = prepare_engine_import()
 
 from sglang.kernels.ops.speculative.dspark.blockwise_rejection import (  # noqa: E402
@@ -198,3 +199,4 @@ def verify_tree_greedy_triton(target_probs, draft_probs, tree_tokens, parents, g
     kept = columns[None, :] <= accept_token_num.long()[:, None]
     tokens = predicts[accept_index.clamp_min(0).long()].long()
     return torch.where(kept, tokens, torch.full_like(tokens, -1))
+verify_tree_greedy_triton.draft_schemes = ("deterministic",)  # EAGLE drafts top-k children

@@ -31,8 +31,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import
+from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import, require_engine
 
+require_engine("vllm")
 prepare_engine_import()
 
 from vllm.v1.sample.logits_processor import LogitsProcessors  # noqa: E402

@@ -61,6 +61,8 @@ MARKERS = (
     "slow: long checks kept out of the default run (`pytest -m slow`)",
     "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
     "server: starts real llama.cpp servers (the `[server]` extra); kept out of the default run (`pytest -m server`)",
+    "engines: audits real engines' verification code (vLLM, SGLang, lmdeploy; engines.txt); kept out of the default "
+    "run (`pytest -m engines`)",
 )
 """The markers the plugin registers (the only place they are registered)."""
 
