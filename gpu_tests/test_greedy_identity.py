@@ -3,28 +3,37 @@
 Candidates: Hugging Face assisted generation (``prompt_lookup_num_tokens``, ``assistant_model``,
 ``assistant_early_exit``) and the reference decoder (``reference.decoder.speculative_generate``
 with each drafter: prompt lookup, early exit, the target itself, a random-initialised model, the
-user's draft model).  Baseline: the target's plain greedy decoding of each prompt alone
-(:func:`specverify.hf.divergence.greedy_decode`), 64 new tokens, end-of-sequence stopping disabled.
+user's draft model), 64 new tokens, end-of-sequence stopping disabled.
 
-Verdict (:mod:`specverify.hf.divergence`): float32 outputs must be identical; in float16/bfloat16 each
-row's first divergence must be explained, i.e. the baseline's logit for its own token exceeds the
-candidate token's by at most τ, calibrated per model, device and dtype from plain greedy decoding
-against itself (batches of other sizes, a teacher-forced pass).  Oracle checks on the drafters:
-the target drafting for itself is accepted almost always, a random-initialised draft almost never.
+Verdict (:func:`specverify.hf.divergence.check_identity`, whole-sequence): the target scores each
+candidate row's whole continuation teacher-forced (one pass, in the dtype under test, and in
+float32 for float16/bfloat16) and every position's token is judged against the target's argmax
+given the row's own prefix.  float32: exact (no position may differ).  float16/bfloat16: no
+position's gap may exceed τ, and no more positions may differ than rounding explains, both
+calibrated per model, device and dtype from plain greedy decoding against itself
+(:func:`specverify.hf.divergence.calibrate`).  Oracle checks on the drafters: the target drafting
+for itself is accepted almost always, a random-initialised draft almost never.  Every verdict
+prints its positions compared and exceedances (``identity_log``).
+
+Known-buggy decoders (:mod:`gpu_tests.identity_power`: accept every draft unchecked, logits read
+one position late, a stale KV entry) must fail and the lossless one pass, on many prompts:
+``test_identity_catches_buggy_decoders`` here (float32 on CPU; every dtype on CUDA), and in
+bfloat16/float16 on CPU under each kernel set in ``test_greedy_kernel_sets.py``.
 
 What runs where (SmolLM2-135M-Instruct unless ``--target-model``/``--draft-model`` say otherwise):
 
 - default run, CPU: HF prompt lookup and the reference decoder with prompt lookup, float32 and
   bfloat16, an edit-of-the-prompt prompt at batch 1, one float32 batch-4 case (edit and code
-  prompts, rows of different lengths), and the buggy-decoder check.  Runtime: about 85 CPU-seconds
-  (one plain 64-token decode of SmolLM2 costs ~5 s on one core; baselines and τ are computed once
-  per worker and shared by the tests);
-- ``-m slow``: every prompt kind, every drafter, batch 4, on CPU; the Qwen2.5-Coder 1.5B/0.5B pair;
+  prompts, rows of different lengths), and the float32 buggy-decoder check (4 prompts, 32
+  tokens).  The bfloat16 calibration is one plain batch-2 decode, once per worker;
+- ``-m slow``: every prompt kind, every drafter, batch 4, on CPU; the buggy decoders on 16 prompts
+  and 64 tokens; the Qwen2.5-Coder 1.5B/0.5B pair;
 - ``-m gpu``: everything on CUDA in float16, bfloat16 and float32, batch sizes 1, 4 and 16.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,11 +42,10 @@ import pytest
 import torch
 
 import reference.decoder
+from gpu_tests import identity_power
 from reference.decoder import speculative_generate
-from reference.drafters import Draft, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
+from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
 from specverify.hf import divergence, packaged as models
-from specverify.core.processing import SamplingParams
-from specverify.core.rules import VerifyResult
 
 MAX_NEW_TOKENS = 64
 GAMMA = 4
@@ -57,9 +65,9 @@ PROMPTS: dict[str, str] = {
     "prose/0": "The old lighthouse keeper",
     "prose/1": "Once upon a time in a small village,",
 }
-# On CPU every baseline costs one plain decode (~5 s on one core), so the CPU cases use few prompts:
-CPU_PROMPTS = ("edit/0",)  # decoded alone, and the calibration of tau
-CPU_BATCH_PROMPTS = ("edit/0", "code/0")  # cycled to fill a CPU batch: rows of different lengths
+# On CPU every decode costs ~5 s per 64 tokens on one core, so the CPU cases use few prompts:
+CPU_PROMPTS = ("edit/0",)  # decoded alone
+CPU_BATCH_PROMPTS = ("edit/0", "code/0")  # cycled to fill a CPU batch (rows of different lengths); tau's calibration
 ONE_PER_KIND = ("code/0", "json/0", "edit/0", "prose/0")
 
 
@@ -76,45 +84,41 @@ def param_id(device: str, dtype: torch.dtype, *rest: object) -> str:
 
 
 class IdentityContext:
-    """One model choice on one device and dtype: prompts, cached baselines and τ, the verdict."""
+    """One model choice on one device and dtype: prompts, the float32 reference, τ, the verdict."""
 
-    def __init__(self, pair: models.ModelPair, choice: str, device: str, dtype: torch.dtype, log: Callable) -> None:
-        self.pair, self.choice, self.device, self.dtype, self.log = pair, choice, device, dtype, log
+    def __init__(self, pair: models.ModelPair, float32_target: Any | None, choice: str, device: str,
+                 dtype: torch.dtype, log: Callable) -> None:
+        self.pair, self.float32_target = pair, float32_target
+        self.choice, self.device, self.dtype, self.log = choice, device, dtype, log
         self.pad_token_id = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else 0
-        self.baselines: dict[str, divergence.GreedyRun] = {}
-        self.calibration: divergence.Calibration | None = None
+        self._calibration: divergence.Calibration | None = None
 
     def prompt(self, prompt_id: str) -> torch.Tensor:
         return self.pair.tokenizer(PROMPTS[prompt_id], return_tensors="pt").input_ids[0]
 
-    def baseline(self, prompt_id: str) -> divergence.GreedyRun:
-        if prompt_id not in self.baselines:
-            (self.baselines[prompt_id],) = divergence.greedy_decode(
-                self.pair.target, [self.prompt(prompt_id)], max_new_tokens=MAX_NEW_TOKENS, pad_token_id=self.pad_token_id
-            )
-        return self.baselines[prompt_id]
-
-    def tau(self) -> float:
-        """0 in float32 (identity is required); else calibrated once on this context's prompts."""
+    def calibration(self) -> divergence.Calibration | None:
+        """None in float32 (identity is exact); else calibrated once on this context's prompts."""
         if self.dtype in EXACT:
-            return 0.0
-        if self.calibration is None:
-            prompt_ids = CPU_PROMPTS if self.device == "cpu" else tuple(PROMPTS)
+            return None
+        if self._calibration is None:
+            prompt_ids = CPU_BATCH_PROMPTS if self.device == "cpu" else tuple(PROMPTS)
             batch_sizes = (2,) if self.device == "cpu" else (4, 16)
-            self.calibration = divergence.calibrate(
-                self.pair.target, [self.prompt(p) for p in prompt_ids], [self.baseline(p) for p in prompt_ids],
-                batch_sizes=batch_sizes, pad_token_id=self.pad_token_id,
+            self._calibration = divergence.calibrate(
+                self.pair.target, [self.prompt(p) for p in prompt_ids], max_new_tokens=MAX_NEW_TOKENS,
+                batch_sizes=batch_sizes, float32_model=self.float32_target, pad_token_id=self.pad_token_id,
             )
-            self.log({"calibration": self.choice, "device": self.device, **self.calibration.__dict__})
-        return self.calibration.tau
+            self.log({"calibration": self.choice, "device": self.device, **self._calibration.summary()})
+        return self._calibration
 
     def verdict(self, test: str, prompt_ids: Sequence[str], candidates: Sequence[torch.Tensor], seconds: float,
                 **extra: Any) -> divergence.IdentityReport:
-        report = divergence.compare_greedy(
-            [self.baseline(p) for p in prompt_ids], candidates, tau=self.tau(), dtype=self.dtype, labels=prompt_ids
+        report = divergence.check_identity(
+            self.pair.target, [self.prompt(p) for p in prompt_ids], candidates, calibration=self.calibration(),
+            float32_model=self.float32_target, labels=prompt_ids,
         )
         self.log({"test": test, "model": self.pair.target_spec, "device": self.device, "dtype": str(self.dtype),
-                  "runtime_s": round(seconds, 2), "passed": report.passed, "report": str(report), **extra})
+                  "runtime_s": round(seconds, 2), "passed": report.passed, "positions": report.positions,
+                  "exceedances": report.exceedances, "report": str(report), **extra})
         return report
 
 
@@ -126,7 +130,9 @@ def context(load_pair, identity_log) -> Callable[[str, str, torch.dtype], Identi
     def get(choice: str, device: str, dtype: torch.dtype) -> IdentityContext:
         if (choice, device, dtype) not in contexts:
             pair = load_pair(choice, device, dtype)
-            contexts[choice, device, dtype] = IdentityContext(pair, choice, models.resolve_device(device), dtype, identity_log)
+            float32_target = None if dtype in EXACT else load_pair(choice, device, torch.float32).target
+            contexts[choice, device, dtype] = IdentityContext(pair, float32_target, choice, models.resolve_device(device),
+                                                              dtype, identity_log)
         return contexts[choice, device, dtype]
 
     return get
@@ -183,8 +189,7 @@ PROMPT_LOOKUP_CASES = [
 @pytest.mark.parametrize("device,dtype,prompt_id", PROMPT_LOOKUP_CASES)
 def test_hf_prompt_lookup_greedy_identity(context, device, dtype, prompt_id):
     ctx = context(DEFAULT_CHOICE, device, dtype)
-    ctx.baseline(prompt_id)  # baseline and tau are computed before the clock starts
-    ctx.tau()
+    ctx.calibration()  # tau is calibrated before the clock starts
     start = time.perf_counter()
     candidate = hf_greedy(ctx, prompt_id, prompt_lookup_num_tokens=GAMMA)
     report = ctx.verdict("hf-prompt-lookup", [prompt_id], [candidate], time.perf_counter() - start)
@@ -212,9 +217,7 @@ def test_hf_assisted_model_draft_greedy_identity(context, device, dtype, kind):
         pytest.skip("no draft model: pass --draft-model or set SPECVERIFY_DRAFT")
     else:
         assist = {"assistant_model": ctx.pair.draft}
-    for prompt_id in ONE_PER_KIND:
-        ctx.baseline(prompt_id)
-    ctx.tau()
+    ctx.calibration()
     start = time.perf_counter()
     candidates = [hf_greedy(ctx, prompt_id, **assist) for prompt_id in ONE_PER_KIND]
     report = ctx.verdict(f"hf-{kind}", ONE_PER_KIND, candidates, time.perf_counter() - start)
@@ -251,9 +254,7 @@ def test_reference_decoder_greedy_identity(context, device, dtype, kind, batch_s
     ctx = context(DEFAULT_CHOICE, device, dtype)
     drafter = make_drafter(kind, ctx)
     batches = batches_for(device, batch_size)
-    for prompt_id in {p for batch in batches for p in batch}:
-        ctx.baseline(prompt_id)
-    ctx.tau()
+    ctx.calibration()
     start = time.perf_counter()
     generations = [reference_greedy(ctx, drafter, batch) for batch in batches]
     seconds = time.perf_counter() - start
@@ -267,37 +268,28 @@ def test_reference_decoder_greedy_identity(context, device, dtype, kind, batch_s
         assert rate <= 0.1, f"random-draft acceptance {rate:.3f}; expected ~0"
 
 
-def accept_every_draft(target_probs: torch.Tensor, draft: Draft, params: SamplingParams,
-                       generator: torch.Generator) -> VerifyResult:
-    """A known-buggy verifier: emits every draft unchecked, then the target's argmax at the next position."""
-    batch, width = draft.tokens.shape
-    positions = torch.arange(width + 1, device=draft.tokens.device)
-    rows = torch.arange(batch, device=draft.tokens.device)
-    emitted = torch.full((batch, width + 1), -1, dtype=torch.int64, device=draft.tokens.device)
-    emitted[:, :width] = torch.where(positions[:width] < draft.num_draft[:, None], draft.tokens, -1)
-    emitted[rows, draft.num_draft] = target_probs[rows, draft.num_draft].argmax(-1)
-    return VerifyResult(emitted, draft.num_draft.clone())
+# --- known-buggy decoders ----------------------------------------------------------------------
 
-
-BUGGY_CASES = [  # float32 fails on any divergence; the informative case is the loosest, reduced precision
-    pytest.param(device, dtype, id=param_id(device, dtype), marks=marks)
-    for device, dtype, marks in settings(cpu=[(torch.float32, True), (torch.bfloat16, False)], cuda=(torch.float16, torch.bfloat16))
+POWER_CASES = [
+    pytest.param(device, dtype, prompts, tokens, id=param_id(device, dtype, f"{prompts}x{tokens}"), marks=marks)
+    for device, dtype, marks, prompts, tokens in [
+        ("cpu", torch.float32, [], 4, 32),
+        ("cpu", torch.float32, [pytest.mark.slow], len(identity_power.POWER_PROMPTS), MAX_NEW_TOKENS),
+    ] + [(device, dtype, marks, len(identity_power.POWER_PROMPTS), MAX_NEW_TOKENS) for device, dtype, marks in settings(cpu=[])]
 ]
 
 
-@pytest.mark.parametrize("device,dtype", BUGGY_CASES)
-def test_identity_check_catches_a_decoder_that_skips_verification(context, monkeypatch, device, dtype):
-    """The verdict must FAIL on a decoder that accepts every prompt-lookup draft unchecked; the
-    bug's first wrong token is far outside the rounding noise τ even in reduced precision."""
+@pytest.mark.parametrize("device,dtype,prompts,tokens", POWER_CASES)
+def test_identity_catches_buggy_decoders(context, identity_log, device, dtype, prompts, tokens):
+    """The lossless reference decoder passes and each planted bug (:mod:`gpu_tests.identity_power`)
+    fails the whole-sequence identity check, over ``prompts`` prompts of ``tokens`` new tokens
+    decoded in one batch.  (bfloat16/float16 on CPU: ``test_greedy_kernel_sets.py``.)"""
     ctx = context(DEFAULT_CHOICE, device, dtype)
-    ctx.baseline("edit/0")
-    ctx.tau()
-    monkeypatch.setattr(reference.decoder, "verify", accept_every_draft)
-    start = time.perf_counter()
-    generation = reference_greedy(ctx, PromptLookupDrafter(), ["edit/0"])
-    report = ctx.verdict("buggy-accept-every-draft", ["edit/0"], list(generation.tokens), time.perf_counter() - start)
-    assert not report.passed, f"the identity check missed a decoder that skips verification:\n{report}"
-    assert report.unexplained[0].gap > ctx.tau()
+    result = identity_power.identity_power(
+        ctx.pair.target, ctx.pair.tokenizer, prompts=identity_power.POWER_PROMPTS[:prompts], max_new_tokens=tokens,
+        float32_target=ctx.float32_target, log=identity_log)
+    verdicts = {name: record["passed"] for name, record in result["decoders"].items()}
+    assert verdicts == {name: name == "lossless" for name in identity_power.BUGS}, json.dumps(result, indent=1)
 
 
 # --- the Qwen2.5-Coder pair (slow) -------------------------------------------------------------
@@ -316,9 +308,7 @@ def test_qwen_coder_pair_greedy_identity(context, device, dtype, decoder):
     acceptance 0.84), seconds on a GPU."""
     ctx = context(QWEN_CHOICE, device, dtype)
     prompt_ids = ["code/0", "json/0"]
-    for prompt_id in prompt_ids:
-        ctx.baseline(prompt_id)
-    ctx.tau()
+    ctx.calibration()
     start = time.perf_counter()
     if decoder == "hf-assistant":
         candidates = [hf_greedy(ctx, p, assistant_model=ctx.pair.draft) for p in prompt_ids]

@@ -7,8 +7,9 @@ cleanly without CUDA):
   plain forward passes over each node's path: the softmax laws agree within a dtype tolerance
   (exactly, up to 1e-4, in float32);
 - greedy identity: the tree decoder's 64 greedy tokens (binary and EAGLE-like trees, early-exit
-  draft) against the target's own greedy decoding, by :mod:`specverify.hf.divergence`: identical in
-  float32, every first divergence explained by a calibrated rounding margin τ in float16/bfloat16.
+  draft), every position against the target's argmax given the row's own prefix
+  (:func:`specverify.hf.divergence.check_identity`): exact in float32, within the calibrated
+  rounding noise in float16/bfloat16 (the dtype's own and a float32 teacher-forced pass).
 """
 
 from __future__ import annotations
@@ -77,14 +78,16 @@ def test_tree_decoder_greedy_identity_cuda(cuda_pair, identity_log, dtype, name)
     device = next(target.parameters()).device
     pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else 0
     prompts = [pair.tokenizer(text, return_tensors="pt").input_ids[0].to(device) for text in PROMPTS]
-    baselines = divergence.greedy_decode(target, prompts, max_new_tokens=MAX_NEW_TOKENS, pad_token_id=pad)
-    tau = 0.0 if dtype == torch.float32 else divergence.calibrate(target, prompts, baselines, batch_sizes=(4,),
-                                                                 pad_token_id=pad).tau
+    float32_target = None if dtype == torch.float32 else cuda_pair(torch.float32).target
+    calibration = None if dtype == torch.float32 else divergence.calibrate(
+        target, prompts, max_new_tokens=MAX_NEW_TOKENS, batch_sizes=(1, 4), float32_model=float32_target, pad_token_id=pad)
     drafter = ModelTreeDrafter(truncated_view(target, DRAFT_LAYERS))
     generations = [tree_speculative_generate(target, drafter, prompt, parents=SHAPES[name],
                                              max_new_tokens=MAX_NEW_TOKENS, temperature=0.0) for prompt in prompts]
-    report = divergence.compare_greedy(baselines, [g.tokens.cpu() for g in generations], tau=tau, dtype=dtype,
-                                       labels=[f"prompt{i}" for i in range(len(prompts))])
-    identity_log({"test": f"tree-decoder-{name}", "dtype": str(dtype), "tau": tau, "passed": report.passed,
+    report = divergence.check_identity(target, prompts, [g.tokens for g in generations], calibration=calibration,
+                                       float32_model=float32_target, labels=[f"prompt{i}" for i in range(len(prompts))])
+    identity_log({"test": f"tree-decoder-{name}", "dtype": str(dtype), "passed": report.passed,
+                  "positions": report.positions, "exceedances": report.exceedances,
+                  "calibration": None if calibration is None else calibration.summary(),
                   "tokens_per_pass": [round(g.stats.tokens_per_pass, 3) for g in generations], "report": str(report)})
     assert report.passed, str(report)

@@ -25,7 +25,9 @@ Checks (in order):
   the smallest number for which a lossless decoder returns k identical continuations with
   probability Σ_x P(x)^k ≤ 1e-9 (computed exactly; not charged to α);
 - ``greedy-identity`` (exact): at temperature 0, 8 new tokens after each prompt equal the target's
-  greedy continuation token for token (also with top-k/top-p set, which greedy ignores);
+  greedy continuation token for token (also with top-k/top-p set, which greedy ignores): one
+  teacher-forced target pass over the whole continuation, every token its argmax given the tokens
+  before it (:mod:`specverify.core.greedy_identity` with τ = 0, the rule of every level);
 - ``sampling-temperatures`` and ``sampling-top-k-top-p`` (goodness of fit): the joint law of the
   L = 3 new tokens, over strata (setting, prompt) drawn uniformly at random per call, so the
   stratum and the continuation together are one multinomial.  Cells are fixed before sampling
@@ -317,7 +319,9 @@ class SeedSensitivityCheck(Check):
 
 @dataclass
 class GreedyIdentityCheck(Check):
-    """Temperature 0: the new tokens must equal the target's own greedy continuation exactly."""
+    """Temperature 0: the new tokens must be the target's own greedy continuation exactly: the
+    target scores the whole continuation teacher-forced and every token must be its argmax given
+    the tokens before it (:func:`specverify.hf.divergence.check_identity`, float32: τ = 0)."""
 
     name: str
     description: str
@@ -334,17 +338,23 @@ class GreedyIdentityCheck(Check):
                            "smallest top-2 logit gap": float(f"{margin:.3g}")}
 
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
+        from specverify.hf.divergence import check_identity
+
         for number, (case, (expected, _)) in enumerate(zip(self.cases, self.expected)):
             got = session.function(case, self.length, derive_seed(plan.seed, "call", number),
-                                   where=f"{self.name}, {stratum_label(case)}").tolist()
-            if got != expected:
-                position = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
-                message = (f"{stratum_label(case)}: generated {got}, but the target's greedy continuation is "
-                           f"{expected} (first difference at new token {position})")
-                return self.report(plan, Verdict.FAIL, message,
-                                   statistic=float(position))
+                                   where=f"{self.name}, {stratum_label(case)}")
+            prompt = torch.tensor(case[1], dtype=torch.int64, device=self.models.device)
+            (result,) = check_identity(self.models.target, [prompt], [got], labels=[stratum_label(case)]).results
+            if not result.passed:
+                first = result.first_divergences[0]
+                message = (f"{stratum_label(case)}: generated {got.tolist()}, but the target's greedy continuation is "
+                           f"{expected}: at new token {first.position} the target, given the generated tokens before "
+                           f"it, prefers token {first.target_token} to {first.candidate_token} by {first.gap:.3g} in "
+                           f"logit ({len(result.exceedances)} of {result.positions} new tokens are not its argmax)")
+                return self.report(plan, Verdict.FAIL, message, statistic=float(first.position))
         return self.report(plan, Verdict.PASS,
-                           f"identical to the target's greedy decoding in all {len(self.cases)} cases")
+                           f"identical to the target's greedy decoding in all {len(self.cases)} cases "
+                           f"(every new token the target's argmax given the tokens before it)")
 
 
 @dataclass

@@ -1,36 +1,31 @@
-"""Greedy token identity under reduced precision: which divergences rounding explains.
+"""Greedy identity of Hugging Face models in any dtype: teacher-forced scoring and its noise.
 
-In float32 a lossless speculative decoder's greedy output equals the target's own greedy output,
-token for token (SPEC §2).  In float16/bfloat16 it need not: verifying K+1 positions in one pass
-runs other kernels, reduction orders and paddings than decoding one token at a time, so the
-target's logits differ by rounding noise, and where the two best logits are closer than that
-noise the argmax may flip.  A flip is still a divergence, but an *explained* one.
+The verdict is :func:`specverify.core.greedy_identity.judge` (whole-sequence identity: every
+position of every candidate row against the target's argmax given the row's own prefix; see that
+module for the gaps, margins and its two tests).  This module supplies its inputs for a Hugging
+Face causal LM:
 
-The rule.  Let ``b`` be the baseline (the target's own greedy decoding, batch 1) with logits
-``ℓ_t`` at step ``t``, and ``c`` the candidate (speculative) tokens.  At the first position ``t``
-with ``c_t ≠ b_t``:
+Scoring (:func:`check_identity`).  Each candidate row is scored by ONE teacher-forced pass of the
+target over prompt + row (:func:`teacher_forced`) in the dtype under test; in float16/bfloat16
+also by a float32 copy of the target: a token that is neither within the dtype's noise of the
+dtype's argmax nor within the float32 noise of the float32 argmax is an error either way.  The
+family-wise α is split over the references judged (Bonferroni).  In float32/float64 the dtype's
+own pass decides alone with τ = 0: identity is exact.
 
-    margin = ℓ_t[top-1] − ℓ_t[top-2]          (the baseline's top-2 logit margin)
-    gap    = ℓ_t[b_t]  − ℓ_t[c_t]  ≥ margin    (equal when c_t is the runner-up)
+Noise (:func:`calibrate`).  τ is measured on the same model, dtype, device and kernels by running
+*plain* greedy decoding (``model.generate``, no speculation) in the shapes of ``batch_sizes``
+(left padded) and re-scoring every run on its own tokens with each reference's teacher-forced
+pass.  Every position is then aligned (both passes condition on the run's prefix), and two noise
+values are read there, ``a, b`` being the reference's top-2:
 
-The divergence is explained iff ``gap ≤ τ``: the candidate chose a token that rounding noise of
-size τ could have put on top.  After the first divergence the two rows condition on different
-prefixes, so nothing further in that row is compared.  In float32 (and float64) no divergence is
-explained: the outputs must be identical.
+    margin change  |Δ(ℓ[a] − ℓ[b])|  between the run's own logits and the reference's
+    gap            ℓ_ref[a] − ℓ_ref[run's token]   (> 0 where rounding flipped the argmax)
 
-Calibrating τ (:func:`calibrate`).  τ is the size of the rounding noise on the margin, measured
-on the same model, hardware and dtype by running *plain* greedy decoding (no speculation) against
-itself in other shapes: each prompt inside batches of other sizes (left padded), and the
-baseline's own tokens re-scored in one teacher-forced pass (the widest shape a verifier uses).
-While two plain runs share a prefix, the change of the baseline's top-2 margin between them,
-``|Δ(ℓ[a] − ℓ[b])|`` with ``a, b`` the baseline's top-2, is pure noise; where they diverge, the
-baseline's gap is a realised noise value too.  Then
+    τ = safety_factor × max(largest margin change, largest gap)
 
-    τ = safety_factor × max(largest margin change, largest plain-vs-plain divergence gap)
-
-with ``safety_factor = 2`` by default: the verifier's shapes are not exactly the calibration's,
-and the largest of a few thousand noise draws understates the tail.  A bug that emits a token
-the target does not prefer almost always shows a gap far above τ (whole logits, not ulps).
+with ``safety_factor = 2``: the verify pass's shapes are not exactly the calibration's, and the
+largest of a few hundred noise draws understates the tail.  The runs' gaps are also the noise
+sample of the divergent-positions test (plain greedy is a lossless decoder along another path).
 """
 
 from __future__ import annotations
@@ -39,10 +34,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from specverify.core.greedy_identity import DEFAULT_ALPHA, IdentityResult, judge, score_logits
 
 DEFAULT_SAFETY_FACTOR = 2.0
 EXACT_DTYPES = (torch.float32, torch.float64)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -55,206 +57,77 @@ class GreedyRun:
 
 
 @dataclass(frozen=True)
-class Divergence:
-    """The first position where a candidate row left the baseline.
+class Noise:
+    """One reference's rounding noise against plain greedy runs (module docstring).
 
-    ``margin`` is the baseline's top-1 minus top-2 logit there, ``gap`` the baseline's top-1 logit
-    minus its logit for the candidate's token; ``explained`` is ``gap ≤ tau`` (never in float32).
-    """
+    ``tau``: the exceedance threshold; ``max_margin_change``, ``max_gap``: what it was set from;
+    ``gaps``: float64 ``[positions]``, the runs' gaps under the reference (the divergent-positions
+    test's noise sample)."""
 
-    row: str
-    position: int
-    baseline_token: int
-    candidate_token: int
-    margin: float
-    gap: float
+    reference: str
     tau: float
-    explained: bool
-
-
-@dataclass(frozen=True)
-class IdentityReport:
-    """Greedy identity of candidate rows against the target's own greedy rows.
-
-    ``passed`` is ``identical`` in float32/float64, and "every divergence explained" otherwise.
-    """
-
-    dtype: str
-    tau: float
-    rows: int
-    tokens_compared: int
-    divergences: tuple[Divergence, ...]
+    max_margin_change: float
+    max_gap: float
+    safety_factor: float
+    gaps: np.ndarray
 
     @property
-    def identical(self) -> bool:
-        return not self.divergences
+    def positions(self) -> int:
+        return int(self.gaps.size)
 
     @property
-    def unexplained(self) -> tuple[Divergence, ...]:
-        return tuple(d for d in self.divergences if not d.explained)
+    def divergent(self) -> int:
+        return int((self.gaps > 0).sum())
 
-    @property
-    def passed(self) -> bool:
-        return not self.unexplained
-
-    def __str__(self) -> str:
-        head = (
-            f"greedy identity, {self.dtype}: {self.rows} rows, {self.tokens_compared} tokens compared, "
-            f"tau={self.tau:.4g}, {len(self.divergences)} divergence(s), {len(self.unexplained)} unexplained"
-        )
-        lines = [head] + [
-            f"  row {d.row}: position {d.position}: baseline {d.baseline_token} vs candidate "
-            f"{d.candidate_token}, margin {d.margin:.4g}, gap {d.gap:.4g}, "
-            f"{'explained' if d.explained else 'UNEXPLAINED'} (tau {d.tau:.4g})"
-            for d in self.divergences
-        ]
-        return "\n".join(lines)
+    def summary(self) -> dict[str, Any]:
+        return {"reference": self.reference, "tau": self.tau, "max_margin_change": self.max_margin_change,
+                "max_gap": self.max_gap, "safety_factor": self.safety_factor, "positions": self.positions,
+                "divergent": self.divergent}
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """τ for one model, dtype and device, from plain greedy decoding against itself.
+    """The noise of one model in one dtype on one device and kernel set: per reference (the dtype's
+    own teacher-forced pass; the float32 copy's where given), from plain runs in ``shapes``."""
 
-    ``max_margin_change``: the largest change of the baseline's top-2 margin at aligned positions;
-    ``max_divergence_gap``: the largest baseline gap at a plain-vs-plain divergence (0 if none);
-    ``divergences``: those plain-vs-plain divergences; ``positions``: aligned positions measured;
-    ``shapes``: the plain-decoding shapes compared with the batch-1 baseline.
-    """
-
-    tau: float
-    max_margin_change: float
-    max_divergence_gap: float
-    safety_factor: float
-    positions: int
-    divergences: tuple[Divergence, ...]
     dtype: str
     shapes: tuple[str, ...]
+    noise: tuple[Noise, ...]
+
+    @property
+    def tau(self) -> float:
+        """τ of the dtype's own pass."""
+        return self.noise[0].tau
+
+    def summary(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shapes": list(self.shapes), "noise": [n.summary() for n in self.noise]}
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+@dataclass(frozen=True)
+class IdentityReport:
+    """Whole-sequence greedy identity of candidate rows, one :class:`IdentityResult` per reference;
+    passed iff every reference passes."""
 
+    dtype: str
+    results: tuple[IdentityResult, ...]
 
-def _first_difference(baseline: torch.Tensor, candidate: torch.Tensor) -> int | None:
-    differing = (baseline != candidate).nonzero()
-    return int(differing[0, 0]) if differing.numel() else None
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
 
+    @property
+    def positions(self) -> int:
+        return self.results[0].positions
 
-def divergence_at(
-    row: str, position: int, baseline: GreedyRun, candidate_token: int, *, tau: float, exact: bool
-) -> Divergence:
-    """The :class:`Divergence` of a candidate that chose ``candidate_token`` at ``position``."""
-    logits = baseline.logits[position].to(torch.float64)
-    top2 = logits.topk(2).values
-    baseline_token = int(baseline.tokens[position])
-    gap = float(logits[baseline_token] - logits[candidate_token])
-    return Divergence(
-        row=row,
-        position=position,
-        baseline_token=baseline_token,
-        candidate_token=candidate_token,
-        margin=float(top2[0] - top2[1]),
-        gap=gap,
-        tau=tau,
-        explained=not exact and gap <= tau,
-    )
+    @property
+    def exceedances(self) -> int:
+        """Positions with an exceedance under any reference."""
+        return len({(d.row, d.position) for r in self.results for d in r.exceedances})
 
-
-def compare_greedy(
-    baseline: Sequence[GreedyRun],
-    candidates: Sequence[torch.Tensor],
-    *,
-    tau: float,
-    dtype: torch.dtype,
-    labels: Sequence[str] | None = None,
-) -> IdentityReport:
-    """Compare candidate token rows with the baseline rows, position by position, up to each row's
-    first divergence (see the module docstring for margin, gap and the rule ``gap ≤ τ``)."""
-    if len(baseline) != len(candidates):
-        raise ValueError(f"candidates: expected {len(baseline)} rows (one per baseline row), got {len(candidates)}")
-    if tau < 0:
-        raise ValueError(f"tau: expected >= 0, got {tau}")
-    labels = list(labels) if labels is not None else [str(i) for i in range(len(baseline))]
-    exact = dtype in EXACT_DTYPES
-    divergences, compared = [], 0
-    for label, run, candidate in zip(labels, baseline, candidates):
-        candidate = candidate.reshape(-1).cpu()
-        if candidate.shape != run.tokens.shape:
-            raise ValueError(
-                f"candidates: row {label} has {candidate.numel()} tokens, the baseline {run.tokens.numel()}; "
-                "generate the same number of new tokens (disable end-of-sequence stopping)"
-            )
-        position = _first_difference(run.tokens, candidate)
-        compared += run.tokens.numel() if position is None else position + 1
-        if position is not None:
-            divergences.append(divergence_at(label, position, run, int(candidate[position]), tau=tau, exact=exact))
-    return IdentityReport(_dtype_name(dtype), tau, len(baseline), compared, tuple(divergences))
-
-
-def margin_changes(reference: GreedyRun, other: GreedyRun, *, aligned_to: int | None = None) -> torch.Tensor:
-    """``|Δ(ℓ[a] − ℓ[b])|`` per position, ``a, b`` the reference's top-2, over the first
-    ``aligned_to`` positions (where both runs had the same prefix); float64 ``[aligned_to]``."""
-    n = reference.tokens.numel() if aligned_to is None else aligned_to
-    ref = reference.logits[:n].to(torch.float64)
-    oth = other.logits[:n].to(torch.float64)
-    top2 = ref.topk(2, dim=-1).indices
-    ref_margin = ref.gather(-1, top2[:, :1]) - ref.gather(-1, top2[:, 1:])
-    oth_margin = oth.gather(-1, top2[:, :1]) - oth.gather(-1, top2[:, 1:])
-    return (ref_margin - oth_margin).abs().reshape(-1)
-
-
-def calibrate_from_runs(
-    reference: Sequence[GreedyRun],
-    others: dict[str, Sequence[GreedyRun]],
-    *,
-    dtype: torch.dtype,
-    teacher_forced: frozenset[str] = frozenset(),
-    safety_factor: float = DEFAULT_SAFETY_FACTOR,
-) -> Calibration:
-    """τ from plain runs of the same prompts in other shapes (see the module docstring).
-
-    ``others[shape][i]`` is prompt ``i`` decoded in ``shape``.  A free-running shape is aligned
-    with the reference up to and including its first divergence (the prefix is shared until
-    then); a shape named in ``teacher_forced`` was scored on the reference's own tokens, so every
-    position is aligned and every flip counts.
-    """
-    if safety_factor < 1:
-        raise ValueError(f"safety_factor: expected >= 1 (it widens the measured noise), got {safety_factor}")
-    changes, divergences = [torch.zeros(1, dtype=torch.float64)], []
-    for shape, runs in others.items():
-        if len(runs) != len(reference):
-            raise ValueError(f"others: shape {shape!r} has {len(runs)} runs, expected {len(reference)}")
-        for i, (ref, run) in enumerate(zip(reference, runs)):
-            if shape in teacher_forced:
-                aligned, flips = ref.tokens.numel(), (ref.tokens != run.tokens).nonzero().reshape(-1).tolist()
-            else:
-                first = _first_difference(ref.tokens, run.tokens)
-                aligned = ref.tokens.numel() if first is None else first + 1
-                flips = [] if first is None else [first]
-            changes.append(margin_changes(ref, run, aligned_to=aligned))
-            divergences += [
-                divergence_at(f"{shape}/{i}", t, ref, int(run.tokens[t]), tau=float("nan"), exact=False) for t in flips
-            ]
-    max_change = float(torch.cat(changes).max())
-    max_gap = max((d.gap for d in divergences), default=0.0)
-    tau = safety_factor * max(max_change, max_gap)
-    divergences = [
-        Divergence(d.row, d.position, d.baseline_token, d.candidate_token, d.margin, d.gap, tau, d.gap <= tau)
-        for d in divergences
-    ]
-    return Calibration(
-        tau=tau,
-        max_margin_change=max_change,
-        max_divergence_gap=max_gap,
-        safety_factor=safety_factor,
-        positions=sum(c.numel() for c in changes[1:]),
-        divergences=tuple(divergences),
-        dtype=_dtype_name(dtype),
-        shapes=tuple(others),
-    )
-
-
-# --- running plain greedy decoding with Hugging Face models ------------------------------------
+    def __str__(self) -> str:
+        head = (f"greedy identity, {self.dtype}: {self.positions} positions compared, {self.exceedances} "
+                f"exceedance(s): {'PASS' if self.passed else 'FAIL'}")
+        return "\n".join([head] + [str(r) for r in self.results])
 
 
 def _model_device(model: Any) -> torch.device:
@@ -301,35 +174,100 @@ def greedy_decode(
 
 
 @torch.no_grad()
-def teacher_forced(model: Any, prompt: torch.Tensor, tokens: torch.Tensor) -> GreedyRun:
-    """Score ``tokens`` after ``prompt`` in one forward pass: the logits at every new position given
-    the fixed prefix, and their argmaxes (what greedy would pick there in this shape)."""
-    device = _model_device(model)
-    sequence = torch.cat([prompt.reshape(-1).cpu(), tokens.reshape(-1)[:-1].cpu()]).to(device)
-    logits = model(sequence[None]).logits[0, prompt.numel() - 1:].float().cpu()
-    return GreedyRun(logits.argmax(-1), logits)
+def teacher_forced(model: Any, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The logits ``[N, V]`` (float32, CPU) at every one of the ``N`` tokens after ``prompt``, given
+    the prompt and the tokens before it, in ONE forward pass over prompt + tokens."""
+    tokens = tokens.reshape(-1).cpu()
+    vocabulary = int(model.get_output_embeddings().weight.shape[0])
+    if tokens.numel() == 0 or bool((tokens < 0).any() or (tokens >= vocabulary).any()):
+        raise ValueError(f"tokens: expected a non-empty row of ids in [0, {vocabulary}), got {tokens.tolist()[:8]}...")
+    sequence = torch.cat([prompt.reshape(-1).cpu(), tokens[:-1]]).to(_model_device(model))
+    return model(sequence[None]).logits[0, prompt.numel() - 1:].float().cpu()
+
+
+def _margin_changes(own: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """``|Δ(ℓ[a] − ℓ[b])|`` per position between two logits ``[N, V]``, ``a, b`` ``scored``'s top-2."""
+    top2 = scored.topk(2, dim=-1).indices
+
+    def difference(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.double()
+        return logits.gather(-1, top2[:, :1]) - logits.gather(-1, top2[:, 1:])
+
+    return (difference(own) - difference(scored)).abs().reshape(-1)
+
+
+def _noise(reference: str, model: Any, prompts: Sequence[torch.Tensor], runs: Sequence[GreedyRun],
+           safety_factor: float) -> Noise:
+    changes, gaps = [torch.zeros(1, dtype=torch.float64)], []
+    for prompt, run in zip(prompts, runs):
+        scored = teacher_forced(model, prompt, run.tokens)
+        changes.append(_margin_changes(run.logits, scored))
+        gaps.append(score_logits("", run.tokens, scored).gaps)
+    gaps_array = np.concatenate(gaps)
+    max_change, max_gap = float(torch.cat(changes).max()), float(gaps_array.max(initial=0.0))
+    return Noise(reference, safety_factor * max(max_change, max_gap), max_change, max_gap, safety_factor, gaps_array)
 
 
 def calibrate(
     model: Any,
     prompts: Sequence[torch.Tensor],
-    reference: Sequence[GreedyRun],
     *,
+    max_new_tokens: int,
     batch_sizes: Sequence[int] = (4,),
+    float32_model: Any | None = None,
     pad_token_id: int = 0,
     safety_factor: float = DEFAULT_SAFETY_FACTOR,
 ) -> Calibration:
-    """τ for ``model`` in its current dtype and device: ``reference`` (the prompts decoded alone,
-    :func:`greedy_decode` with ``batch_size=1``) against the same prompts decoded in batches of
-    each size in ``batch_sizes`` and re-scored teacher-forced (see the module docstring)."""
-    max_new_tokens = reference[0].tokens.numel()
-    others: dict[str, Sequence[GreedyRun]] = {
-        f"batch{size}": greedy_decode(
-            model, prompts, max_new_tokens=max_new_tokens, batch_size=size, pad_token_id=pad_token_id
-        )
-        for size in batch_sizes
-    }
-    others["teacher-forced"] = [teacher_forced(model, p, run.tokens) for p, run in zip(prompts, reference)]
-    return calibrate_from_runs(
-        reference, others, dtype=model.dtype, teacher_forced=frozenset({"teacher-forced"}), safety_factor=safety_factor
-    )
+    """The noise of ``model`` in its dtype and device: plain greedy runs of ``prompts`` in batches of
+    each size in ``batch_sizes``, re-scored by the model's own teacher-forced pass and by
+    ``float32_model``'s (module docstring)."""
+    if safety_factor < 1:
+        raise ValueError(f"safety_factor: expected >= 1 (it widens the measured noise), got {safety_factor}")
+    if model.dtype in EXACT_DTYPES:
+        raise ValueError(f"model: {dtype_name(model.dtype)} needs no calibration (identity is exact: tau = 0)")
+    runs = {f"batch{size}": greedy_decode(model, prompts, max_new_tokens=max_new_tokens, batch_size=size,
+                                         pad_token_id=pad_token_id) for size in batch_sizes}
+    all_prompts = [p for _ in runs for p in prompts]
+    all_runs = [run for shape in runs.values() for run in shape]
+    references = [(f"{dtype_name(model.dtype)} teacher-forced", model)]
+    if float32_model is not None:
+        references.append(("float32 teacher-forced", float32_model))
+    noise = tuple(_noise(name, ref, all_prompts, all_runs, safety_factor) for name, ref in references)
+    return Calibration(dtype_name(model.dtype), tuple(runs), noise)
+
+
+def check_identity(
+    model: Any,
+    prompts: Sequence[torch.Tensor],
+    candidates: Sequence[torch.Tensor],
+    *,
+    calibration: Calibration | None = None,
+    float32_model: Any | None = None,
+    labels: Sequence[str] | None = None,
+    alpha: float = DEFAULT_ALPHA,
+) -> IdentityReport:
+    """Whole-sequence greedy identity of ``candidates[i]`` (the new tokens after ``prompts[i]``).
+
+    float32/float64 ``model``: exact (τ = 0, the model's own teacher-forced pass).  Otherwise
+    ``calibration`` (:func:`calibrate`, same model, dtype, device and kernels) gives each
+    reference's τ and noise sample, and ``float32_model`` is the float32 reference when the
+    calibration measured one; α is split over the references."""
+    if len(prompts) != len(candidates):
+        raise ValueError(f"candidates: expected {len(prompts)} rows (one per prompt), got {len(candidates)}")
+    labels = list(labels) if labels is not None else [str(i) for i in range(len(prompts))]
+    dtype = dtype_name(model.dtype)
+    if model.dtype in EXACT_DTYPES:
+        references = [(f"{dtype} teacher-forced", model, 0.0, np.zeros(0))]
+    else:
+        if calibration is None or calibration.dtype != dtype:
+            raise ValueError(f"calibration: a {dtype} model needs its calibrate() result (got "
+                             f"{None if calibration is None else calibration.dtype})")
+        if (float32_model is not None) != (len(calibration.noise) == 2):
+            raise ValueError("float32_model: pass it exactly when the calibration measured the float32 reference")
+        models = [model] + ([float32_model] if float32_model is not None else [])
+        references = [(n.reference, m, n.tau, n.gaps) for n, m in zip(calibration.noise, models)]
+    results = []
+    for name, reference, tau, noise_gaps in references:
+        rows = [score_logits(label, c, teacher_forced(reference, p, c)) for label, p, c in zip(labels, prompts, candidates)]
+        results.append(judge(rows, tau=tau, noise_gaps=noise_gaps, alpha=alpha / len(references), reference=name))
+    return IdentityReport(dtype, tuple(results))

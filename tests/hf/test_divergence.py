@@ -1,7 +1,9 @@
-"""specverify.hf.divergence: the explained-divergence rule, τ calibration, and the greedy runners.
+"""specverify.hf.divergence: teacher-forced scoring, noise calibration and the identity verdict of
+Hugging Face models.
 
-Hand-built logits pin the rule exactly (margin, gap, first divergence only, float32 strictness);
-a tiny random Llama (specverify.hf.tiny_models) exercises the Hugging Face runners.  Runtime: ~5 s.
+A tiny random Llama (specverify.hf.tiny_models) exercises the runners, the calibration in
+bfloat16 (the model's own and a float32 reference) and :func:`check_identity` on correct and
+corrupted rows; the judgement itself is pinned in tests/core/test_greedy_identity.py.  Runtime: ~5 s.
 """
 
 from __future__ import annotations
@@ -12,94 +14,7 @@ import pytest
 import torch
 
 from specverify.hf import divergence
-from specverify.hf.divergence import GreedyRun, calibrate_from_runs, compare_greedy
 from specverify.hf.tiny_models import tiny_causal_lm
-
-# Three steps over a vocabulary of 4.  Step 1 is a near tie (margin 0.1); at step 2 the runner-up
-# trails by 0.3 and the third token by 2.0.
-LOGITS = torch.tensor([
-    [5.0, 1.0, 0.0, 0.0],
-    [0.0, 3.0, 2.9, 0.0],
-    [4.0, 0.0, 3.7, 2.0],
-])
-BASELINE = GreedyRun(LOGITS.argmax(-1), LOGITS)  # tokens 0, 1, 0
-
-
-def test_identical_rows_pass_in_every_dtype():
-    for dtype in (torch.float32, torch.bfloat16):
-        report = compare_greedy([BASELINE], [BASELINE.tokens.clone()], tau=0.5, dtype=dtype)
-        assert report.identical and report.passed and report.tokens_compared == 3
-
-
-def test_a_near_tie_flip_is_explained_in_reduced_precision_only():
-    candidate = torch.tensor([0, 2, 3])  # flips the near tie at step 1, then anything
-    report = compare_greedy([BASELINE], [candidate], tau=0.25, dtype=torch.bfloat16, labels=["p"])
-    (d,) = report.divergences
-    assert (d.row, d.position, d.baseline_token, d.candidate_token) == ("p", 1, 1, 2)
-    assert d.margin == pytest.approx(0.1) and d.gap == pytest.approx(0.1) and d.explained
-    assert report.passed and report.tokens_compared == 2  # nothing after the first divergence counts
-    strict = compare_greedy([BASELINE], [candidate], tau=0.25, dtype=torch.float32)
-    assert not strict.passed and not strict.divergences[0].explained  # float32 must be identical
-
-
-def test_the_gap_of_the_chosen_token_decides_not_the_top2_margin():
-    """At step 2 the top-2 margin is 0.3 (within τ = 0.5) but the candidate took the third token,
-    2.0 below the top: a bug, not rounding."""
-    report = compare_greedy([BASELINE], [torch.tensor([0, 1, 3])], tau=0.5, dtype=torch.float16)
-    (d,) = report.divergences
-    assert d.margin == pytest.approx(0.3) and d.gap == pytest.approx(2.0)
-    assert not d.explained and not report.passed and report.unexplained == (d,)
-    assert "UNEXPLAINED" in str(report) and "position 2" in str(report)
-
-
-def test_every_row_reports_its_own_first_divergence():
-    rows = [BASELINE.tokens.clone(), torch.tensor([0, 2, 0]), torch.tensor([1, 1, 0])]
-    report = compare_greedy([BASELINE] * 3, rows, tau=0.2, dtype=torch.bfloat16)
-    assert [(d.row, d.position, d.explained) for d in report.divergences] == [("1", 1, True), ("2", 0, False)]
-    assert report.tokens_compared == 3 + 2 + 1
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(candidates=[torch.tensor([0, 1])]), "candidates: row 0 has 2 tokens"),
-    (dict(candidates=[]), "candidates: expected 1 rows"),
-    (dict(candidates=[torch.tensor([0, 1, 0])], tau=-1.0), "tau: expected >= 0"),
-])
-def test_compare_greedy_argument_errors(kwargs, message):
-    arguments = dict(candidates=[BASELINE.tokens], tau=0.1, dtype=torch.bfloat16) | kwargs
-    with pytest.raises(ValueError, match=message):
-        compare_greedy([BASELINE], **arguments)
-
-
-def test_calibration_measures_margin_changes_until_the_first_divergence():
-    """A free-running shape whose logits move the step-0 margin by 0.25 and flip the near tie at
-    step 1 (gap 0.1); what it does after the flip is ignored.  A teacher-forced shape moves the
-    step-2 margin by 0.5 and flips nothing.  τ = 2 × max(0.25, 0.1, 0.5) = 1.0."""
-    free = LOGITS.clone()
-    free[0, 0] -= 0.25
-    free[1, 2] += 0.2
-    free[2] = torch.tensor([0.0, 9.0, 0.0, 0.0])  # after the divergence: not aligned, not measured
-    forced = LOGITS.clone()
-    forced[2, 0] += 0.5
-    calibration = calibrate_from_runs(
-        [BASELINE], {"batch4": [GreedyRun(free.argmax(-1), free)], "teacher-forced": [GreedyRun(forced.argmax(-1), forced)]},
-        dtype=torch.bfloat16, teacher_forced=frozenset({"teacher-forced"}),
-    )
-    assert calibration.max_margin_change == pytest.approx(0.5)
-    assert calibration.max_divergence_gap == pytest.approx(0.1)
-    assert calibration.tau == pytest.approx(1.0)
-    assert calibration.positions == 2 + 3  # the free run is aligned through its divergence at step 1
-    (flip,) = calibration.divergences
-    assert (flip.row, flip.position, flip.tau, flip.explained) == ("batch4/0", 1, calibration.tau, True)
-    assert calibration.shapes == ("batch4", "teacher-forced") and calibration.dtype == "bfloat16"
-
-
-def test_calibration_without_noise_gives_tau_zero_and_rejects_a_shrinking_factor():
-    same = {"batch2": [BASELINE]}
-    assert calibrate_from_runs([BASELINE], same, dtype=torch.float16).tau == 0.0
-    with pytest.raises(ValueError, match="safety_factor"):
-        calibrate_from_runs([BASELINE], same, dtype=torch.float16, safety_factor=0.5)
-    with pytest.raises(ValueError, match="others: shape 'batch2' has 2 runs"):
-        calibrate_from_runs([BASELINE], {"batch2": [BASELINE, BASELINE]}, dtype=torch.float16)
 
 
 @pytest.fixture(scope="module")
@@ -124,16 +39,71 @@ def test_greedy_decode_is_fixed_length_and_batch_invariant_in_float32(tiny):
 def test_teacher_forced_scores_the_same_tokens(tiny):
     (run,) = divergence.greedy_decode(tiny, PROMPTS[:1], max_new_tokens=10)
     forced = divergence.teacher_forced(tiny, PROMPTS[0], run.tokens)
-    assert torch.equal(forced.tokens, run.tokens)
-    assert torch.allclose(forced.logits, run.logits, atol=1e-4)
+    assert torch.equal(forced.argmax(-1), run.tokens)
+    assert torch.allclose(forced, run.logits, atol=1e-4)
+    with pytest.raises(ValueError, match=r"tokens: expected a non-empty row of ids in \[0, 32\)"):
+        divergence.teacher_forced(tiny, PROMPTS[0], torch.tensor([3, 32]))
 
 
-def test_calibrate_runs_every_shape_in_reduced_precision():
+def test_float32_identity_is_exact_over_the_whole_row(tiny):
+    """The greedy rows pass; a row corrupted at one late position fails there, whatever came before."""
+    runs = divergence.greedy_decode(tiny, PROMPTS, max_new_tokens=12)
+    correct = divergence.check_identity(tiny, PROMPTS, [r.tokens for r in runs])
+    assert correct.passed and correct.positions == 36 and correct.exceedances == 0
+    corrupted = runs[1].tokens.clone()
+    corrupted[9] = (corrupted[9] + 1) % 32
+    report = divergence.check_identity(tiny, PROMPTS, [runs[0].tokens, corrupted, runs[2].tokens], labels="abc")
+    (result,) = report.results
+    assert not report.passed and result.tau == 0.0
+    assert [(d.row, d.position) for d in result.exceedances][:1] == [("b", 9)]
+    assert "greedy identity, float32" in str(report)
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tiny):
     model = tiny_causal_lm(vocab_size=32, hidden_size=32, num_layers=2, seed=5).to(torch.bfloat16)
-    reference = divergence.greedy_decode(model, PROMPTS, max_new_tokens=12)
-    calibration = divergence.calibrate(model, PROMPTS, reference, batch_sizes=(2, 3))
-    assert calibration.shapes == ("batch2", "batch3", "teacher-forced")
-    assert math.isfinite(calibration.tau) and calibration.tau >= 2 * calibration.max_margin_change
-    assert calibration.dtype == "bfloat16"
+    return model, divergence.calibrate(model, PROMPTS, max_new_tokens=12, batch_sizes=(1, 3), float32_model=tiny)
+
+
+def test_calibrate_measures_each_reference_in_reduced_precision(tiny_bf16):
+    model, calibration = tiny_bf16
+    assert calibration.shapes == ("batch1", "batch3") and calibration.dtype == "bfloat16"
+    own, float32 = calibration.noise
+    assert own.reference == "bfloat16 teacher-forced" and float32.reference == "float32 teacher-forced"
+    for noise in calibration.noise:
+        assert noise.positions == 2 * 3 * 12  # two shapes, three prompts, twelve tokens
+        assert math.isfinite(noise.tau) and noise.tau == 2 * max(noise.max_margin_change, noise.max_gap)
+    assert float32.tau > 0  # bfloat16 rounding against float32 is never zero
     with pytest.raises(ValueError, match="batch_size"):
         divergence.greedy_decode(model, PROMPTS, max_new_tokens=4, batch_size=0)
+    with pytest.raises(ValueError, match="safety_factor"):
+        divergence.calibrate(model, PROMPTS, max_new_tokens=4, safety_factor=0.5)
+
+
+def test_reduced_precision_identity_passes_plain_greedy_and_fails_a_corrupted_row(tiny, tiny_bf16):
+    model, calibration = tiny_bf16
+    runs = divergence.greedy_decode(model, PROMPTS, max_new_tokens=12, batch_size=2)  # another shape
+    rows = [r.tokens for r in runs]
+    report = divergence.check_identity(model, PROMPTS, rows, calibration=calibration, float32_model=tiny)
+    assert report.passed, str(report)
+    assert [r.reference for r in report.results] == ["bfloat16 teacher-forced", "float32 teacher-forced"]
+    assert all(r.alpha == pytest.approx(0.5e-3) for r in report.results)  # Bonferroni over the references
+    logits = divergence.teacher_forced(model, PROMPTS[2], rows[2])
+    worst = int(logits[7].argmin())  # the token the target likes least at position 7
+    rows[2] = rows[2].clone()
+    rows[2][7] = worst
+    report = divergence.check_identity(model, PROMPTS, rows, calibration=calibration, float32_model=tiny)
+    assert not report.passed and report.exceedances >= 1
+
+
+def test_check_identity_argument_errors(tiny, tiny_bf16):
+    model, calibration = tiny_bf16
+    rows = [torch.zeros(12, dtype=torch.int64)] * 3
+    with pytest.raises(ValueError, match="calibration: a bfloat16 model needs"):
+        divergence.check_identity(model, PROMPTS, rows)
+    with pytest.raises(ValueError, match="float32_model: pass it exactly"):
+        divergence.check_identity(model, PROMPTS, rows, calibration=calibration)
+    with pytest.raises(ValueError, match="candidates: expected 3 rows"):
+        divergence.check_identity(tiny, PROMPTS, rows[:2])
+    with pytest.raises(ValueError, match="needs no calibration"):
+        divergence.calibrate(tiny, PROMPTS, max_new_tokens=4)

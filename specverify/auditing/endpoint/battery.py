@@ -127,7 +127,8 @@ def check_url(url: str, what: str) -> str:
 
 @dataclass
 class EndpointSession:
-    """The two servers' clients and what the checks learn along the way (τ, greedy runs)."""
+    """The two servers' clients and what the checks learn along the way (τ, the baseline's own gaps
+    under its echo, greedy runs)."""
 
     candidate: EndpointClient
     baseline: EndpointClient | None
@@ -135,6 +136,7 @@ class EndpointSession:
     timeout_s: float
     notes: list[str] = field(default_factory=list)
     tau: float | None = None
+    noise_gaps: list[float] | None = None
     greedy_alone: list[Completion] | None = None
 
     @property

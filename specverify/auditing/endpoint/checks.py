@@ -21,18 +21,18 @@ from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.greedy import (
     LOGPROB_TOLERANCE,
     SAME_LAW_ALPHA,
-    Divergence,
     agreed_deviations,
     curl_command,
-    judge_divergence,
+    first_difference,
+    length_difference,
     position_deviations,
     same_law_test,
-    self_inconsistency,
+    scored_row,
     tolerance,
+    top_two_margin,
     upper_quantile,
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
-from specverify.auditing.endpoint.scoring import completion_laws, echo_body
 from specverify.auditing.faults import Fault
 from specverify.auditing.checks import (
     Check,
@@ -48,6 +48,7 @@ from specverify.auditing.checks import (
     monte_carlo_draws,
 )
 from specverify.core import stats
+from specverify.core.greedy_identity import IdentityResult, judge
 from specverify.core.seeding import derive_seed
 
 PIT_BINS = 10
@@ -102,7 +103,9 @@ class GreedyPromptsCheck(Check):
 
 @dataclass
 class GreedyIdentityCheck(GreedyPromptsCheck):
-    """Temperature 0: the candidate's tokens equal the baseline's, except at explained near-ties
+    """Temperature 0: every token of the candidate's completions is the baseline's argmax given the
+    candidate's own prefix (the baseline's ``echo`` re-scoring), except at near-ties within the
+    tolerance, and no more of them differ than the baseline's own tokens under its echo
     (:mod:`specverify.auditing.endpoint.greedy`).  Without a baseline: every greedy token is the
     top-1 of the candidate's own returned law."""
 
@@ -120,11 +123,16 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
         loaded = loaded_rotated[-1:] + loaded_rotated[:-1]
         noise = [d for a, b in list(zip(reference, repeat)) + list(zip(reference, loaded))
                  for d in agreed_deviations(a, b)]
-        echo_noise = self._batch_noise(session, reference)
+        echoed = session.baseline_laws(bodies * 2, reference + candidate)  # one batch: reference, candidate
+        reference_laws, candidate_laws = echoed[: len(bodies)], echoed[len(bodies):]
+        echo_noise = [d for ref, laws in zip(reference, reference_laws) if laws is not None
+                      for d in position_deviations(ref.top_logprobs, laws, len(ref.tokens))]
+        noise_gaps = [g for p, ref, laws in zip(self.prompts, reference, reference_laws) if laws is not None
+                      for g in scored_row(p.kind, ref, laws, ref).gaps]
         cross = [d for a, b in zip(reference, candidate) for d in agreed_deviations(a, b)] if session.baseline else []
         law = same_law_test(cross, [noise, echo_noise])
-        tau = max(upper_quantile(noise), law.cross_quantile)  # the noise of the comparisons judged
-        session.tau = tau
+        tau = max(upper_quantile(noise), upper_quantile(echo_noise), law.cross_quantile)  # the paths judged
+        session.tau, session.noise_gaps = tau, noise_gaps
         tol = tolerance(tau)
         parameters = dict(self.parameters, **{
             "server notes": list(session.notes),
@@ -145,52 +153,63 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
                                f"ten is expected of one law (p = {law.pvalue:.3g} ≤ {SAME_LAW_ALPHA:g}; candidate's upper "
                                f"decile {law.cross_quantile:.3g}, max {max(cross):.3g}): the candidate computes a "
                                f"different law", parameters=parameters)
-        judged: list[Divergence] = []
-        for prompt, ref, cand in zip(self.prompts, reference, candidate):
-            found = (judge_divergence(prompt.kind, ref, cand, tol) if session.baseline
-                     else self_inconsistency(prompt.kind, cand, tol))
-            if found is not None:
-                judged.append(found)
-        self_noise = [judge_divergence(p.kind, r, o, tol) for p, r, o in
-                      zip(self.prompts * 2, reference * 2, repeat + loaded)]
-        noise_note = [d for d in self_noise if d is not None]
-        unexplained = [d for d in judged if not d.explained]
-        explained = [d for d in judged if d.explained]
-        identical = len(self.prompts) - len(judged)
-        summary = ("".join(note + "; " for note in session.notes) + f"{identical}/{len(self.prompts)} prompts identical over {self.length} tokens; "
-                   f"τ = {tau:.3g} nats (tolerance {tol:.3g}; upper deciles of the {'baseline' if session.baseline else 'candidate'}'s own noise: "
-                   f"repeat/load {upper_quantile(noise):.3g}, echo re-scoring {upper_quantile(echo_noise):.3g}; "
+        laws = candidate_laws if session.baseline else [c.top_logprobs for c in candidate]
+        rows = [scored_row(p.kind, c, row_laws, r) for p, c, row_laws, r in zip(self.prompts, candidate, laws, reference)]
+        result = judge(rows, tau=tol, noise_gaps=noise_gaps, alpha=SAME_LAW_ALPHA,
+                       reference="the baseline's echo" if session.baseline else "the candidate's own logprobs")
+        lengths = [d for d in (length_difference(p.kind, c, r) for p, c, r in zip(self.prompts, candidate, reference)) if d]
+        parameters.update({"positions scored": result.positions, "exceedances": len(result.exceedances),
+                           "divergent positions": [result.divergent, result.positions],
+                           "divergent positions of the noise": [result.noise_divergent, result.noise_positions],
+                           "divergent-positions p-value": _short(result.pvalue),
+                           "explainable fraction": _short(result.explainable_fraction)})
+        identical = sum(c.tokens == r.tokens for c, r in zip(candidate, reference))
+        changed = [_reference_change(p.kind, r, o) for p, r, o in zip(self.prompts * 2, reference * 2, repeat + loaded)]
+        summary = ("".join(note + "; " for note in session.notes)
+                   + (f"{identical}/{len(self.prompts)} prompts identical to the baseline over {self.length} tokens; "
+                      if session.baseline else "") + _identity_summary(result, tol)
+                   + f" (τ = {tau:.3g} nats; upper deciles of the {'baseline' if session.baseline else 'candidate'}'s "
+                   f"own noise: repeat/load {upper_quantile(noise):.3g}, echo re-scoring {upper_quantile(echo_noise):.3g}; "
                    f"candidate vs baseline {law.cross_quantile:.3g}, {law.exceeding}/{law.n} positions above "
-                   f"the same-law threshold {law.threshold:.3g}, p = {law.pvalue:.3g}); "
-                   f"{len(explained)} explained near-tie(s)" + "".join(f"; EXPLAINED {d.describe()}" for d in explained))
-        if noise_note:
-            summary += "; the reference itself changed at " + "; ".join(d.describe() for d in noise_note)
-        if unexplained:
-            body = bodies[[p.kind for p in self.prompts].index(unexplained[0].prompt)]
+                   f"the same-law threshold {law.threshold:.3g}, p = {law.pvalue:.3g})"
+                   + "".join(f"; EXPLAINED {d.describe()}" for d in result.first_divergences if d.explained))
+        if any(changed):
+            summary += "; the reference itself changed at " + "; ".join(c for c in changed if c)
+        if result.exceedances or lengths:
+            where = result.exceedances[0].row if result.exceedances else lengths[0].split(":")[0]
+            body = bodies[[p.kind for p in self.prompts].index(where)]
             replay = curl_command(session.candidate.base_url, session.candidate_body(body))
-            message = (f"{len(unexplained)} UNEXPLAINED divergence(s): "
-                       + "; ".join(d.describe() for d in unexplained)
-                       + f" (gap > tolerance {tol:.3g}: the reference scores the candidate's token clearly below its "
-                         f"own); {summary}; replay: {replay}")
+            message = (f"{len(result.exceedances)} UNEXPLAINED position(s): "
+                       + "; ".join(d.describe() for d in result.exceedances[:5])
+                       + (f" (and {len(result.exceedances) - 5} more)" if len(result.exceedances) > 5 else "")
+                       + "".join(f"; {d}" for d in lengths)
+                       + f" (gap > tolerance {tol:.3g}: the target, given the candidate's own prefix, scores the "
+                         f"candidate's token clearly below its own); {summary}; replay: {replay}")
             return self.report(plan, Verdict.FAIL, message, parameters=parameters,
-                               statistic=float(unexplained[0].position))
+                               statistic=float(result.exceedances[0].position if result.exceedances else len(rows)))
+        if not result.passed:
+            return self.report(plan, Verdict.FAIL, f"every gap is within the tolerance, but more positions differ from "
+                                                   f"the target's argmax than rounding explains: {summary}",
+                               parameters=parameters, pvalue=result.pvalue)
         return self.report(plan, Verdict.PASS, summary, parameters=parameters)
 
 
-    def _batch_noise(self, session: Any, reference: Sequence[Completion]) -> list[float]:
-        """The baseline's own batch-shape noise: the position deviations of its greedy tokens
-        re-scored in one prefill (``echo``) against the logprobs it returned generating them one
-        at a time (a verify pass evaluates drafts in a batch too).  Empty without a baseline."""
-        if session.baseline is None:
-            return []
-        echoes = session.baseline.complete_many([echo_body(p.text + r.text, GREEDY_LOGPROBS)
-                                                 for p, r in zip(self.prompts, reference)])
-        deviations: list[float] = []
-        for prompt, ref, echo in zip(self.prompts, reference, echoes):
-            laws = completion_laws(echo, prompt.text, ref.tokens, session.echo_offset or 0)
-            if laws is not None:
-                deviations += position_deviations(ref.top_logprobs, laws, len(ref.tokens))
-        return deviations
+def _identity_summary(result: IdentityResult, tol: float) -> str:
+    noise = (f" vs {result.noise_divergent}/{result.noise_positions} of the baseline's own tokens under its echo "
+             f"(p = {result.pvalue:.3g})" if result.noise_positions else "")
+    return (f"whole sequence scored by {result.reference}: {result.positions} positions, {len(result.exceedances)} "
+            f"above the tolerance {tol:.3g} nats (which explains {result.explainable_fraction:.0%} of them as near-ties), "
+            f"{result.divergent} not the target's argmax{noise}")
+
+
+def _reference_change(prompt: str, reference: Completion, other: Completion) -> str | None:
+    """Where a repeat of the reference left it (noise, reported): position, tokens, the top-2 margin there."""
+    position = first_difference(reference.tokens, other.tokens)
+    if position is None or position >= min(len(reference.tokens), len(other.tokens)):
+        return None
+    margin = top_two_margin(reference.top_logprobs[position])
+    return (f"{prompt}: token {position}: {reference.tokens[position]!r} vs {other.tokens[position]!r}, "
+            f"top-2 margin {margin:.3g}")
 
 
 def _short(value: float) -> float:
@@ -199,29 +218,34 @@ def _short(value: float) -> float:
 
 @dataclass
 class BatchInvarianceCheck(GreedyPromptsCheck):
-    """The candidate's greedy tokens for a prompt alone and inside a burst of concurrent requests
-    are identical, or diverge only at a near-tie the alone run's logprobs explain."""
+    """The candidate's greedy tokens for a prompt inside a burst of concurrent requests are the
+    target's greedy tokens as alone: every copy that differs from the alone run is scored whole,
+    like ``greedy-identity`` (the baseline's echo, or the copy's own returned laws), at the
+    tolerance ``greedy-identity`` measured."""
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         bodies = [greedy_body(p, self.length) for p in self.prompts]
         alone = session.greedy_alone or [session.candidate.complete(b) for b in bodies]
         tol = tolerance(session.tau or 0.0)
         burst = session.candidate.complete_many([b for b in bodies for _ in range(self.burst)])  # all at once
-        judged = []
-        for index, prompt in enumerate(self.prompts):
-            for copy in burst[index * self.burst:(index + 1) * self.burst]:
-                found = judge_divergence(prompt.kind, alone[index], copy, tol)
-                if found is not None:
-                    judged.append(found)
-                    break
-        unexplained = [d for d in judged if not d.explained]
-        summary = (f"{len(self.prompts) - len(judged)}/{len(self.prompts)} prompts identical alone and in bursts of "
-                   f"{self.burst * len(self.prompts)} concurrent requests (tolerance {tol:.3g})"
-                   + "".join(f"; EXPLAINED {d.describe()}" for d in judged if d.explained))
-        if unexplained:
-            return self.report(plan, Verdict.FAIL, f"{len(unexplained)} UNEXPLAINED divergence(s) under concurrent load: "
-                                         + "; ".join(d.describe() for d in unexplained)
-                                         + f": the output depends on the other requests in the batch; {summary}")
+        differing = [(index, copy) for index in range(len(self.prompts))
+                     for copy in burst[index * self.burst:(index + 1) * self.burst] if copy.tokens != alone[index].tokens]
+        laws = (session.baseline_laws([bodies[i] for i, _ in differing], [c for _, c in differing]) if session.baseline
+                else [c.top_logprobs for _, c in differing])
+        rows = [scored_row(self.prompts[i].kind, copy, row_laws, alone[i]) for (i, copy), row_laws in zip(differing, laws)]
+        result = judge(rows, tau=tol, noise_gaps=session.noise_gaps or [], alpha=SAME_LAW_ALPHA,
+                       reference="the baseline's echo" if session.baseline else "the copies' own logprobs")
+        lengths = [d for d in (length_difference(self.prompts[i].kind, c, alone[i]) for i, c in differing) if d]
+        varied = len({i for i, _ in differing})
+        summary = (f"{len(self.prompts) - varied}/{len(self.prompts)} prompts identical alone and in bursts of "
+                   f"{self.burst * len(self.prompts)} concurrent requests; {len(differing)} differing copies, "
+                   + _identity_summary(result, tol)
+                   + "".join(f"; EXPLAINED {d.describe()}" for d in result.first_divergences if d.explained))
+        if not result.passed or lengths:
+            found = [d.describe() for d in result.exceedances[:5]] + lengths
+            return self.report(plan, Verdict.FAIL, f"{len(result.exceedances) + len(lengths)} UNEXPLAINED position(s) "
+                                                   f"under concurrent load: " + "; ".join(found)
+                                                   + f": the output depends on the other requests in the batch; {summary}")
         return self.report(plan, Verdict.PASS, summary)
 
 

@@ -1,14 +1,21 @@
-"""Greedy identity with explanations, and batch invariance, for a server (SPEC §4).
+"""Greedy identity, its noise, and batch invariance, for a server (SPEC §4).
 
-Lossless greedy speculative decoding returns the target's own greedy tokens.  Two servers (or one
-server alone and under load) may still differ where the target's top two logits are within
-rounding noise of each other: batch composition, kernel choice and the verify pass's batched
-forward change the last bits of the logits.  So each first divergence is judged by the
-*reference* run's own logprobs at that position:
+Lossless greedy speculative decoding returns the target's own greedy tokens.  Every token of the
+candidate's completion is judged, not only up to its first divergence from the baseline
+(:mod:`specverify.core.greedy_identity`): the baseline re-scores the candidate's whole completion
+in one batched prefill (``echo``, :mod:`specverify.auditing.endpoint.scoring`), the endpoint
+level's teacher forcing, and at every position the baseline's top logprob given the candidate's
+own prefix must not exceed the candidate token's by more than the tolerance:
 
-    margin = lp(top 1) − lp(top 2)          gap = lp(reference token) − lp(other token)
+    gap = lp(baseline's top token) − lp(candidate's token) ≤ tolerance = max(2 τ, TOLERANCE_FLOOR)
 
-and is **explained** when ``gap ≤ tolerance``, where ``tolerance = max(2 τ, TOLERANCE_FLOOR)``.
+(inf when the candidate's token is not among the returned alternatives); and no more positions
+may differ from the baseline's argmax than differ for the baseline's *own* greedy tokens under
+the same echo (the divergent-positions test, at level :data:`SAME_LAW_ALPHA`).  Without a
+baseline the candidate's own returned laws score it (each greedy token must be the top-1 of the
+law the server returned with it).  Where an echo does not re-tokenize to the completion's tokens,
+that row is scored by the reference's logprobs over the shared prefix, through its first
+divergence (:func:`scored_row`).
 
 τ, the rounding noise, is measured on the same servers as *position deviations*: at one position
 of two evaluations of the same tokens, the largest |Δ logprob| of the first evaluation's top two
@@ -17,20 +24,16 @@ tokens (the tokens a greedy flip is about).  Three samples of them:
 - ``R``: the reference's own greedy tokens repeated alone and inside a concurrent burst (batch
   composition changes numerics);
 - ``E``: the baseline's greedy tokens re-scored in one batched prefill (``echo``), against the
-  logprobs it returned generating them one at a time: the other numeric path the API offers (a
-  verify pass evaluates its drafts as a batch too);
+  logprobs it returned generating them one at a time: the numeric path of the re-scoring;
 - ``C``: the candidate's logprobs against the baseline's on the tokens both emitted.
 
-τ is the upper decile of the deviations between the evaluations whose divergences are judged,
-``τ = max(Q₀.₉(R), Q₀.₉(C))`` (a quantile, not the maximum: the maximum of a numeric-noise sample
-is its rarest outlier).  C may enter τ only after :func:`same_law_test` accepted it as noise:
-the candidate must not exceed the baseline's own upper-decile noise (of R or E, the larger) at more
-positions than one law explains, so a candidate computing another law (a corrupted model, a
-wrong temperature, a verify pass with wrong logits) fails on that alone and cannot widen τ to
-excuse its divergences.
-
-Without a baseline the candidate's own logprobs stand for the target's law (SPEC §4): each greedy
-token must be the top-1 of the candidate's own returned law at its position, within tolerance.
+τ is the upper decile of the deviations between the evaluations whose tokens are judged,
+``τ = max(Q₀.₉(R), Q₀.₉(E), Q₀.₉(C))`` (a quantile, not the maximum: the maximum of a
+numeric-noise sample is its rarest outlier).  C may enter τ only after :func:`same_law_test`
+accepted it as noise: the candidate must not exceed the baseline's own upper-decile noise (of R
+or E, the larger) at more positions than one law explains, so a candidate computing another law
+(a corrupted model, a wrong temperature, a verify pass with wrong logits) fails on that alone and
+cannot widen τ to excuse its tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import numpy as np
 from scipy.stats import binom
 
 from specverify.auditing.endpoint.client import Completion
+from specverify.core.greedy_identity import ScoredRow, score_laws
 
 TOLERANCE_FLOOR = 1e-4
 """Smallest tolerance (nats): logprobs travel as decimal text of float32 values (~1e-7 relative)."""
@@ -51,26 +55,6 @@ TOLERANCE_FLOOR = 1e-4
 LOGPROB_TOLERANCE = 0.05
 """Floor (nats) of the same-law threshold: a deterministic engine's repeats agree exactly, and its
 logprobs travel as decimal text; one model's rounding noise in fp16/bf16/fp32 is 1e-6…1e-2."""
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """The first position where ``other`` left ``reference`` (token strings), judged by the
-    reference's logprobs there: ``gap = lp(reference token) − lp(other token)`` (``inf`` when the
-    other token is not among the reference's returned alternatives, i.e. below its n-th)."""
-
-    prompt: str
-    position: int
-    reference_token: str
-    other_token: str
-    margin: float
-    gap: float
-    explained: bool
-
-    def describe(self) -> str:
-        gap = "beyond the returned top-n" if math.isinf(self.gap) else f"{self.gap:.3g}"
-        return (f"{self.prompt}: token {self.position}: {self.reference_token!r} vs {self.other_token!r}, "
-                f"top-2 margin {self.margin:.3g}, gap {gap}")
 
 
 def top_two_margin(alternatives: Mapping[str, float] | None) -> float:
@@ -114,7 +98,8 @@ UPPER_QUANTILE = 0.9
 """τ and the same-law threshold are upper deciles of position deviations (module docstring)."""
 
 SAME_LAW_ALPHA = 1e-3
-"""Level of :func:`same_law_test` (nominal: positions of one text are not independent draws)."""
+"""Level of :func:`same_law_test` and of the divergent-positions test (nominal: positions of one
+text are not independent draws)."""
 
 
 @dataclass(frozen=True)
@@ -183,40 +168,26 @@ def tolerance(tau: float) -> float:
     return max(2.0 * tau, TOLERANCE_FLOOR)
 
 
-def judge_divergence(prompt: str, reference: Completion, other: Completion, tol: float) -> Divergence | None:
-    """The first divergence of ``other`` from ``reference``, explained or not (None if identical).
+def scored_row(prompt: str, completion: Completion, laws: Sequence[Mapping[str, float] | None] | None,
+               reference: Completion) -> ScoredRow:
+    """``completion``'s tokens scored by ``laws``, the target's law at each of them given the tokens
+    before it (the baseline's echo, or the server's own returned laws); where there are none (the
+    echo did not re-tokenize to these tokens) by ``reference``'s returned laws over the prefix the
+    two share, through the first position where they differ (the same prefix up to there)."""
+    if laws is not None:
+        return score_laws(prompt, completion.tokens, laws)
+    stop = first_difference(reference.tokens, completion.tokens)
+    shared = min(len(completion.tokens), len(reference.tokens)) if stop is None else min(stop + 1, len(completion.tokens))
+    return score_laws(prompt, completion.tokens[:shared], reference.top_logprobs[:shared])
 
-    A shorter ``other`` (it stopped early, e.g. at EOS) diverges at its end: the reference's token
-    there against end-of-sequence, which the reference's alternatives may list as a token string.
-    """
-    position = first_difference(reference.tokens, other.tokens)
-    if position is None:
+
+def length_difference(prompt: str, completion: Completion, reference: Completion) -> str | None:
+    """Where the two stopped after different numbers of tokens (end of sequence is no token the
+    logprobs score): a description, else None."""
+    if len(completion.tokens) == len(reference.tokens):
         return None
-    if position >= len(reference.tokens):
-        return Divergence(prompt, position, "<end>", other.tokens[position], math.inf, math.inf, False)
-    alternatives = reference.top_logprobs[position] or {}
-    own = reference.token_logprobs[position]
-    own = alternatives.get(reference.tokens[position]) if own is None else own
-    other_token = other.tokens[position] if position < len(other.tokens) else "<end>"
-    other_lp = alternatives.get(other_token)
-    gap = math.inf if own is None or other_lp is None else own - other_lp
-    margin = top_two_margin(alternatives)
-    return Divergence(prompt, position, reference.tokens[position], other_token, margin, gap, gap <= tol)
-
-
-def self_inconsistency(prompt: str, completion: Completion, tol: float) -> Divergence | None:
-    """Without a baseline: the first position whose greedy token is not the top-1 of the server's
-    own returned law there (within ``tol``)."""
-    for position, (token, alternatives) in enumerate(zip(completion.tokens, completion.top_logprobs)):
-        if not alternatives:
-            continue
-        best_token, best = max(alternatives.items(), key=lambda kv: kv[1])
-        own = completion.token_logprobs[position]
-        own = alternatives.get(token) if own is None else own
-        gap = math.inf if own is None else best - own
-        if gap > 0:
-            return Divergence(prompt, position, best_token, token, top_two_margin(alternatives), gap, gap <= tol)
-    return None
+    return (f"{prompt}: the candidate stopped after {len(completion.tokens)} tokens ({completion.finish_reason}), "
+            f"the reference after {len(reference.tokens)} ({reference.finish_reason})")
 
 
 def curl_command(base_url: str, body: Mapping[str, object]) -> str:

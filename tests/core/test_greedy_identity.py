@@ -1,0 +1,126 @@
+"""specverify.core.greedy_identity: whole-sequence greedy identity on hand-built scores.
+
+The logits pin the rule exactly: every position is judged (a near-tie first divergence hides
+nothing after it), exceedances over τ fail, τ = 0 is exact identity, and the divergent-positions
+test is Fisher's exact test against the noise sample.  Runtime: < 1 s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import hypergeom
+
+from specverify.core.greedy_identity import (
+    divergent_positions_pvalue,
+    judge,
+    score_laws,
+    score_logits,
+)
+from specverify.core.seeding import derive_seed
+
+# Four positions over a vocabulary of 4, teacher-forced on the candidate's own prefix.  Position 0
+# is a near tie (margin 0.1); position 2's runner-up trails by 0.3, its third token by 2.0.
+LOGITS = torch.tensor([
+    [3.0, 2.9, 0.0, 0.0],
+    [5.0, 1.0, 0.0, 0.0],
+    [4.0, 0.0, 3.7, 2.0],
+    [0.0, 0.0, 0.0, 6.0],
+])
+GREEDY = torch.tensor([0, 0, 0, 3])
+
+
+def test_the_greedy_row_has_no_gap_and_passes_exactly():
+    row = score_logits("p", GREEDY, LOGITS)
+    assert row.gaps.tolist() == [0.0] * 4 and row.best == (0, 0, 0, 3)
+    assert row.margins == pytest.approx([0.1, 4.0, 0.3, 6.0])
+    result = judge([row], tau=0.0)
+    assert result.passed and result.positions == 4 and not result.first_divergences
+    assert result.explainable_fraction == 0.0
+
+
+def test_a_near_tie_first_divergence_does_not_hide_a_later_error():
+    """The issue-21 failure: the first wrong token is a near tie (explained), and the row goes on to
+    emit a token the target scores 4 nats below its own, which a first-divergence rule never saw."""
+    candidate = torch.tensor([1, 1, 0, 3])
+    result = judge([score_logits("p", candidate, LOGITS)], tau=0.25)
+    first, = result.first_divergences
+    assert (first.position, first.target_token, first.candidate_token, first.explained) == (0, 0, 1, True)
+    assert first.gap == pytest.approx(0.1)
+    exceedance, = result.exceedances
+    assert (exceedance.position, exceedance.gap) == (1, pytest.approx(4.0)) and not exceedance.explained
+    assert not result.passed and result.divergent == 2
+    assert "UNEXPLAINED" in str(result) and "position 1" in str(result)
+
+
+def test_the_gap_of_the_chosen_token_decides_not_the_top2_margin():
+    """At position 2 the top-2 margin is 0.3 (within τ = 0.5), but the row took the third token."""
+    result = judge([score_logits("p", torch.tensor([0, 0, 3, 3]), LOGITS)], tau=0.5)
+    exceedance, = result.exceedances
+    assert exceedance.margin == pytest.approx(0.3) and exceedance.gap == pytest.approx(2.0)
+    assert result.explainable_fraction == pytest.approx(2 / 4)  # positions 0 and 2 have margin <= 0.5
+
+
+def test_float32_identity_is_exact():
+    result = judge([score_logits("p", torch.tensor([1, 0, 0, 3]), LOGITS)], tau=0.0)
+    assert not result.passed and len(result.exceedances) == 1  # the near tie is an error at tau = 0
+
+
+def test_divergences_within_tau_pass_while_rounding_explains_their_number():
+    noise_gaps = np.zeros(400)
+    noise_gaps[:8] = 0.05  # plain greedy flipped 8 of 400 positions
+    rows = [score_logits(f"r{i}", torch.tensor([1, 0, 0, 3]) if i < 2 else GREEDY, LOGITS) for i in range(50)]
+    result = judge(rows, tau=0.25, noise_gaps=noise_gaps)
+    assert result.passed and result.divergent == 2 and (result.noise_divergent, result.noise_positions) == (8, 400)
+    assert result.pvalue == pytest.approx(float(hypergeom.sf(1, 600, 10, 200)))
+
+
+def test_too_many_explained_divergences_fail():
+    """A decoder that takes the runner-up at every near tie: each gap is within τ, their number is not."""
+    noise_gaps = np.zeros(400)
+    noise_gaps[:2] = 0.05
+    rows = [score_logits(f"r{i}", torch.tensor([1, 0, 2, 3]), LOGITS) for i in range(20)]
+    result = judge(rows, tau=0.5, noise_gaps=noise_gaps)
+    assert not result.exceedances and result.divergent == 40
+    assert result.pvalue < 1e-12 and not result.passed
+
+
+def test_divergent_positions_pvalue_is_the_hypergeometric_tail():
+    """Under exchangeability (candidate and noise positions one random split of all positions), the
+    simulated frequency of X ≥ x matches the p-value."""
+    assert divergent_positions_pvalue(0, 50, 3, 100) == 1.0
+    assert divergent_positions_pvalue(4, 50, 0, 0) == 1.0  # no noise sample: nothing to compare
+    rng = np.random.default_rng(derive_seed("greedy-identity-hypergeom"))
+    flips = np.zeros(150, dtype=bool)
+    flips[:9] = True
+    counts = np.array([rng.permutation(flips)[:50].sum() for _ in range(20000)])
+    assert np.mean(counts >= 6) == pytest.approx(divergent_positions_pvalue(6, 50, 3, 100), abs=0.004)
+
+
+def test_scores_from_sparse_laws():
+    laws = [{"a": -0.1, "b": -2.5}, None, {"a": -1.0, "b": -1.05}, {"x": -0.2, "y": -3.0}]
+    row = score_laws("p", ["a", "b", "b", "z"], laws)
+    assert row.positions.tolist() == [0, 2, 3]  # position 1 has no law: not compared
+    assert row.best == ("a", "a", "x") and row.tokens == ("a", "b", "z")
+    assert row.gaps[0] == 0.0 and row.gaps[1] == pytest.approx(0.05) and math.isinf(row.gaps[2])
+    result = judge([row], tau=0.1)
+    exceedance, = result.exceedances
+    assert exceedance.position == 3 and "beyond the scored alternatives" in exceedance.describe()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tau=-1.0), "tau: expected >= 0"),
+    (dict(tau=float("nan")), "tau: expected >= 0"),
+    (dict(tau=0.1, alpha=0.0), "alpha: expected a level"),
+])
+def test_judge_argument_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        judge([score_logits("p", GREEDY, LOGITS)], **kwargs)
+
+
+def test_score_logits_needs_one_row_per_token():
+    with pytest.raises(ValueError, match=r"logits: expected \[3, V\]"):
+        score_logits("p", GREEDY[:3], LOGITS)
