@@ -167,11 +167,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=None, help="target spec (default: packaged SmolLM2)")
+    parser.add_argument("--capability", default=None,
+                        help="the ATEN_CPU_CAPABILITY expected (default, avx2, avx512): if torch picked another "
+                             "(the CPU lacks it), print {\"unsupported\": reason} and stop")
     parser.add_argument("--dtype", required=True, choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--prompts", type=int, default=4, help="the first N of POWER_PROMPTS")
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
     parser.add_argument("--decoders", nargs="+", default=list(BUGS), choices=list(BUGS))
     args = parser.parse_args(argv)
+    picked = torch.backends.cpu.get_cpu_capability()
+    if args.capability is not None and picked.lower() != args.capability.lower():
+        print(json.dumps({"unsupported": f"ATEN_CPU_CAPABILITY={args.capability} is not available on this CPU "
+                                         f"(torch picked {picked})"}))
+        return
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     pair = packaged.load_model_pair(args.target, dtype=dtype)

@@ -16,7 +16,8 @@ from specverify.auditing.catalog import CATALOG
 from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
 from scipy.stats import binom
 
-from specverify.auditing.endpoint.greedy import exceedance_pvalue, same_law_test
+from specverify.auditing.endpoint.client import Completion
+from specverify.auditing.endpoint.greedy import exceedance_pvalue, same_law_test, scored_row
 from specverify.auditing.endpoint.pit import pit_value, processed_law
 from specverify.auditing.runner import audit
 from specverify.core import stats
@@ -67,6 +68,32 @@ def test_planted_greedy_bug_is_an_unexplained_divergence_with_a_replay_command(t
     greedy = report.checks[0]
     assert greedy.verdict == "fail" and report.exit_code == 1
     assert "UNEXPLAINED" in greedy.message and "curl -s " + candidate.url in greedy.message
+
+
+def test_a_greedy_bug_within_rounding_noise_is_judged_over_the_whole_sequence(toy_server) -> None:
+    """Both servers round their batched evaluations (σ = 0.1 nats), so τ is wide; the candidate
+    accepts drafts within log 2 of the argmax.  Every position of every completion is scored by the
+    baseline's echo, not only each row's first divergence: more positions diverge than there are
+    prompts, and the gaps beyond the tolerance fail the check."""
+    candidate = toy_server(speculative=True, greedy_bug=True, path_noise=0.1)
+    baseline = toy_server(speculative=False, path_noise=0.1)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, checks=["greedy-identity"])
+    greedy = report.checks[0]
+    assert greedy.verdict == "fail" and "UNEXPLAINED" in greedy.message, report.explain()
+    prompts = len(greedy.parameters["prompts"])
+    assert greedy.parameters["divergent positions"][0] > prompts and greedy.parameters["exceedances"] >= 1
+    assert greedy.parameters["positions scored"] == prompts * greedy.parameters["max_tokens"]
+
+
+def test_a_row_the_echo_cannot_score_is_judged_through_its_first_divergence() -> None:
+    """Without echo laws (the text re-tokenized differently) the reference's own laws score the
+    shared prefix and the first divergent position, where the prefixes are still the same."""
+    laws = ({"a": -0.1, "b": -2.0}, {"b": -0.2, "c": -1.0}, {"a": -0.5, "c": -0.6}, {"a": -0.1})
+    reference = Completion("abaa", ("a", "b", "a", "a"), (-0.1, -0.2, -0.5, -0.1), laws, "length")
+    other = Completion("abcc", ("a", "b", "c", "c"), (None,) * 4, (None,) * 4, "length")
+    row = scored_row("p", other, None, reference)
+    assert row.positions.tolist() == [0, 1, 2] and row.gaps[2] == pytest.approx(0.1)
+    assert scored_row("p", reference, None, reference).positions.tolist() == [0, 1, 2, 3]
 
 
 def test_batch_dependent_bug_breaks_batch_invariance(toy_server) -> None:
