@@ -124,21 +124,22 @@ def identity_power(
     max_new_tokens: int,
     decoders: Sequence[str] = tuple(BUGS),
     float32_target: Any | None = None,
-    calibration: divergence.Calibration | None = None,
     log: Callable[[dict[str, Any]], None] = lambda record: None,
 ) -> dict[str, Any]:
     """Each decoder in ``decoders`` on all ``prompts`` (one batch), judged by whole-sequence greedy
     identity; float16/bfloat16 targets are calibrated first (plain greedy in one batch of all
-    prompts) unless ``calibration`` is given.  Returns the calibration and one record per decoder."""
+    prompts, teacher-forced in the dtype and by ``float32_target``).  Returns the calibration and
+    one record per decoder (verdict, positions compared, exceedances, each reference's counts)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(target.parameters()).device
     encoded = [tokenizer(text, return_tensors="pt").input_ids[0].to(device) for text in prompts]
     exact = target.dtype in divergence.EXACT_DTYPES
     start = time.perf_counter()
-    if calibration is None and not exact:
-        calibration = divergence.calibrate(target, encoded, max_new_tokens=max_new_tokens, batch_sizes=(len(encoded),),
-                                           float32_model=float32_target, pad_token_id=pad)
-    out: dict[str, Any] = {"dtype": divergence.dtype_name(target.dtype), "capability": torch.backends.cpu.get_cpu_capability(),
+    calibration = None if exact else divergence.calibrate(
+        target, encoded, max_new_tokens=max_new_tokens, batch_sizes=(len(encoded),), float32_model=float32_target,
+        pad_token_id=pad)
+    out: dict[str, Any] = {"dtype": divergence.dtype_name(target.dtype),
+                           "capability": torch.backends.cpu.get_cpu_capability(),
                            "prompts": len(prompts), "max_new_tokens": max_new_tokens,
                            "calibration": None if calibration is None else calibration.summary(),
                            "calibration_s": round(time.perf_counter() - start, 1), "decoders": {}}

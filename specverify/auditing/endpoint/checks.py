@@ -186,7 +186,7 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
                        + f" (gap > tolerance {tol:.3g}: the target, given the candidate's own prefix, scores the "
                          f"candidate's token clearly below its own); {summary}; replay: {replay}")
             return self.report(plan, Verdict.FAIL, message, parameters=parameters,
-                               statistic=float(result.exceedances[0].position if result.exceedances else len(rows)))
+                               statistic=float(result.exceedances[0].position) if result.exceedances else None)
         if not result.passed:
             return self.report(plan, Verdict.FAIL, f"every gap is within the tolerance, but more positions differ from "
                                                    f"the target's argmax than rounding explains: {summary}",
