@@ -91,13 +91,38 @@ def power_shortfall(checks: Sequence[Any], plans: Sequence[Plan], level: str, bu
     worst = _detectable(worst_plan)
     if worst <= ceiling:
         return None
-    needed: int | None = None
-    try:
-        needed = max(check.required_samples(ceiling, alpha=_final_alpha(check, plan), power=POWER)
-                     for check, plan in planned)
-    except Exception:  # a check that cannot be sized for the ceiling: the fix names no number
-        needed = None
+    sizes = [_needed(check, plan, ceiling) for check, plan in planned]
+    needed = None if any(size is None for size in sizes) else max(sizes)
     return PowerShortfall(level, budget.name, ceiling, worst_check.name, worst, needed)
+
+
+def _needed(check: Any, plan: Plan, ceiling: float) -> int | None:
+    """The smallest n at which ``check`` detects TV ``ceiling`` at its final-look level: its own
+    ``required_samples``, or, where that cannot size the ceiling (a binomial check whose bound
+    leaves less than the ceiling to exceed), the first n whose detectable TV is within it (doubling,
+    then bisection: the detectable TV decreases in n); None when no n below 10^9 reaches it."""
+    alpha = _final_alpha(check, plan)
+    try:
+        return int(check.required_samples(ceiling, alpha=alpha, power=POWER))
+    except Exception:
+        pass
+
+    def reaches(n: int) -> bool:
+        try:
+            return check.detectable_tv(n, alpha=alpha, power=POWER) <= ceiling
+        except Exception:
+            return False
+
+    high = 16
+    while not reaches(high):
+        high *= 2
+        if high > 10**9:
+            return None
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    return high
 
 
 def _detectable(plan: Plan) -> float:

@@ -169,12 +169,11 @@ class _Tracker:
             return None
         first = self.said_total is None
         self.said_total = total
-        planned = sum(self.expected)
-        pace = "" if self.level == "decoder" else (
-            f" ({total / planned:.2g}× the time planned at the reference's speed)" if planned > 0 else "")
+        planned = sum(self.expected[index + 1:])
+        pace = "" if self.level == "decoder" else f" at the pace so far (planned ~{duration(planned)})"
         calls = getattr(self.log, "calls", 0) or 0
-        return (f"specverify: measured {_seconds(per_call)} per call of the function ({calls:,} calls so far): "
-                f"the rest takes ~{duration(rest)}{pace}" + ("" if first else ", re-planned") + "\n")
+        return (f"specverify: measured {_seconds(per_call)} per call of the function: the rest takes "
+                f"~{duration(rest)}{pace}, {calls:,} calls so far" + ("" if first else "; re-planned") + "\n")
 
     def write(self, text: str) -> None:
         self.stream.write(text)
