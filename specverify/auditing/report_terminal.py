@@ -90,17 +90,20 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
 
 
 def _table_says_something(report: AuditReport, findings: list) -> bool:
-    """False when no check ran, or every check that ran stopped with one and the same error."""
+    """False when no check ran, or every check that ran stopped with one and the same error and
+    nothing was stopped for another reason (a hang, an interrupt): the table would only repeat it."""
     ran = [c for c in report.checks if c.verdict != "skipped"]
     if not ran:
         return False
-    return not (all(c.verdict == "error" for c in ran) and len(findings) == 1)
+    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(("not run", "interrupted"))]
+    return stopped != [] or not (all(c.verdict == "error" for c in ran) and len(findings) == 1)
 
 
 def _ran(report: AuditReport) -> str:
     ran = [c for c in report.checks if c.verdict != "skipped"]
     if not ran:
-        return f"none of the {len(report.checks)} checks ran"
+        stopped = next((c for c in report.checks if not c.message.startswith("not run")), report.checks[0])
+        return f"none of the {len(report.checks)} checks ran; {stopped.name}: {stopped.message}"
     return f"all {len(ran)} checks that ran stopped with the error below"
 
 

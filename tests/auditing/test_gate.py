@@ -31,6 +31,8 @@ from specverify.auditing.report_terminal import format_report
 from specverify.auditing.runner import _verdict, load_battery, plan_checks
 from specverify.auditing.signatures import SPEC_SIGNATURES
 
+pytest_plugins = ("pytester",)
+
 ROOT = Path(__file__).resolve().parents[2]
 BUGGY_BONUS = f"{ROOT / 'examples' / 'buggy_bonus.py'}:verify"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
