@@ -70,18 +70,31 @@ class MinimalCase:
     def tolerance(self) -> float:
         return REPRODUCE_Z * math.sqrt(self.expected * (1 - self.expected) / self.rows)
 
+    @property
+    def impossible(self) -> bool:
+        """The function emitted a token that modified rejection sampling never emits here."""
+        return self.expected == 0.0
+
     def sentence(self) -> str:
         token = "no token (-1)" if self.token < 0 else f"token {self.token}"
+        against = ("which modified rejection sampling never emits given these drafts" if self.impossible else
+                   f"against {self.expected:.4f} under modified rejection sampling ({self.z:.1f} standard errors)")
         return (f"minimal failing case (from {self.check}, chain {self.chain}): with draft tokens "
                 f"{list(self.draft_tokens)} fixed, position {self.column} gets {token} in {self.observed:.4f} of "
-                f"{self.rows:,} rows against {self.expected:.4f} under modified rejection sampling "
-                f"({self.z:.1f} standard errors; seed {self.seed})")
+                f"{self.rows:,} rows, {against}; seed {self.seed}")
 
     def code(self) -> str:
         """A pytest test reproducing the case (fails on the function, passes on a correct rule)."""
         name = re.sub(r"\W+", "_", f"{self.check}_chain{self.chain}").strip("_")
         k, v = len(self.draft_tokens), len(self.target_probs[0])
         token = "-1" if self.token < 0 else str(self.token)
+        drafts = "q_0" if k == 1 else f"q_0..q_{k - 1}"
+        if self.impossible:
+            law = "# modified rejection sampling never emits it given these drafts"
+            check = "assert share == 0, share"
+        else:
+            law = f"# modified rejection sampling: {self.expected:.6f} given these drafts; this function gave {self.observed:.6f}"
+            check = f"assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share  # 6 standard errors"
         return textwrap.dedent(f"""\
             import torch
             from specverify.auditing.loading import load_target
@@ -92,12 +105,12 @@ class MinimalCase:
                 verify = load_target({self.target!r})
                 rows = {self.rows}
                 target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)  # p_0..p_{k} [K+1={k + 1}, V={v}]
-                draft_probs = torch.tensor({_table(self.draft_probs)}).repeat(rows, 1, 1)  # q_0..q_{k - 1}
+                draft_probs = torch.tensor({_table(self.draft_probs)}).repeat(rows, 1, 1)  # {drafts}
                 draft_tokens = torch.tensor([{list(self.draft_tokens)}]).repeat(rows, 1)
                 emitted = verify(target_probs, draft_probs, draft_tokens, torch.Generator().manual_seed({self.seed}))
                 share = (emitted[:, {self.column}] == {token}).double().mean().item()
-                # modified rejection sampling: {self.expected:.6f} given these drafts; this function gave {self.observed:.6f}
-                assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share  # 6 standard errors
+                {law}
+                {check}
             """)
 
 
