@@ -5,12 +5,9 @@ once with the expected signature, the replay of what failed, CI formats, the ETA
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
-import textwrap
-import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from types import SimpleNamespace
