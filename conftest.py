@@ -1,4 +1,4 @@
-"""Root conftest: Hypothesis profiles, torch threads per xdist worker, and the CUDA skip for `gpu` tests.
+"""Root conftest: the Hypothesis profile, torch threads per xdist worker, and the CUDA skip for `gpu` tests.
 
 The default run (`pytest`, see pyproject's addopts) excludes `slow`; `pytest -m gpu` selects the
 GPU tests, which skip with a reason where CUDA is absent so that the run still exits 0.
@@ -12,21 +12,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+
+from specverify.testing.profiles import load_profile
 
 # Loaded here too so that a plain checkout (PYTHONPATH=.) gets the options; when the package is
 # installed the entry point registers the same module under the same name and this is a no-op.
 pytest_plugins = ("specverify.testing.pytest_plugin",)
 
-settings.register_profile(
-    "default",
-    deadline=None,
-    derandomize=True,  # the same examples on every run and every xdist worker: reproducible CI
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-settings.register_profile("explore", parent=settings.get_profile("default"), derandomize=False, max_examples=500)
-settings.load_profile(os.environ.get("SPECVERIFY_HYPOTHESIS_PROFILE", "default"))
+load_profile()  # derandomized, no deadline (specverify.testing.profiles); SPECVERIFY_HYPOTHESIS_PROFILE=explore
 
 
 def pytest_configure(config: pytest.Config) -> None:

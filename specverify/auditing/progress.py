@@ -6,10 +6,13 @@ which is told the plan up front (``begin``), each check as it starts and finishe
 the rows evaluated so far inside a check from the session's call log.  Two are provided:
 
 - :class:`LineProgress` for logs (output not a terminal): the header at once, then one line per
-  finished check — name, verdict, n, p-value, seconds and, for a sequential check, the look that
-  decided it — each flushed as it is written; a check still running after ``heartbeat_s``
-  (5 min) without a line adds one ``still running`` line (rows so far, rows/s) per period, so a
-  long endpoint check never leaves a CI log silent for longer than that;
+  finished check — name, verdict, n, p-value, observed and detectable TV, seconds and, for a
+  sequential check, the look that decided it — each flushed as it is written (checks that did
+  not run are counted in one line at the end instead); a check still running after
+  ``heartbeat_s`` (5 min) without a line adds one ``still running`` line (rows so far, rows/s)
+  per period, so a long endpoint check never leaves a CI log silent for longer than that.
+  ``per_check=False`` (``assert_lossless`` inside a captured pytest test) keeps the header, the
+  measured speed and the last line only: the failure message holds the results;
 - :class:`BarProgress` for a terminal: the header, then a bar redrawn in place twice a second
   (checks done, rows evaluated inside the current check, rows per second over the audit, and an
   ETA) so that it moves within long checks.
@@ -21,8 +24,13 @@ step plus ``3e-9 s`` per probability entry handed to the function (``(2K+1)·V``
 ``5e-6 s`` per whole decoding loop, ``0.1 s`` per decoder-level call (the standard audit of
 ``reference``: model 18.5 s, measured 19 s at load 1; 63 s at load 4; about 212 s without a C
 compiler, where the rules run on torch; ``tests/auditing/test_newuser_run.py`` checks the order
-of magnitude on a measured audit).  A slower function takes longer: once checks have run, the
-ETA rescales the rest of the plan by the measured/expected ratio so far.  The ETA assumes every
+of magnitude on a measured audit).  A slower function takes longer, so the plan is re-timed at
+the function's own speed as soon as it is measured (:func:`measured_estimate`: after the first
+finished check that called it, once 2 s have passed or 0.5 s of the plan are done; at the decoder
+level, its seconds per call times the calls left; elsewhere the rest of the plan scaled by the
+measured/expected ratio so far), and a line says so with the function's seconds per call; it is
+said again whenever the projected total moves by 2× or more.  Only the ETA and the deadlines
+follow the measured speed, never which rows go into which call.  The ETA assumes every
 check runs to its final look and no check fails: a sequential check that rejects early, or
 fail-fast, only makes the audit end sooner.  At the endpoint level the servers set the pace: the
 ETA is the seconds per sample of the last finished statistical check times the samples still
@@ -89,15 +97,21 @@ def eta_text(seconds: float | None) -> str:
     return "—" if seconds is None else duration(seconds)
 
 
-def measured_estimate(level: str, log: Any, remaining_plans: Sequence[Any]) -> tuple[float, float] | None:
-    """Decoder level, once the function has been called: its measured seconds per call and the
-    expected seconds of the remaining plan (one call per sample) at that rate."""
+def measured_estimate(level: str, log: Any, remaining_plans: Sequence[Any], *, elapsed: float = 0.0,
+                      done_expected: float = 0.0, remaining_expected: float = 0.0) -> tuple[float, float] | None:
+    """Once the function has been called: its measured seconds per call and the expected seconds
+    of the rest of the plan at the measured speed (see the module docstring); None before there
+    is a measurement (and at the endpoint level, which has its own pace)."""
     calls = getattr(log, "calls", 0) or 0
-    remaining = sum(getattr(p, "n", 0) or 0 for p in remaining_plans)
-    if level != "decoder" or not calls or not remaining:
+    if level == "endpoint" or not calls:
         return None
     per_call = (getattr(log, "function_seconds", 0.0) or 0.0) / calls
-    return per_call, per_call * remaining
+    if level == "decoder":
+        remaining = sum(getattr(p, "n", 0) or 0 for p in remaining_plans)
+        return (per_call, per_call * remaining) if remaining else None
+    if done_expected <= 0 or (elapsed < 2.0 and done_expected < 0.5):
+        return None
+    return per_call, remaining_expected * elapsed / done_expected
 
 
 def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any], plans: Sequence[Any]) -> str:
@@ -126,7 +140,40 @@ class _Tracker:
         self.current = 0
         self.check_started_at = self.started
         self.rows_before = 0
+        self.ratio: float | None = None
+        self.said_total: float | None = None
+        self.not_run: dict[str, int] = {}
         self.write(header(target=target, level=level, budget=budget, alpha=alpha, checks=checks, plans=plans) + "\n")
+
+    def note(self, text: str) -> None:
+        """A line about the plan (a power shortfall, checks left out), written after the header."""
+        self.write(f"specverify: {text}\n")
+
+    def replanned(self, index: int) -> str | None:
+        """After check ``index`` finished: the re-timed plan at the function's measured speed
+        (:func:`measured_estimate`) as a line, when it is first known or the projected total has
+        moved by 2× since it was last said; None otherwise."""
+        if self.not_run:  # the audit is stopping (fail-fast, an interrupt): the rest of the plan will not run
+            return None
+        elapsed = time.perf_counter() - self.started
+        measured = measured_estimate(self.level, self.log, self.plans[index + 1:], elapsed=elapsed,
+                                     done_expected=self.done_expected,
+                                     remaining_expected=sum(self.expected[index + 1:]))
+        if measured is None:
+            return None
+        per_call, rest = measured
+        if self.level != "decoder":
+            self.ratio = elapsed / self.done_expected
+        total = elapsed + rest
+        if self.said_total is not None and self.said_total / 2 < total < self.said_total * 2:
+            return None
+        first = self.said_total is None
+        self.said_total = total
+        planned = sum(self.expected[index + 1:])
+        pace = "" if self.level == "decoder" else f" at the pace so far (planned ~{duration(planned)})"
+        calls = getattr(self.log, "calls", 0) or 0
+        return (f"specverify: measured {_seconds(per_call)} per call of the function: the rest takes "
+                f"~{duration(rest)}{pace}, {calls:,} calls so far" + ("" if first else "; re-planned") + "\n")
 
     def write(self, text: str) -> None:
         self.stream.write(text)
@@ -141,7 +188,7 @@ class _Tracker:
         if self.level == "endpoint":
             return self._endpoint_eta()
         elapsed = time.perf_counter() - self.started
-        ratio = elapsed / self.done_expected if self.done_expected > 1.0 else 1.0
+        ratio = self.ratio or (elapsed / self.done_expected if self.done_expected > 1.0 else 1.0)
         remaining = sum(self.expected[self.current:])
         return max(0.0, ratio * remaining - (time.perf_counter() - self.check_started_at))
 
@@ -167,22 +214,45 @@ class _Tracker:
         if result is not None and getattr(result, "n", None) and getattr(result, "seconds", None):
             self.seconds_per_sample = result.seconds / result.n
 
+    def _not_run(self, result: Any) -> bool:
+        """Count a check that did not run (fail-fast, an interrupt, a stopped function) by its reason."""
+        message = str(getattr(result, "message", ""))
+        if str(getattr(result, "verdict", "")) != "skipped" or not message.startswith("not run"):
+            return False
+        reason = message.split(" (", 1)[0].split(";", 1)[0].removeprefix("not run: ")
+        self.not_run[reason] = self.not_run.get(reason, 0) + 1
+        return True
+
+    def not_run_lines(self) -> list[str]:
+        return [f"specverify: {count} check(s) not run: {reason}\n" for reason, count in self.not_run.items()]
+
+
+def _seconds(seconds: float) -> str:
+    """``0.41 s``, ``2.3 ms``, ``85 µs``."""
+    if seconds >= 0.1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-4:
+        return f"{seconds * 1e3:.2g} ms"
+    return f"{seconds * 1e6:.2g} µs"
+
 
 class LineProgress(_Tracker):
     """One flushed line per finished check (for logs: CI, pipes, files), and a ``still running``
     line per ``heartbeat_s`` of a check that runs longer."""
 
-    def __init__(self, stream: TextIO, heartbeat_s: float = 300.0) -> None:
-        self.stream, self.heartbeat_s = stream, heartbeat_s
+    def __init__(self, stream: TextIO, heartbeat_s: float = 300.0, *, per_check: bool = True) -> None:
+        self.stream, self.heartbeat_s, self.per_check = stream, heartbeat_s, per_check
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def begin(self, **plan: Any) -> None:
+        self.counts: dict[str, int] = {}
         super().begin(**plan)
         self._last_line_at = time.perf_counter()
-        self._thread = threading.Thread(target=self._beat, name="specverify-heartbeat", daemon=True)
-        self._thread.start()
+        if self.per_check:
+            self._thread = threading.Thread(target=self._beat, name="specverify-heartbeat", daemon=True)
+            self._thread.start()
 
     def write(self, text: str) -> None:
         with self._lock:
@@ -207,22 +277,35 @@ class LineProgress(_Tracker):
 
     def check_finished(self, index: int, result: Any) -> None:
         self._finished(index, result)
-        pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
-        n = f"{result.n:,}" if result.n else "—"
-        look = f" look {result.look}/{result.num_looks}" if getattr(result, "look", None) else ""
-        self.write(f"[{index + 1:>2}/{len(self.checks)}] {result.name:<22} {str(result.verdict):<7} n={n:<9} "
-                   f"p={pvalue:<9} {result.seconds:6.1f} s{look}\n")
-        measured = measured_estimate(self.level, self.log, self.plans[index + 1:])
-        if measured is not None and not getattr(self, "_measured_said", False):
-            self._measured_said = True
-            self.write(f"specverify: measured {measured[0]:.2f} s per call of the function: the rest takes "
-                       f"~{duration(measured[1])}\n")
+        self.counts[str(result.verdict)] = self.counts.get(str(result.verdict), 0) + 1
+        if not self._not_run(result) and self.per_check:
+            self.write(check_line(index, len(self.checks), result))
+        line = self.replanned(index)
+        if line is not None:
+            self.write(line)
 
     def end(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.write(f"specverify: audit finished in {duration(time.perf_counter() - self.started)}\n")
+        for line in self.not_run_lines():
+            self.write(line)
+        counts = ", ".join(f"{count} {verdict}" for verdict, count in self.counts.items())
+        self.write(f"specverify: audit finished in {duration(time.perf_counter() - self.started)}"
+                   + (f" ({counts})" if counts and not self.per_check else "") + "\n")
+
+
+def check_line(index: int, total: int, result: Any) -> str:
+    """``[ 3/26] step-K1   pass   n=9,466   p=0.333   TV 0.0123 (detects 0.0500)   0.0 s look 5/5``."""
+    pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
+    n = f"{result.n:,}" if result.n else "—"
+    look = f" look {result.look}/{result.num_looks}" if getattr(result, "look", None) else ""
+    seen, detect = getattr(result, "empirical_tv", None), getattr(result, "detectable_tv", None)
+    tv = ""
+    if detect is not None:
+        tv = f" TV {'—' if seen is None else format(seen, '.4f')} (detects {detect:.4f})"
+    return (f"[{index + 1:>2}/{total}] {result.name:<22} {str(result.verdict):<7} n={n:<9} "
+            f"p={pvalue:<9}{tv} {result.seconds:6.1f} s{look}\n")
 
 
 class BarProgress(_Tracker):
@@ -268,7 +351,18 @@ class BarProgress(_Tracker):
 
     def check_finished(self, index: int, result: Any) -> None:
         self._finished(index, result)
+        self._not_run(result)
+        line = self.replanned(index)
+        if line is not None:
+            self.write(line)
         self.draw()
+
+    def write(self, text: str) -> None:
+        """A line above the bar: the bar is cleared first and redrawn at the next tick."""
+        with self._lock:
+            self.stream.write("\r" + " " * len(self._last) + "\r" + text)
+            self.stream.flush()
+            self._last = ""
 
     def end(self) -> None:
         self._stop.set()
@@ -277,11 +371,16 @@ class BarProgress(_Tracker):
         with self._lock:
             self.stream.write("\r" + " " * len(self._last) + "\r")
             self.stream.flush()
+        for line in self.not_run_lines():
+            self.write(line)
 
 
-def progress_for(stream: TextIO, *, quiet: bool = False) -> AuditProgress | None:
-    """The display for ``stream``: nothing under ``quiet``, a bar on a terminal, lines otherwise."""
+def progress_for(stream: TextIO, *, quiet: bool = False, summary_only: bool = False) -> AuditProgress | None:
+    """The display for ``stream``: nothing under ``quiet``, a bar on a terminal, lines otherwise
+    (``summary_only``: the header, the measured speed and the end, no line per check)."""
     if quiet:
         return None
     isatty = getattr(stream, "isatty", None)
-    return BarProgress(stream) if isatty is not None and isatty() else LineProgress(stream)
+    if isatty is not None and isatty():
+        return BarProgress(stream)
+    return LineProgress(stream, per_check=not summary_only)

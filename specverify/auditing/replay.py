@@ -102,9 +102,11 @@ def _importable_through_pth(module_name: str) -> bool:
 
 
 def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float,
-                   checks: tuple[str, ...] | None = None, fail_fast: bool | None = None) -> str:
+                   checks: tuple[str, ...] | None = None, fail_fast: bool | None = None,
+                   allow_underpowered: bool = False) -> str:
     """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]
-    [--fail-fast | --no-fail-fast]`` (the last only where it differs from the budget's default)."""
+    [--fail-fast | --no-fail-fast] [--allow-underpowered]`` (fail-fast only where it differs from
+    the budget's default; ``alpha`` written with the digits it needs to round-trip)."""
     from specverify.auditing.defaults import default_fail_fast
 
     parts = ["specverify", "audit", _quoted(target)]
@@ -112,11 +114,13 @@ def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: fl
         parts += ["--level", level]
     parts += ["--seed", str(seed), "--budget", budget]
     if alpha != DEFAULTS["alpha"]:
-        parts += ["--alpha", f"{alpha:g}"]
+        parts += ["--alpha", f"{alpha:g}" if float(f"{alpha:g}") == alpha else repr(alpha)]
     if checks is not None:
         parts += ["--checks", _quoted(",".join(checks))]
     if fail_fast is not None and fail_fast != default_fail_fast(budget):
         parts.append("--fail-fast" if fail_fast else "--no-fail-fast")
+    if allow_underpowered:
+        parts.append("--allow-underpowered")
     return " ".join(parts)
 
 

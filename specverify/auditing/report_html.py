@@ -152,8 +152,19 @@ def _check_rows(report: AuditReport) -> str:
 
 def _diagnosis_section(report: AuditReport) -> str:
     parts = []
+    notes = [o.line() for o in report.omitted]
+    if report.shortfall is not None:
+        notes.insert(0, f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
+    if notes:
+        items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+        parts.append(f"<h2>Power and checks not run</h2><ul>{items}</ul>")
     if report.diagnosis:
         parts.append(f"<h2>Diagnosis</h2><p>{html.escape(report.diagnosis)}</p>")
+    if report.minimal_case is not None:
+        parts.append(f"<h2>Minimal failing case</h2><p>{html.escape(report.minimal_case.sentence())}; as a "
+                     f"unit test:</p><pre>{html.escape(report.minimal_case.code())}</pre>")
+    elif report.minimal_case_note:
+        parts.append(f"<p class='note'>Minimal case: none: {html.escape(report.minimal_case_note)}.</p>")
     if report.warnings:
         items = "".join(f"<li><code>{html.escape(w)}</code></li>" for w in report.warnings)
         parts.append(f"<h2>Warnings from the code under audit</h2><ul>{items}</ul>")

@@ -10,7 +10,13 @@ Top level: ``schema``, ``specverify_version``, ``target``, ``level``, ``verdict`
 ``correction`` (``bonferroni``), ``power``, ``detectable_tv``, ``budget`` {``name``, ``epsilon``,
 ``samples``}, ``device``, ``timeout_s``, ``checks`` (list), ``diagnosis`` (where the loss is, one or
 two sentences; empty when nothing failed), ``replay`` (the command that repeats the audit),
-``warnings`` (what the code under audit warned about), ``timings``, ``isolation`` ({``mode``:
+``warnings`` (what the code under audit warned about), ``not_run`` (checks left out for this
+function: [{``names``, ``reason``, ``fix``}]), ``power_shortfall`` (null, or {``level``, ``budget``,
+``ceiling``, ``check``, ``detectable``, ``needed``, ``message``}: the plan cannot detect the
+level's ceiling TV), ``allow_underpowered``, ``minimal_case`` (null, or the step on which the
+function is wrong: {``check``, ``chain``, ``target_probs``, ``draft_probs``, ``draft_tokens``,
+``rows``, ``seed``, ``column``, ``token``, ``expected``, ``observed``, ``z``, ``test``: the pytest
+code}), ``minimal_case_note``, ``interrupted``, ``timings``, ``isolation`` ({``mode``:
 ``process`` | ``none``, and where present ``note``, ``worker_restarts``, ``stdout``/``stderr``:
 {``bytes``, ``first_lines`` (at most 20), ``truncated``}}).
 Each check: ``name``, ``description``, ``kind``, ``parameters``, ``verdict``, ``message``,
@@ -72,7 +78,29 @@ def report_to_dict(report: AuditReport) -> dict[str, Any]:
         "checks": [check_to_dict(c) for c in report.checks],
         "diagnosis": report.diagnosis, "replay": report.replay_command, "warnings": list(report.warnings),
         "timings": report.timings, "isolation": report.isolation, "fail_fast": report.fail_fast,
+        "not_run": [{"names": o.names, "reason": o.reason, "fix": o.fix} for o in report.omitted],
+        "power_shortfall": _shortfall(report), "allow_underpowered": report.allow_underpowered,
+        "minimal_case": _minimal_case(report), "minimal_case_note": report.minimal_case_note,
+        "interrupted": report.interrupted,
     })
+
+
+def _shortfall(report: AuditReport) -> dict[str, Any] | None:
+    shortfall = report.shortfall
+    if shortfall is None:
+        return None
+    return {"level": shortfall.level, "budget": shortfall.budget, "ceiling": shortfall.ceiling,
+            "check": shortfall.check, "detectable": shortfall.detectable, "needed": shortfall.needed,
+            "message": f"underpowered: {shortfall.sentence()}; {shortfall.fix()}"}
+
+
+def _minimal_case(report: AuditReport) -> dict[str, Any] | None:
+    case = report.minimal_case
+    if case is None:
+        return None
+    fields = {name: getattr(case, name) for name in ("check", "chain", "target_probs", "draft_probs", "draft_tokens",
+                                                      "rows", "seed", "column", "token", "expected", "observed", "z")}
+    return {**fields, "test": case.code()}
 
 
 def deterministic_view(document: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specverify.auditing.findings import grouped_findings
+from specverify.auditing.defaults import FAIL_FAST_SKIP
+from specverify.auditing.findings import grouped_findings, said_in_summary
 from specverify.auditing.runner import AuditReport
 
 _COLUMNS = ("check", "verdict", "n", "look", "cells", "p-value", "α share", "TV seen", "TV detect.", "time")
@@ -25,8 +26,10 @@ def _row(check) -> tuple[str, ...]:
 def format_table(report: AuditReport) -> str:
     """One line per check: verdict, samples, the look that decided (sequential checks: "2/5" when
     the second of five looks rejected; "5/5" when every look passed), cells, p-value, the check's α
-    share (the look's own level is in the message), observed and detectable TV, wall time."""
-    rows = [_COLUMNS] + [_row(c) for c in report.checks]
+    share (the look's own level is in the message), observed and detectable TV, wall time.  The
+    checks fail-fast did not run are counted in one line at the end."""
+    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(FAIL_FAST_SKIP)]
+    rows = [_COLUMNS] + [_row(c) for c in report.checks if c not in stopped]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = []
     for index, row in enumerate(rows):
@@ -34,36 +37,74 @@ def format_table(report: AuditReport) -> str:
         lines.append("  ".join(cells))
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if stopped:
+        lines.append(f"(and {len(stopped)} checks not run: the audit stopped at the first failing check; "
+                     "--no-fail-fast runs them)")
     return "\n".join(lines)
 
 
-def format_report(report: AuditReport) -> str:
-    """The header, the table, the messages of failing/erroring checks, and the verdict line."""
+def format_report(report: AuditReport, *, table: bool = True) -> str:
+    """The header, the table, what did not run and why, the messages of failing/erroring checks
+    (each finding once; one the verdict line already states is not repeated), the diagnosis and
+    the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
+    per-check lines of the progress already went to the same stream); so does an audit in which
+    no check ran or every check that ran stopped with the same error."""
     budget = report.budget.describe()
     header = (f"specverify audit of {report.target} — level {report.level}, budget {budget}, "
               f"α = {report.alpha:g} family-wise ({report.correction}), seed {report.seed}, device {report.device}"
               + ("; stops at the first failing check (--no-fail-fast runs them all)" if report.fail_fast else ""))
     parts = [header, ""]
-    if report.checks:
-        parts += [format_table(report), ""]
     findings = grouped_findings(report.checks)
-    for finding in findings:
-        parts.append(finding.line())
-    if findings:
-        parts.append("")
+    if table and _table_says_something(report, findings):
+        parts += [format_table(report), ""]
+    elif report.checks and table:
+        parts += [f"(no table: {_ran(report)})", ""]
+    elif report.checks:
+        parts += ["(the results table is the per-check lines above; --json PATH keeps every field)", ""]
+    shown = [finding.line() for finding in findings if not said_in_summary(finding, report)]
+    parts += shown + ([""] if shown else [])
+    notes = [omission.line() for omission in report.omitted]
+    if report.shortfall is not None and report.verdict != "underpowered":  # else the verdict line says it
+        notes.append(f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
+    parts += notes + ([""] if notes else [])
     parts += _isolation_lines(report)
     if report.diagnosis:
         parts += [f"Diagnosis: {report.diagnosis}", ""]
+    if report.minimal_case is not None:
+        parts += [report.minimal_case.sentence() + "; paste it into a test:", "",
+                  *["    " + line if line else "" for line in report.minimal_case.code().splitlines()], ""]
+    elif report.minimal_case_note:
+        parts += [f"Minimal case: none: {report.minimal_case_note}.", ""]
     parts.append(verdict_line(report))
     parts.append(footer(report))
     if report.warnings:
-        shown = [w if len(w) <= 160 else w[:157] + "…" for w in report.warnings[:3]]
+        shown_warnings = [w if len(w) <= 160 else w[:157] + "…" for w in report.warnings[:3]]
         more = f" (and {len(report.warnings) - 3} more in --json)" if len(report.warnings) > 3 else ""
         parts.append(f"{len(report.warnings)} warning(s) from the code under audit, kept out of the run's output{more}:")
-        parts += [f"  {w}" for w in shown]
+        parts += [f"  {w}" for w in shown_warnings]
     if report.exit_code != 0:
         parts.append(f"replay: {report.replay_command}")
+        if report.stopped_early:
+            parts.append(f"every check: {report.full_command}")
     return "\n".join(parts)
+
+
+def _table_says_something(report: AuditReport, findings: list) -> bool:
+    """False when no check ran, or every check that ran stopped with one and the same error and
+    nothing was stopped for another reason (a hang, an interrupt): the table would only repeat it."""
+    ran = [c for c in report.checks if c.verdict != "skipped"]
+    if not ran:
+        return False
+    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(("not run", "interrupted"))]
+    return stopped != [] or not (all(c.verdict == "error" for c in ran) and len(findings) == 1)
+
+
+def _ran(report: AuditReport) -> str:
+    ran = [c for c in report.checks if c.verdict != "skipped"]
+    if not ran:
+        stopped = next((c for c in report.checks if not c.message.startswith("not run")), report.checks[0])
+        return f"none of the {len(report.checks)} checks ran; {stopped.name}: {stopped.message}"
+    return f"all {len(ran)} checks that ran stopped with the error below"
 
 
 def footer(report: AuditReport) -> str:

@@ -10,9 +10,21 @@ Verdicts and exit statuses (``specverify audit``):
 - 1 ``loss detected`` (a statistical or exact check failed) or ``contract violated`` (the function
   modified its inputs, or drew randomness from somewhere other than its generator).  A failure
   takes precedence over errors in other checks: a loss found anywhere is a loss.
-- 2 ``could not audit``: the target could not be loaded, or a check could not judge the function
-  (it raised, hung past the per-call timeout, or returned output that breaks SPEC §1), and no
-  check failed.
+- 2 ``could not audit``: the target could not be loaded, its signature cannot take the level's
+  call (:mod:`specverify.auditing.signatures`), or a check could not judge the function (it
+  raised, hung past the per-call timeout, or returned output that breaks SPEC §1), and no check
+  failed.
+- 2 ``underpowered``: no check failed, but some statistical check cannot detect the TV a pass
+  promises (:mod:`specverify.auditing.power`: detectable TV above the level's ceiling, e.g.
+  ``--budget 10``); ``allow_underpowered=True`` turns it into a pass that states the TV reached.
+
+Fail-fast (the default of ``quick`` and ``standard``) stops at the first failing check, but first
+runs the battery's *locating* checks that have not run yet
+(:data:`specverify.auditing.diagnosis.LOCATING_CHECKS`: the bonus and correction positions,
+disjoint supports, the large vocabulary, the exact check), so the first report already says where
+the loss is; at the sampler level it then looks for a minimal failing case
+(:mod:`specverify.auditing.minimal_case`).  The locating checks are checks of the planned
+battery, with their Bonferroni shares of α: they only run out of order.
 
 Family-wise α: split evenly over the statistical checks (Bonferroni), so a correct implementation
 fails the whole audit with probability at most α whatever the dependence between checks.
@@ -35,6 +47,10 @@ from typing import Any
 
 from specverify.core import stats
 from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
+from specverify.auditing.minimal_case import MinimalCase
+from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
+from specverify.auditing.power import PowerShortfall, power_shortfall
+from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
 from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
 from specverify.auditing.captured import captured_warnings
@@ -54,6 +70,7 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     LEVELS,
     default_fail_fast,
 )
+from specverify.auditing.diagnosis import LOCATING_CHECKS
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to
@@ -95,6 +112,23 @@ class AuditReport:
     """The check names asked for with ``checks=`` (None: the whole battery); the replay repeats them."""
     fail_fast: bool = False
     """Whether the audit stopped at its first failing check (the later checks are then skipped)."""
+    allow_underpowered: bool = False
+    """Whether a plan that cannot detect the level's ceiling TV may pass (:mod:`specverify.auditing.power`)."""
+    shortfall: PowerShortfall | None = None
+    """The plan's worst check when it cannot detect the ceiling TV (None: every check can)."""
+    omitted: tuple[Omission, ...] = ()
+    """Checks the battery left out for this function, with the reason and the fix."""
+    minimal_case: MinimalCase | None = None
+    """A step on which the function is visibly wrong, as a unit test (after a sampler-level loss)."""
+    minimal_case_note: str = ""
+    """Why no minimal case is shown, where one was looked for."""
+    replay_checks: tuple[str, ...] | None = None
+    """The checks the replay line runs (the failing ones; None: the same selection as this audit)."""
+    replay_alpha: float | None = None
+    """The α of the replay line: the one that gives each replayed check the α share it had here
+    (so that it draws the same samples); None: this audit's α."""
+    interrupted: bool = False
+    """Whether a Ctrl-C stopped the audit."""
 
     @property
     def stopped_early(self) -> bool:
@@ -110,15 +144,23 @@ class AuditReport:
         return tuple(c for c in self.checks if c.verdict is Verdict.ERROR)
 
     def explain(self) -> str:
-        """A readable account of the verdict: the headline, then each failing or erroring check
-        with its inputs, what was observed against what was expected, p-value and estimated TV."""
-        from specverify.auditing.findings import grouped_findings
+        """A readable account of the verdict, the message first: the headline, the diagnosis and
+        the minimal failing case, then each failing or erroring check with its inputs, what was
+        observed against what was expected, p-value and estimated TV, then the replay line."""
+        from specverify.auditing.findings import grouped_findings, said_in_summary
 
         lines = [f"{self.target}: {self.verdict.upper()} — {self.summary}"]
         if self.diagnosis:
             lines.append(f"diagnosis: {self.diagnosis}")
+        if self.minimal_case is not None:
+            lines.append(self.minimal_case.sentence() + "; as a unit test:")
+            lines += ["    " + line if line else "" for line in self.minimal_case.code().splitlines()]
+        elif self.minimal_case_note:
+            lines.append(f"minimal case: none: {self.minimal_case_note}")
         by_name = {c.name: c for c in self.checks}
         for finding in grouped_findings(self.checks):
+            if said_in_summary(finding, self):
+                continue
             check = by_name[finding.names[0]]
             lines.append(f"- {finding.line()}")
             lines.append(f"    what it checks: {check.description}")
@@ -127,8 +169,10 @@ class AuditReport:
             if check.n:
                 lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
                              f"estimated TV={_fmt(check.empirical_tv)}")
+        lines += [omission.line() for omission in self.omitted]
         lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
-                     f"`{self.replay_command}`)")
+                     f"`{self.replay_command}`"
+                     + (f"; every check: `{self.full_command}`" if self.stopped_early else "") + ")")
         return "\n".join(lines)
 
     @property
@@ -140,9 +184,23 @@ class AuditReport:
 
     @property
     def replay_command(self) -> str:
-        """The shell command that repeats this audit, from the directory it ran in."""
+        """The shell command that repeats what went wrong, from the directory it ran in: the
+        failing checks (else the erroring ones) with ``--checks``, at the α that keeps their α
+        shares (:attr:`replay_alpha`), so they draw the same samples; the whole audit otherwise."""
+        checks = self.replay_checks if self.replay_checks is not None else self.selected
+        alpha = self.replay_alpha if self.replay_alpha is not None else self.alpha
+        fail_fast = self.fail_fast if checks is None or len(checks) > 1 else None
         return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=self.alpha, checks=self.selected, fail_fast=self.fail_fast)
+                                     alpha=alpha, checks=checks, fail_fast=fail_fast,
+                                     allow_underpowered=self.allow_underpowered)
+
+    @property
+    def full_command(self) -> str:
+        """The command that runs the whole battery of this audit without stopping at a failure
+        (the whole pattern of verdicts)."""
+        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
+                                     alpha=self.alpha, checks=self.selected, fail_fast=False,
+                                     allow_underpowered=self.allow_underpowered)
 
 
 def _fmt(value: float | None) -> str:
@@ -177,14 +235,16 @@ def _check_arguments(alpha: float, timeout_s: float, device: str) -> None:
             raise ValueError(f"device: {device!r} requested but CUDA is not available here; use --device cpu")
 
 
-def select_checks(available: Sequence[Any], names: Sequence[str] | None) -> list[Any]:
-    """The checks named in ``names`` (all of them for None), in the battery's order."""
+def select_checks(available: Sequence[Any], names: Sequence[str] | None, omitted: Sequence[str] = ()) -> list[Any]:
+    """The checks named in ``names`` (all of them for None), in the battery's order.  A name the
+    battery left out for this function (``omitted``) is not an error: the report says why it did not run."""
     if names is None:
         return list(available)
     known = [c.name for c in available]
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in known and n not in omitted]
     if unknown or not names:
-        raise ValueError(f"checks: unknown check name(s) {unknown}; this battery has: {', '.join(known)}")
+        raise ValueError(f"checks: unknown check name(s) {unknown}; this battery has: {', '.join(known)}"
+                         + (f" (not run for this function: {', '.join(omitted)})" if omitted else ""))
     return [c for c in available if c.name in names]
 
 
@@ -243,6 +303,7 @@ def audit(
     checks: Sequence[str] | None = None,
     isolation: str = "process",
     fail_fast: bool | None = None,
+    allow_underpowered: bool = False,
     **level_options: Any,
 ) -> AuditReport:
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
@@ -259,10 +320,12 @@ def audit(
     torch default dtype, thread count and numpy error state afterwards.  A callable that cannot
     be sent to a worker (a lambda, a closure) runs in-process, with a note in the report.
     A Ctrl-C stops the audit at once with a partial report (exit 2 unless a check had failed).
-    ``fail_fast``: stop at the first failing check and skip the rest (default: yes for the
-    ``quick`` and ``standard`` budgets, no for ``thorough`` and fixed budgets; the diagnosis of
-    where a loss is needs every check).  Statistical checks stop at their own first rejecting
+    ``fail_fast``: stop at the first failing check, after running the locating checks not run
+    yet, and skip the rest (default: yes for the ``quick`` and ``standard`` budgets, no for
+    ``thorough`` and fixed budgets).  Statistical checks stop at their own first rejecting
     look in any case (:class:`specverify.auditing.checks.SequentialCheck`).
+    ``allow_underpowered``: let a plan whose checks cannot detect the level's ceiling TV pass
+    (default: such a run ends in exit 2 "underpowered", :mod:`specverify.auditing.power`).
     ``level_options``: passed to the level's battery (the endpoint level's ``baseline``, ``model``,
     ``concurrency``, ``deadline_s``).
     """
@@ -276,11 +339,15 @@ def audit(
         fail_fast = default_fail_fast(sample_budget.name)
     if not isinstance(fail_fast, bool):
         raise ValueError(f"fail_fast: expected True, False or None (the budget's default), got {fail_fast!r}")
+    if not isinstance(allow_underpowered, bool):
+        raise ValueError(f"allow_underpowered: expected True or False, got {allow_underpowered!r}")
     name = target_name(fn)
     started = time.perf_counter()
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
-                    selected=None if checks is None else tuple(checks), fail_fast=fail_fast)
+                    selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
+                    allow_underpowered=allow_underpowered)
+    minimal: tuple[MinimalCase | None, str] = (None, "")
     with preserved_process_state():
         try:
             if isinstance(fn, str) and hasattr(battery, "load_target"):  # not Python (the endpoint's URL)
@@ -294,13 +361,31 @@ def audit(
                                timings={"total_s": time.perf_counter() - started})
         function = getattr(session, "function", None)
         try:
-            selected = select_checks(battery.checks(session), checks)
+            raw = getattr(session, "raw", None) or getattr(function, "raw", None)
+            problem = signature_problem(level, raw, name.rsplit(":", 1)[-1] if ":" in name else None)
+            if problem is not None:  # every check would raise the same TypeError: say it once, run nothing
+                return AuditReport(**settings, alpha_share=None, checks=(), verdict="could not audit",
+                                   exit_code=EXIT_ERROR, summary=problem, detectable_tv=None,
+                                   timings={"total_s": time.perf_counter() - started},
+                                   isolation=function.describe() if hasattr(function, "describe") else {})
+            omitted = tuple(omitted_checks(level, battery, session))
+            selected = select_checks(battery.checks(session), checks, sorted(omitted_names(omitted)))
+            if checks is not None:
+                omitted = tuple(o for o in omitted if any(n in checks for n in o.names))
             plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
+            shortfall = power_shortfall(selected, plans, level, sample_budget, share)
             if hasattr(progress, "begin"):
                 progress.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
                                plans=plans, log=getattr(function, "log", None))
+                if hasattr(progress, "note"):
+                    for line in plan_notes(shortfall, omitted, allow_underpowered):
+                        progress.note(line)
+            locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
-                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast)
+                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating)
+                if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
+                                                                  for r in results):
+                    minimal = _minimal_case(name, selected, results, function, seed)
         finally:
             if hasattr(function, "close"):
                 function.close()
@@ -311,23 +396,92 @@ def audit(
     if log is not None:
         timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
                        rows_per_s=log.rows / total_s if total_s > 0 else None)
-    verdict, exit_code, summary, detectable = _verdict(results, alpha, share)
-    if interrupted and exit_code != EXIT_FAIL:
+    verdict, exit_code, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
+                                                       allow_underpowered=allow_underpowered, omitted=omitted)
+    if interrupted:
         done = sum(r.verdict != "skipped" for r in results)
-        verdict, exit_code, summary = "could not audit", EXIT_ERROR, (
-            f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results above "
-            "are all that was established")
+        stopped = (f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results "
+                   "above are all that was established")
+        if exit_code == EXIT_FAIL:
+            summary = f"{summary}; {stopped}"
+        else:
+            verdict, exit_code, summary = "could not audit", EXIT_ERROR, stopped
+    replay_checks, replay_alpha = _replay_selection(selected, results, plans, share, sample_budget, alpha, seed,
+                                                    level)
     return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict, exit_code=exit_code,
                        summary=summary, detectable_tv=detectable, timings=timings, isolation=described,
-                       warnings=tuple(caught))
+                       warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal[0],
+                       minimal_case_note=minimal[1], replay_checks=replay_checks, replay_alpha=replay_alpha,
+                       interrupted=interrupted)
+
+
+def plan_notes(shortfall: PowerShortfall | None, omitted: Sequence[Omission], allow_underpowered: bool) -> list[str]:
+    """What the plan header adds: a power shortfall (and what it means for the exit status) and
+    the checks left out for this function."""
+    notes = []
+    if shortfall is not None:
+        outcome = ("it passes only as underpowered (--allow-underpowered)" if allow_underpowered else
+                   "without a failure it ends in exit 2 (underpowered)")
+        notes.append(f"underpowered: {shortfall.sentence()}; it can still find a gross loss, but {outcome}; "
+                     f"{shortfall.fix()}")
+    notes += [omission.line() for omission in omitted]
+    return notes
+
+
+def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: Any,
+                  seed: int) -> tuple[MinimalCase | None, str]:
+    """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks
+    (never an error of the audit: a fault of the function here only means no case is shown)."""
+    from specverify.auditing.faults import Fault
+    from specverify.auditing.minimal_case import find_minimal_case
+
+    if function is None or (hasattr(function, "stop_reason") and function.stop_reason() is not None):
+        return None, "the function can no longer be called"
+    failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
+    try:
+        return find_minimal_case(target, failing, function, seed)
+    except Fault as fault:
+        return None, f"looking for one, the function failed: {fault.message}"
+    except KeyboardInterrupt:
+        return None, "interrupted by the user"
+
+
+def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], plans: Sequence[Plan],
+                      share: float | None, budget: SampleBudget, alpha: float, seed: int,
+                      level: str) -> tuple[tuple[str, ...] | None, float | None]:
+    """The checks the replay line runs (the failing ones, else the erroring ones; None: the
+    audit's own selection) and the α at which each keeps its α share here, so that it draws the
+    same samples (the shortest decimal that gives every replayed check the same plan)."""
+    failed = [r.name for r in results if r.verdict is Verdict.FAIL]
+    chosen = failed or [r.name for r in results if r.verdict is Verdict.ERROR]
+    if not chosen or len(chosen) == len(results):
+        return None, None
+    replayed = [c for c in checks if c.name in chosen]
+    statistical = [c for c in replayed if c.statistical]
+    if not statistical or share is None:
+        return tuple(chosen), None
+    exact = share * len(statistical)
+    original = {c.name: p for c, p in zip(checks, plans)}
+    for text in (f"{exact:.4g}", f"{exact:.7g}", repr(exact)):
+        candidate = float(text)
+        if not 0 < candidate < 1:
+            continue
+        again, _ = plan_checks(replayed, budget, candidate, seed, level)
+        if all(p.n == original[c.name].n and p.looks == original[c.name].looks and
+               all(abs(a - b) <= 1e-6 * b for a, b in zip(p.look_alphas, original[c.name].look_alphas))
+               for c, p in zip(replayed, again)):
+            return tuple(chosen), candidate
+    return tuple(chosen), None
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
-                progress: Progress | None, fail_fast: bool = False) -> tuple[list[CheckResult], bool]:
+                progress: Progress | None, fail_fast: bool = False,
+                locating: Sequence[str] = ()) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
 
     With ``fail_fast`` the checks after the first failing one are skipped (their message begins
-    with :data:`FAIL_FAST_SKIP`).
+    with :data:`FAIL_FAST_SKIP`), except the ``locating`` ones, which still run (in the
+    battery's order) so that the report can say where the loss is.
 
     A fault stops only its own check: after a deadline or an abnormal end the worker is restarted
     and the next checks still run, until the function has hung or ended its process
@@ -352,7 +506,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 stop = function.stop_reason() if hasattr(function, "stop_reason") else None
                 if interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
-                elif first_failure is not None:
+                elif first_failure is not None and check.name not in locating:
                     result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
                                                          "(fail_fast=False) for every check")
                 elif stop is not None:
@@ -382,7 +536,9 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     return results, interrupted
 
 
-def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) -> tuple[str, int, str, float | None]:
+def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, *, level: str = "sampler",
+             shortfall: PowerShortfall | None = None, allow_underpowered: bool = False,
+             omitted: Sequence[Omission] = ()) -> tuple[str, int, str, float | None]:
     statistical = [r for r in results if r.alpha is not None]
     detectable = max((r.detectable_tv for r in statistical if r.detectable_tv is not None), default=None)
     failed = [r for r in results if r.verdict is Verdict.FAIL]
@@ -403,12 +559,22 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None) 
         reasons = "; ".join(f"{', '.join(f.names) if len(f.names) <= 3 else f'{len(f.names)} checks'}: {f.message}"
                             for f in findings[:3])
         more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
-        return "could not audit", EXIT_ERROR, reasons + more, detectable
+        hint = ""
+        if expected_signature(level) and any(is_call_type_error(f.message) for f in findings):
+            hint = f" (the audit calls {expected_signature(level)})"
+        return "could not audit", EXIT_ERROR, reasons + more + hint, detectable
     if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
         return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable
+    skipped = "".join(f"; {omission.line()}" for omission in omitted)
+    if shortfall is not None and not allow_underpowered:
+        return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
+                                            f"{shortfall.fix()}{skipped}"), detectable
     summary = (f"no loss detected at α = {alpha:g} (family-wise; Bonferroni over {len(statistical)} checks, "
                f"{share:.3g} each) with power {POWER:g} against TV ≥ {detectable:.3g} in any check's cells")
-    return "no loss detected", EXIT_PASS, summary, detectable
+    if shortfall is not None:
+        summary += (f" — underpowered, allowed by allow_underpowered: {shortfall.check} detects "
+                    f"{shortfall.detectable_text()}, above the ceiling TV {shortfall.ceiling:g}")
+    return "no loss detected", EXIT_PASS, summary + skipped, detectable
 
 
 def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport:
@@ -416,12 +582,21 @@ def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport
     :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise.
 
     Unless ``progress=`` is given, the plan and its expected time are written to stderr first,
-    then one line per finished check (a bar on a terminal); pytest shows them with the failure."""
+    then one line per finished check (a bar on a terminal).  Inside a pytest test whose output is
+    captured, only the plan, the measured speed and the end are written (the failure message
+    holds the results); the traceback hides this helper's frame (``__tracebackhide__``)."""
+    __tracebackhide__ = True
     if "progress" not in options:
         from specverify.auditing.progress import progress_for
 
-        options["progress"] = progress_for(sys.stderr)
+        options["progress"] = progress_for(sys.stderr, summary_only=_captured_by_pytest(sys.stderr))
     report = audit(fn, **options)
     if report.exit_code != EXIT_PASS:
         raise AssertionError(report.explain())
     return report
+
+
+def _captured_by_pytest(stream: Any) -> bool:
+    """Whether ``stream`` is pytest's capture of a running test (not a terminal)."""
+    isatty = getattr(stream, "isatty", None)
+    return "PYTEST_CURRENT_TEST" in os.environ and not (isatty is not None and isatty())

@@ -1,6 +1,12 @@
 """``specverify audit TARGET``: audit an implementation and print its verdict.
 
-Exit status: 0 no loss detected, 1 loss detected (or contract violated), 2 could not audit.
+Exit status: 0 no loss detected, 1 loss detected (or contract violated), 2 could not audit (or
+underpowered: the budget cannot detect the level's ceiling TV, unless ``--allow-underpowered``).
+
+For CI: ``--junit-xml PATH`` writes one test case per check (:mod:`specverify.auditing.report_junit`),
+and under GitHub Actions (``GITHUB_ACTIONS=true``) the findings are also printed as workflow
+annotations (:mod:`specverify.auditing.report_github`).  When stdout and stderr are the same pipe
+or file (``2>&1 | tee log``), the per-check progress lines are the table, so it is not printed again.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the function's inputs live")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON (schema specverify.audit/1)")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")
+    parser.add_argument("--junit-xml", metavar="PATH",
+                        help="write a JUnit XML report for CI systems: one test case per check, and one for the verdict")
+    parser.add_argument("--allow-underpowered", action="store_true",
+                        help="let a budget whose checks cannot detect the level's ceiling TV (0.25) pass, stating the "
+                             "TV it reached (default: such a run without a failure exits 2, underpowered)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"deadline of the first call and floor of every later one, in seconds (default "
                              f"{DEFAULT_TIMEOUT_S:g}); later calls may run 20x their expected time at the "
@@ -81,6 +92,15 @@ def writable(path: str) -> str | None:
     return None
 
 
+def same_destination(first: Any, second: Any) -> bool:
+    """Whether two streams write to the same pipe or file (not a terminal): ``2>&1 | tee``."""
+    try:
+        a, b = os.fstat(first.fileno()), os.fstat(second.fileno())
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) and not first.isatty()
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     """The subcommand: exit 0/1/2 as the module docstring says; an error of the audit itself
     (never of the function, which is guarded) and a Ctrl-C outside a check end in 2 with a
@@ -116,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if str(args.seed).strip().lower() == "random":
         print(f"specverify audit: random seed {seed} (replay with --seed {seed})", file=sys.stderr)
-    for option, path in (("--json", args.json), ("--html", args.html)):
+    for option, path in (("--json", args.json), ("--html", args.html), ("--junit-xml", args.junit_xml)):
         problem = writable(path) if path else None
         if problem:
             print(f"specverify audit: could not audit: {option}: cannot write the report: {problem}", file=sys.stderr)
@@ -129,12 +149,23 @@ def _run(args: argparse.Namespace) -> int:
 
         report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
                        device=args.device, timeout_s=args.timeout, progress=progress, isolation=args.isolation,
-                       fail_fast=args.fail_fast,
+                       fail_fast=args.fail_fast, allow_underpowered=args.allow_underpowered,
                        checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
     except ValueError as error:
         print(f"specverify audit: could not audit: {error}", file=sys.stderr)
         return EXIT_ERROR
-    print(verdict_line(report) if args.quiet else format_report(report))
+    table = not (getattr(progress, "per_check", False) and same_destination(sys.stdout, sys.stderr))
+    print(verdict_line(report) if args.quiet else format_report(report, table=table))
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        from specverify.auditing.report_github import annotations
+
+        print("\n".join(annotations(report)))
+    if args.junit_xml:
+        from specverify.auditing.report_junit import write_junit
+
+        write_junit(report, args.junit_xml)
+        if not args.quiet:
+            print(f"wrote JUnit XML report to {args.junit_xml}", file=sys.stderr)
     if args.json:
         from specverify.auditing.report_json import write_json
 

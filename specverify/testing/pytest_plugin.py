@@ -11,7 +11,15 @@ Options:
 - ``--specverify-budget quick|standard|thorough|N``: the sample budget of every audit of the run:
   the ``lossless_audit`` / ``assert_lossless`` fixtures and direct calls of
   ``specverify.assert_lossless`` / ``specverify.audit`` without ``budget=`` (the plugin sets
-  ``$SPECVERIFY_BUDGET`` for the run; default: ``$SPECVERIFY_BUDGET`` or ``standard``).
+  ``$SPECVERIFY_BUDGET`` for the run; default: ``$SPECVERIFY_BUDGET`` or ``standard``);
+- ``--specverify-allow-underpowered``: let the fixtures' audits pass at a budget whose checks
+  cannot detect the level's ceiling TV (:mod:`specverify.auditing.power`; default: such an audit
+  fails the test as "underpowered").
+
+A failing ``assert_lossless`` shows its message first: the verdict, the diagnosis, a minimal
+failing case to paste into a unit test, then the checks; the helpers' own frames are hidden from
+the traceback (``__tracebackhide__``), and inside a captured test the audit writes its plan and
+its end, not a line per check.
 
 Fixtures for engine test suites (one line each)::
 
@@ -48,6 +56,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--specverify-alpha", type=float, default=DEFAULT_SUITE_ALPHA,
         help="family-wise false-positive budget of the run's statistical checks (default 1e-3)",
+    )
+    group.addoption(
+        "--specverify-allow-underpowered", action="store_true", default=False,
+        help="let the fixtures' audits pass at a budget too small to detect the level's ceiling TV (0.25)",
     )
     group.addoption(
         "--specverify-budget", default=None,
@@ -129,6 +141,7 @@ def assert_lossless(pytestconfig: pytest.Config) -> Callable[..., Any]:
     from specverify.auditing.runner import assert_lossless as assert_lossless_function
 
     def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
+        __tracebackhide__ = True
         settings = _audit_settings(pytestconfig)
         settings.update(options)
         return assert_lossless_function(pytestconfig.getoption("specverify_impl") if fn is None else fn, **settings)
@@ -141,4 +154,5 @@ def _audit_settings(config: pytest.Config) -> dict[str, Any]:
         "seed": config._specverify_base_seed,  # type: ignore[attr-defined]
         "alpha": float(config.getoption("--specverify-alpha")),
         "budget": config.getoption("--specverify-budget"),  # None: $SPECVERIFY_BUDGET or standard
+        "allow_underpowered": bool(config.getoption("--specverify-allow-underpowered")),
     }

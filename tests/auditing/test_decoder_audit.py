@@ -352,7 +352,8 @@ def test_contract_violations_fail(decoder, check):
 
 
 def test_audit_decoder_helper_and_unknown_builtin():
-    report = audit_decoder(TableDecoder(), budget=20, checks=["greedy-identity", "sampling-temperatures"])
+    report = audit_decoder(TableDecoder(), budget=20, checks=["greedy-identity", "sampling-temperatures"],
+                           allow_underpowered=True)
     assert report.level == "decoder" and report.exit_code == EXIT_PASS, report.explain()
     assert [c.name for c in report.checks] == ["greedy-identity", "sampling-temperatures"]
     unknown = audit("no-such-decoder", level="decoder")
@@ -408,9 +409,11 @@ def run_single_stratum(generate, stratum, n: int):
 @pytest.mark.statistical
 def test_reference_decoder_passes():
     """The correct reference decoder passes every check (a fixed budget of 120 calls per
-    statistical check keeps this under half a minute; ``quick`` runs in the slow test below)."""
-    report = audit("reference", level="decoder", budget=120)
+    statistical check keeps this under half a minute; ``quick`` runs in the slow test below): a
+    pass below the decoder level's power ceiling, so it is allowed explicitly."""
+    report = audit("reference", level="decoder", budget=120, allow_underpowered=True)
     assert report.exit_code == EXIT_PASS, report.explain()
+    assert report.shortfall is not None and "underpowered" in report.summary
 
 
 @pytest.mark.slow

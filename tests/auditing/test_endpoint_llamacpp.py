@@ -24,7 +24,8 @@ from specverify.testing.llama_servers import llama_pair as servers  # noqa: E402
 pytestmark = pytest.mark.server
 
 BUDGET = 200
-"""u's per PIT check and draws per server for the two-sample check (TV detectable: see the test)."""
+"""u's per PIT check and draws per server for the two-sample check (TV detectable: see the test);
+below the endpoint level's power ceiling, so the audits allow the weaker guarantee explicitly."""
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +49,8 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: LlamaPair) -> None:
     test), and its first divergences are near-ties within τ; the acceptance check is skipped
     (llama-cpp-python reports no speculation counters)."""
     candidate, baseline = llama_pair
-    report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300)
+    report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300,
+                   allow_underpowered=True)
     print(report.explain())
     for check in report.checks:
         print(f"{check.name}: {check.verdict}: {check.message}")
@@ -68,6 +70,6 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: LlamaPair) -> None:
 def test_llama_cpp_baseline_against_itself_passes(llama_pair: LlamaPair) -> None:
     _, baseline = llama_pair
     report = audit(baseline, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300,
-                   checks=["pit-T1-top8"])
+                   checks=["pit-T1-top8"], allow_underpowered=True)
     print(report.explain())
     assert report.exit_code == 0, report.explain()

@@ -46,12 +46,18 @@ def test_a_correct_rule_runs_every_look_to_the_planned_size():
 
 
 def test_fail_fast_is_the_default_for_quick_and_standard():
+    """Fail-fast stops at the first failure, but the locating checks still run (issue 20), so the
+    first report already says where the loss is."""
     report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none")
     skipped = [c for c in report.checks if c.verdict is Verdict.SKIPPED]
-    assert report.fail_fast and report.exit_code == 1 and len(report.failed) == 1
+    first = report.checks.index(report.failed[0])
+    assert report.fail_fast and report.exit_code == 1 and report.failed[0].name == "exact-step"
     assert skipped and all(c.message.startswith(FAIL_FAST_SKIP) for c in skipped)
-    assert report.checks.index(report.failed[0]) == len(report.checks) - len(skipped) - 1  # nothing ran after it
+    ran_after = [c.name for c in report.checks[first + 1:] if c.verdict is not Verdict.SKIPPED]
+    assert ran_after == ["bonus-position", "correction-position", "disjoint-supports"]  # LOCATING_CHECKS
+    assert "the correction token drawn after a rejection is wrong" in report.diagnosis.lower()
     assert "--no-fail-fast" in report.diagnosis and "--no-fail-fast" not in report.replay_command
+    assert "--checks exact-step,correction-position" in report.replay_command  # only what failed
 
 
 def test_no_fail_fast_runs_every_check_and_the_replay_says_so():

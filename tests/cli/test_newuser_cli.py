@@ -71,7 +71,7 @@ def test_plugin_budget_reaches_direct_assert_lossless_calls(tmp_path):
     (tmp_path / "test_direct.py").write_text(
         "import specverify\n\n"
         "def test_direct():\n"
-        "    report = specverify.assert_lossless('reference', checks=['step-K1'])\n"
+        "    report = specverify.assert_lossless('reference', checks=['step-K1'], allow_underpowered=True)\n"
         "    assert report.budget.samples == 123\n")
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 "--specverify-budget", "123", str(tmp_path / "test_direct.py")],

@@ -1,4 +1,5 @@
-"""Fixtures of the property suite (``pytest properties [--impl TARGET]``).
+"""Fixtures of the property suite (``specverify properties [TARGET]``, ``pytest --pyargs
+specverify.properties [--impl TARGET]``, or ``pytest properties`` in a checkout).
 
 The implementation under test comes from the specverify plugin's ``specverify_impl`` fixture
 (``--impl``, default the built-in ``reference``); the sampled checks call it with the SPEC §1
@@ -7,7 +8,9 @@ built-in rules and, through the ``uniform_rule`` fixture, on an ``--impl`` whose
 ``uniforms`` keyword (docs/ARCHITECTURE.md convention).
 
 The header of the run states the statistical budget (``budget.py``), and collection refuses a
-``statistical`` test that the budget does not count.
+``statistical`` test that the budget does not count.  The suite loads its Hypothesis profile
+itself (:mod:`specverify.testing.profiles`: derandomized, which the budget's count of executions
+relies on), so it runs the same from a pip install, where the repository's root conftest is absent.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from typing import Any, NamedTuple
 
 import pytest
 
-import budget
+from specverify.properties import budget
 from specverify.core import rules
 from specverify.core.rules import accepts_uniforms
+from specverify.testing.profiles import load_profile
+
+load_profile()
 
 HERE = Path(__file__).resolve().parent
 

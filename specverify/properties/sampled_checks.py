@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import budget
+from specverify.properties import budget
 from specverify.auditing.faults import validate_emitted
 from specverify.core import exact, stats
 from specverify.core.chains import MarkovBank, MarkovChain, PositionalBank, PositionalChain

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-import budget
+from specverify.properties import budget
 from specverify.core import rules, stats
 from specverify.core.seeding import derive_seed
-from sampled_checks import all_checks
+from specverify.properties.sampled_checks import all_checks
 
 CALIBRATION_ALPHA = 0.05
 

@@ -37,13 +37,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import budget
+from specverify.properties import budget
 from specverify.core import exact
 from specverify.auditing.catalog import CATALOG, BuggyRule
 from specverify.auditing.faults import Fault
 from specverify.core.seeding import derive_seed
-from test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
-from sampled_checks import (
+from specverify.properties.test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
+from specverify.properties.sampled_checks import (
     MAIN_P, MAIN_Q, Check, CheckOutcome, all_checks, probe_cases, step_rule_law, step_target_law, total_variation,
 )
 
@@ -190,7 +190,7 @@ def run_suite(impl: str) -> subprocess.CompletedProcess:
     here = Path(__file__).resolve().parent
     command = [sys.executable, "-m", "pytest", *(str(here / f) for f in SUITE_FILES), "-x", "-q",
                "-p", "no:cacheprovider", "-m", "uses_impl and not slow", f"--impl={impl}"]
-    return subprocess.run(command, capture_output=True, text=True, cwd=here.parent, timeout=1800)
+    return subprocess.run(command, capture_output=True, text=True, cwd=here.parents[1], timeout=1800)
 
 
 def _explain(completed: subprocess.CompletedProcess) -> str:
