@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from specverify.engines.environment import prepare_engine_import
 from specverify.testing.profiles import load_profile
 
 # Loaded here too so that a plain checkout (PYTHONPATH=.) gets the options; when the package is
@@ -20,6 +21,11 @@ from specverify.testing.profiles import load_profile
 pytest_plugins = ("specverify.testing.pytest_plugin",)
 
 load_profile()  # derandomized, no deadline (specverify.testing.profiles); SPECVERIFY_HYPOTHESIS_PROFILE=explore
+
+# Engine kernels (tests/engines) run under Triton's interpreter without a GPU, and Triton reads
+# TRITON_INTERPRET once, when it is first imported; transformers' import of torch._dynamo imports
+# Triton too, so the variable is set before any test module is collected (no-op with CUDA).
+prepare_engine_import()
 
 
 def pytest_configure(config: pytest.Config) -> None:

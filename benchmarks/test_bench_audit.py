@@ -26,7 +26,9 @@ FIXED_SAMPLES = 20_000
 
 def run_audit(benchmark, budget: str | int) -> None:
     reports = []
-    benchmark.pedantic(lambda: reports.append(audit(TARGET, budget=budget)), rounds=1, iterations=1)
+    # A throughput benchmark, not a gate: a small fixed budget (the smoke test's) may be underpowered.
+    benchmark.pedantic(lambda: reports.append(audit(TARGET, budget=budget, allow_underpowered=True)), rounds=1,
+                       iterations=1)
     report = reports[-1]
     timings = report.timings
     benchmark.extra_info.update(

@@ -140,8 +140,11 @@ def test_expected_time_model_is_within_a_factor_of_the_measured_time():
     checks = [c for c in battery.checks(session) if c.name in ("step-K4", "decoding-loop-order1")]
     plans = [SimpleNamespace(n=r.n) for r in report.checks]
     expected = expected_seconds("sampler", checks, plans)
-    measured = report.timings["total_s"]
-    print(f"expected {expected:.1f} s, measured {measured:.1f} s")
+    # The checks' own time: the worker's start (a process spawn and a torch import, ~1-2 s) is a
+    # fixed cost outside the model.
+    measured = sum(report.timings["checks_s"].values())
+    print(f"expected {expected:.1f} s, measured {measured:.1f} s (total with the worker's start "
+          f"{report.timings['total_s']:.1f} s)")
     assert expected / 10 < measured < expected * 10
 
 
