@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from specverify.auditing.endpoint.bursts import BurstPitCheck, ChoicePairsCheck, SeedReproducibilityCheck
 from specverify.auditing.endpoint.checks import (
     AcceptanceCheck,
     BatchInvarianceCheck,
@@ -69,6 +70,7 @@ from specverify.auditing.endpoint.checks import (
     TwoSampleCheck,
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
+from specverify.auditing.endpoint.context_law import ContextLawCheck
 from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
 from specverify.auditing.faults import Fault
 from specverify.auditing.loading import LoadError
@@ -83,6 +85,7 @@ measured on the llama.cpp pair, ~1.3 s each), at least 1 h."""
 DEFAULT_CONCURRENCY = 4
 PIT_TOP_K = 8
 PIT_TOKENS = 8
+CONTEXT_TOP_K = 4
 TWO_SAMPLE_TOKENS = 2
 
 
@@ -172,14 +175,21 @@ class EndpointBattery:
     candidate's own logprobs stand for the target's law); ``model``: the ``model`` field (default:
     the first id of the candidate's ``GET /models``); ``concurrency``: requests in flight at once
     (also the burst size of the load checks); ``deadline_s``: the whole run's deadline (None: by
-    budget, :func:`default_deadline_s`)."""
+    budget, :func:`default_deadline_s`); ``seeded_determinism``: the server promises that a seeded
+    request gives the same tokens alone and in any batch (vLLM with ``VLLM_BATCH_INVARIANT=1``), so
+    ``seed-reproducibility`` judges it (default False: reported, not judged)."""
 
     level = "endpoint"
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
-                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None) -> None:
+                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None,
+                 seeded_determinism: bool = False) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
+        if not isinstance(seeded_determinism, bool):
+            raise ValueError(f"seeded_determinism: expected True (the server promises that a seeded request gives "
+                             f"the same tokens alone and in any batch) or False, got {seeded_determinism!r}")
+        self.seeded_determinism = seeded_determinism
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError(f"deadline_s: expected a positive number of seconds (or None: by budget), got {deadline_s!r}")
         self.baseline_url = None if baseline is None else baseline
@@ -288,13 +298,34 @@ class EndpointBattery:
             PitCheck("pit-T0.7-top8",
                      "T=0.7, top-k 8: the randomized PIT values of sampled tokens under the baseline's law at each "
                      "sampled prefix are i.i.d. uniform.", SAMPLING_PROMPTS, 0.7, PIT_TOP_K, PIT_TOKENS),
+            ContextLawCheck("context-law-T1-top4",
+                            "T=1, top-k 4: the first 2 sampled tokens of fixed prompts, counted per context (prompt, "
+                            "earlier token), follow the laws returned with them (χ² summed over contexts).",
+                            SAMPLING_PROMPTS, 1.0, CONTEXT_TOP_K),
         ]
+        if self.concurrency >= 2:
+            checks.append(BurstPitCheck(
+                "pit-burst-mixed",
+                f"Bursts of {self.concurrency} concurrent requests, each with its own prompt, temperature, top-k and "
+                "seed (some sharing a seed): the PIT values of every sampled token under its own request's law are "
+                "i.i.d. uniform.", PROMPTS, self.concurrency, PIT_TOKENS))
+        else:
+            session.notes.append("concurrency 1: no bursts of concurrent requests (pit-burst-mixed not run)")
+        checks.append(ChoicePairsCheck(
+            "pit-pairs-n2",
+            "Requests with n = 2: the PIT values of the two choices at each position are independent uniforms "
+            "(4 x 4 cells of the unit square).", PROMPTS, self.concurrency, PIT_TOKENS))
         if session.baseline is not None:
             checks.append(TwoSampleCheck(
                 "two-sample-top-p",
                 "T=0.8, top-p 0.9 (standard fields only, engine defaults apply): the first 2 tokens' joint law is "
                 "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
                 SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
+        checks.append(SeedReproducibilityCheck(
+            "seed-reproducibility",
+            "A seeded sampled request gives the same tokens alone, twice inside a burst of other prompts, and alone "
+            "again (judged only where the server promises seeded determinism).",
+            PROMPTS, self.concurrency, PIT_TOKENS, self.seeded_determinism))
         checks.append(AcceptanceCheck(
             "acceptance", "Speculation counters per prompt kind where the server exposes them, checked for consistency "
             "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",
