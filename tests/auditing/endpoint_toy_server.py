@@ -41,8 +41,9 @@ all of them identical).
 Processing (like vLLM): temperature, then top-k, top-p, min-p.  Returned logprobs are raw.
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
 ``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
-accepted draft); ``die_after`` = N (the server closes its socket after N completion requests);
-``echo_shift`` (echo alternatives one position late, as llama-cpp-python 0.3.16 returns them).
+accepted draft) | ``"no-n"`` (one choice whatever ``n`` asks, as llama-cpp-python's server);
+``die_after`` = N (the server closes its socket after N completion requests); ``echo_shift`` (echo
+alternatives one position late, as llama-cpp-python 0.3.16 returns them).
 
 Numerics: ``path_noise`` = σ adds a deterministic N(0, σ²) perturbation, a pure function of the
 context and of the numeric path, to the logprobs a server *returns* from a batched evaluation (the
@@ -168,6 +169,8 @@ class ToyState:
     requests: int = 0
     active: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    """Every completion request received, in arrival order."""
 
 
 def _top(logprobs: np.ndarray, n: int, token: int) -> dict[str, float]:
@@ -365,7 +368,7 @@ def completion(state: ToyState, body: dict[str, Any], engine: StepEngine | None 
         raise ValueError("prompt must be a string")
     prompt = tokenize(prompt_text)
     max_tokens = int(body.get("max_tokens", 16))
-    count = int(body.get("n", 1))
+    count = 1 if config.fault == "no-n" else int(body.get("n", 1))  # "no-n": n ignored (llama-cpp-python)
     if not 1 <= count <= 16:
         raise ValueError("n must be between 1 and 16")
     temperature = float(body.get("temperature", 1.0))
@@ -485,6 +488,7 @@ class _Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.active += 1
             state.requests += 1
+            state.bodies.append(body)
             count = state.requests
         try:
             payload = json.dumps(completion(state, body, self.server.engine)).encode()

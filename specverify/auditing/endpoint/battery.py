@@ -62,6 +62,7 @@ from urllib.parse import urlparse
 
 from specverify.auditing.endpoint.bursts import BurstPitCheck, ChoicePairsCheck, SeedReproducibilityCheck
 from specverify.auditing.endpoint.checks import (
+    NEUTRAL_PROCESSING,
     AcceptanceCheck,
     BatchInvarianceCheck,
     GreedyIdentityCheck,
@@ -141,6 +142,8 @@ class EndpointSession:
     tau: float | None = None
     noise_gaps: list[float] | None = None
     greedy_alone: list[Completion] | None = None
+    choices: bool | str = True
+    """True when the candidate serves ``n = 2``, else why not (its answer to the probe)."""
 
     @property
     def function(self) -> EndpointClient:
@@ -168,6 +171,19 @@ class EndpointSession:
         self.candidate.close()
         if self.baseline is not None:
             self.baseline.close()
+
+
+def serves_choices(client: EndpointClient) -> bool | str:
+    """Whether ``client``'s server answers a sampled request with ``n = 2`` by two choices (True),
+    else its answer (an HTTP error, one choice): ``n > 1`` is optional (llama.cpp's server refuses it)."""
+    body = dict(NEUTRAL_PROCESSING, prompt=MODEL_PROBE, max_tokens=1, temperature=1.0, n=2, seed=1, logprobs=1)
+    try:
+        client.complete_choices(body)
+    except Fault as fault:
+        if fault.kind == "timeout" or client.down is not None:
+            raise
+        return fault.message
+    return True
 
 
 class EndpointBattery:
@@ -244,6 +260,10 @@ class EndpointBattery:
         if not first.top_logprobs or not first.top_logprobs[0]:
             raise Fault("malformed", f"candidate server {candidate.base_url} returned no top_logprobs for logprobs=5")
         session = EndpointSession(candidate, baseline, None, timeout_s)
+        session.choices = serves_choices(candidate)
+        if session.choices is not True:
+            session.notes.append(f"the candidate does not serve n = 2 choices per request ({session.choices}): "
+                                 "pit-pairs-n2 not run")
         if baseline is None:
             session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
             return session
@@ -311,10 +331,11 @@ class EndpointBattery:
                 "i.i.d. uniform.", PROMPTS, self.concurrency, PIT_TOKENS))
         else:
             session.notes.append("concurrency 1: no bursts of concurrent requests (pit-burst-mixed not run)")
-        checks.append(ChoicePairsCheck(
-            "pit-pairs-n2",
-            "Requests with n = 2: the PIT values of the two choices at each position are independent uniforms "
-            "(4 x 4 cells of the unit square).", PROMPTS, self.concurrency, PIT_TOKENS))
+        if session.choices is True:
+            checks.append(ChoicePairsCheck(
+                "pit-pairs-n2",
+                "Requests with n = 2: the PIT values of the two choices at each position are independent uniforms "
+                "(4 x 4 cells of the unit square).", PROMPTS, self.concurrency, PIT_TOKENS))
         if session.baseline is not None:
             checks.append(TwoSampleCheck(
                 "two-sample-top-p",
