@@ -199,7 +199,8 @@ class Sequence:
 
     @classmethod
     def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> "Sequence":
-        settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"), params.get("min_p"))
+        settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
+                    params.get("min_p"))
         return cls(list(prompt), max_tokens, settings, seed, np.random.default_rng(seed),
                    torch.Generator().manual_seed(seed))
 

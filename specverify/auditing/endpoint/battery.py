@@ -19,9 +19,22 @@ Checks, in order:
 - ``pit-T1-top8`` and ``pit-T0.7-top8`` (goodness of fit): sequential randomized PIT of sampled
   tokens under the target's law at each sampled prefix as the candidate returned it, the
   baseline's law there (``echo``) compared and reported (:class:`~specverify.auditing.endpoint.checks.PitCheck`);
+- ``context-law-T1-top4`` (goodness of fit): the first 2 tokens of fixed prompts at T = 1, top-k 4,
+  counted per context (prompt, earlier token) against the laws returned with them, χ² summed over
+  contexts: deviations whose direction changes from context to context, which the PIT's pooled
+  cells average out (drafts and acceptance tests sharing their random numbers), stay visible
+  (:mod:`~specverify.auditing.endpoint.context_law`);
+- ``pit-burst-mixed`` (goodness of fit; ``concurrency`` ≥ 2): bursts of ``concurrency`` requests
+  sent at once, each with its own prompt, temperature, top-k and seed (some sharing a seed), PIT
+  under each request's own law, and what the audit could see of their landing in one step;
+- ``pit-pairs-n2`` (goodness of fit; where the server serves ``n = 2``): the two choices of one
+  request are independent draws of the law (pairs of PIT values uniform on the unit square);
 - ``two-sample-top-p`` (homogeneity; needs a baseline): T = 0.8, top-p 0.9, standard fields only,
   which the logprobs cannot express (engines apply top-p before or after temperature, and keep
   their own defaults such as llama.cpp's min-p 0.05), so the two servers' samples are compared;
+- ``seed-reproducibility`` (contract): a seeded request alone, twice in a burst, alone again;
+  judged only where the server promises seeded determinism (``seeded_determinism``), else reported
+  (:mod:`~specverify.auditing.endpoint.bursts`);
 - ``acceptance`` (contract): speculation counters per prompt kind, where exposed, checked for
   consistency (:class:`~specverify.auditing.endpoint.checks.AcceptanceCheck`); a failure is
   "contract violated": the counters misreport speculation.
@@ -31,20 +44,24 @@ min-p, penalties, grammars and logit bias (processing the logprobs do not show),
 returned n (the mass of ranks n+1…k is unknown), and the full-vocabulary law at T = 1 (the value
 that disables top-k differs between engines: 0, -1).  The two-sample check covers them.
 
-Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the two-sample
-check 2ε between the servers' joint laws, with power 0.99 at its Bonferroni share of α; the
-greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.  Requests per check, α = 1e-3
-(three statistical checks, 3.3e-4 each), 8 tokens per PIT request, 2 per two-sample request:
+Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the context
+check a visit-weighted mean TV ε per token on its contexts' cells, the pairs check ε on its 16
+cells, the two-sample check 2ε between the servers' joint laws, with power 0.99 at its
+Bonferroni share of α (six statistical checks with a baseline: 1.7e-4 each; each sized at its
+final look, 7/8 of the share); the greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.
+Samples (requests) per check at α = 1e-3 with a baseline and ``concurrency`` 4:
 
-=========  ===  ===================  =============================  ===============
-budget     ε    PIT u's (requests)   two-sample draws per server    greedy tokens
-=========  ===  ===================  =============================  ===============
-quick      0.1  1 309 (164 + 164)    746 (+ pilot 74)               24
-standard   0.05 5 234 (655 + 655)    2 982 (+ pilot 298)            48
-thorough   0.025 20 933 (2 617 + …)  11 926 (+ pilot 1 192)         96
-=========  ===  ===================  =============================  ===============
+=========  =====  ===============  ================  ===============  ===============  =================  ======
+budget     ε      each pit-T*      context (2 tok.)  burst (8 tok.)   pairs (n=2)      two-sample         greedy
+=========  =====  ===============  ================  ===============  ===============  =================  ======
+quick      0.1    1 383 (175+175)  1 917 (959)       1 383 (≈ 200)    1 572 (≈ 200)    786 (+ pilot 78)   24
+standard   0.05   5 532 (≈ 692+…)  7 665 (3 833)     5 532 (≈ 790)    6 287 (≈ 790)    3 144 (+ 314)      48
+thorough   0.025  22 128 (≈ 2 766) 30 660 (15 330)   22 128 (≈ 3 160) 25 145 (≈ 3 145) 12 573 (+ 1 257)   96
+=========  =====  ===============  ================  ===============  ===============  =================  ======
 
-(each PIT request on the candidate is followed by one ``echo`` request on the baseline.)
+(each pit-T* request on the candidate is followed by one ``echo`` request on the baseline; the
+burst check's requests are 1/7 more than its u's need, for the companions that repeat a seed;
+``seed-reproducibility`` sends 18 requests and the session's ``n = 2`` probe one.)
 
 Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadline_s``
 (``--deadline``; by default :func:`default_deadline_s`: 1 h for ``quick``, 4 h for ``standard``,

@@ -44,8 +44,7 @@ changes what the bursts exercise, never what is sent or how it is judged.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -288,8 +287,8 @@ class ChoicePairsCheck(SequentialCheck):
     num_cells: int = PAIR_BINS**2
 
     def __post_init__(self) -> None:
-        self.parameters = {"n": 2, "burst": self.size, "settings (temperature, top_k)": [list(s) for s in BURST_SETTINGS],
-                           "max_tokens": self.length, "prompts": [p.kind for p in self.prompts],
+        self.parameters = {"n": 2, "burst": self.size,
+                           "settings (temperature, top_k)": [list(s) for s in BURST_SETTINGS], "max_tokens": self.length, "prompts": [p.kind for p in self.prompts],
                            "cells": f"{PAIR_BINS}x{PAIR_BINS}"}
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
@@ -398,9 +397,9 @@ class SeedReproducibilityCheck(Check):
             return self.report(plan, Verdict.FAIL, f"the server promises seeded determinism, but of {covered}: "
                                                    f"{found}; replay: {replay}", calls=calls)
         return self.report(plan, Verdict.SKIPPED,
-                           f"not judged: {covered} gave {found}.  The OpenAI API promises seeded determinism only as "
-                           "best effort, vLLM only with VLLM_BATCH_INVARIANT=1, and batch-shape rounding changes tokens "
-                           "legitimately; where the server promises it, audit with seeded_determinism=True "
+                           f"not judged: {covered} gave {found}.  The OpenAI API promises seeded determinism only "
+                           "as best effort, vLLM only with VLLM_BATCH_INVARIANT=1, and batch-shape rounding changes "
+                           "tokens legitimately; where the server promises it, audit with seeded_determinism=True "
                            "(--seeded-determinism) to judge it", calls=calls)
 
 
