@@ -48,7 +48,10 @@ alternatives one position late, as llama-cpp-python 0.3.16 returns them).
 Numerics: ``path_noise`` = σ adds a deterministic N(0, σ²) perturbation, a pure function of the
 context and of the numeric path, to the logprobs a server *returns* from a batched evaluation (the
 candidate's verify pass, anyone's ``echo`` prefill), as batch-shape rounding does on real engines
-(llama.cpp: up to ~0.5 nats between 1-token and 2…31-token batches); the tokens are unchanged.
+(llama.cpp: up to ~0.5 nats between 1-token and 2…31-token batches).  Greedy tokens stay the
+exact law's argmax; a sampled verification uses the law its verify pass returns (a real engine
+samples from the logits it evaluated, and returns logprobs from the same logits), so every sampled
+token follows the law returned with it, which differs from the baseline's by the rounding.
 A planted different law: ``law_temperature`` = T′ makes the candidate's target the toy LM at
 temperature T′ (same argmax, so its greedy tokens stay the baseline's; only its logprobs differ).
 """
@@ -243,7 +246,7 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
             drafts.append(token)
             draft_probs.append(q)
             extended.append(token)
-        target_probs = [process(state.target.logprobs(row.context + drafts[:i]), *settings)
+        target_probs = [process(_returned(state, row.context + drafts[:i], "verify"), *settings)
                         for i in range(NUM_DRAFT + 1)]
         planned.append((settings, drafts, draft_probs, target_probs, coins))
     if config.step_bug == "rows" and len(rows) > 1:  # BUG: request b's bonus row read from request b + 1

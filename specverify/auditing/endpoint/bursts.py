@@ -337,7 +337,9 @@ class ChoicePairsCheck(SequentialCheck):
         note = (f"; {requests} requests of n = 2; {identical} with identical choices; pairs on the diagonal cells "
                 f"{diagonal}/{int(counts[:-1].sum())} (expected 1/{PAIR_BINS})")
         if result.verdict is Verdict.FAIL:
-            note += "; the choices of one request are not independent draws of the law (or not drawn from it)"
+            note += ("; the choices of one request are not independent draws of the law (or not drawn from it): "
+                     "n = 2 asks for two samples, so with a seed each choice still needs a random stream of its own "
+                     "(vLLM seeds choice i with seed + i)")
         return dataclasses.replace(result, message=result.message + note, calls=requests)
 
 

@@ -25,6 +25,12 @@ with the laws each visit reports (visits of one context whose returned laws diff
 only make X² smaller than χ²: the variance of a sum of Bernoulli draws is at most that of a
 binomial with their mean).  A token of probability 0 under its own law is a certain loss.
 
+Assumption, shared with the PIT and sharper here: the law returned with a token is the law the
+server drew it from (engines sample from the logits they evaluated and return logprobs from the
+same logits).  A server returning logprobs from another evaluation fails this check by that
+evaluation's rounding: measured on the endpoint toy with returned logprobs perturbed by
+N(0, 0.1²) nats per context but tokens drawn from the exact law, it failed at ``standard``.
+
 Power: under an alternative where the token at a visit of c is drawn from q_c, the
 noncentrality is Σ_c n_c χ²(q_c ‖ p_c) ≥ 4 Σ_c n_c TV_c² ≥ 4 M ε̄² (Cauchy–Schwarz, then
 Jensen), with M = Σ_c n_c tokens and ε̄ their visit-weighted mean TV: the one-sample bound of
@@ -203,7 +209,10 @@ class ContextLawCheck(SequentialCheck):
         elif failed:
             message = (f"the sampled tokens do not follow the laws returned with them at fixed contexts: p-value "
                        f"{fit.pvalue:.3g} ≤ {where} (X² {fit.statistic:.1f} on {fit.dof} dof over {fit.contexts} "
-                       f"contexts); visit-weighted TV {fit.empirical_tv:.4f}; largest deviation: {fit.worst}")
+                       f"contexts); visit-weighted TV {fit.empirical_tv:.4f}; largest deviation: {fit.worst} (the "
+                       f"check takes the law returned with each token as the law it was drawn from, as the PIT "
+                       f"does: a server that returns logprobs from another evaluation than the one it samples "
+                       f"from would fail it by that evaluation's rounding)")
         else:
             message = (f"consistent with the laws returned at each context (p-value {fit.pvalue:.3g} > {where}; "
                        f"X² {fit.statistic:.1f} on {fit.dof} dof over {fit.contexts} contexts)")
