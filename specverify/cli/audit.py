@@ -71,6 +71,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--model", help="endpoint level: the `model` field (default: the server's first /models id)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="endpoint level: requests in flight at once, and the burst size (default 4)")
+    parser.add_argument("--seeded-determinism", action="store_true",
+                        help="endpoint level: the server promises that a seeded request gives the same tokens alone "
+                             "and in any batch (e.g. vLLM with VLLM_BATCH_INVARIANT=1), so seed-reproducibility "
+                             "judges it (default: differences are reported, not judged)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="endpoint level: deadline of the whole run in seconds (default by budget: quick 1 h, "
                              "standard 4 h, thorough 16 h; N samples: 3 s each, at least 1 h)")
@@ -143,7 +147,8 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     progress = progress_for(sys.stderr, quiet=args.quiet)
     level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
-                          deadline_s=args.deadline) if args.level == "endpoint" else {})
+                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism)
+                     if args.level == "endpoint" else {})
     try:
         from specverify.auditing.runner import audit
 

@@ -13,16 +13,45 @@ emitted; at temperature 0 the drafts are checked by greedy matching (plant ``gre
 a draft the target scores within a factor 2 of its argmax; ``batch_bug``: do that only while
 another request is in flight).  The baseline samples from the processed law directly.
 
+Scheduling: by default every request runs in its own thread, one sequence at a time.  With
+``batching=True`` the candidate batches like a serving engine: one engine thread runs verification
+steps over every running sequence (each choice of an ``n > 1`` request is a sequence of its own),
+a request that arrives joins at the next step, and each step lasts at least ``step_s`` seconds
+(the model's forward pass), so requests sent together share most of their steps.  Every
+sequence owns its random state, seeded from the request's ``seed`` (choice i of ``n``: seed + i,
+as vLLM seeds the children of a parallel-sampling request) or at random without one: a numpy
+generator for its drafts and a torch generator for its verification uniforms.
+
+Planted bugs of shared steps (``step_bug``; only a step of ≥ 2 rows differs from the correct one):
+``"settings"``: the step processes every row's laws with its first row's sampling settings
+(temperature, top-k, top-p, min-p: one request's settings for all rows); ``"rows"``: the bonus
+row of request b is read from request b + 1's target law (an offset error in a flattened
+layout: the rows of the batched verify call are mixed); ``"seed"``: every row draws its
+verification uniforms from the first row's generator (one request's random state for all rows:
+the law is exact, only a seeded request's reproducibility depends on its batch).
+Planted bugs of seed handling (``seed_bug``): ``"step"``: the generators are re-created from
+(seed, step) at every step for both drafting and verification, so a step's acceptance uniforms
+are the very numbers that drew its drafts (drafts by inverse CDF): lossy; ``"choices"``: every
+choice of an ``n > 1`` request is seeded with the request's seed (each choice exactly distributed,
+all of them identical).
+
+``timings`` (llama.cpp's fields): ``prompt_ms`` (0: the toy has no prefill cost), ``predicted_ms``
+(the request's time from admission to its last token) and the speculation counters.
+
 Processing (like vLLM): temperature, then top-k, top-p, min-p.  Returned logprobs are raw.
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
 ``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
-accepted draft); ``die_after`` = N (the server closes its socket after N completion requests);
-``echo_shift`` (echo alternatives one position late, as llama-cpp-python 0.3.16 returns them).
+accepted draft) | ``"no-n"`` (one choice whatever ``n`` asks, as llama-cpp-python's server);
+``die_after`` = N (the server closes its socket after N completion requests); ``echo_shift`` (echo
+alternatives one position late, as llama-cpp-python 0.3.16 returns them).
 
 Numerics: ``path_noise`` = σ adds a deterministic N(0, σ²) perturbation, a pure function of the
 context and of the numeric path, to the logprobs a server *returns* from a batched evaluation (the
 candidate's verify pass, anyone's ``echo`` prefill), as batch-shape rounding does on real engines
-(llama.cpp: up to ~0.5 nats between 1-token and 2…31-token batches); the tokens are unchanged.
+(llama.cpp: up to ~0.5 nats between 1-token and 2…31-token batches).  Greedy tokens stay the
+exact law's argmax; a sampled verification uses the law its verify pass returns (a real engine
+samples from the logits it evaluated, and returns logprobs from the same logits), so every sampled
+token follows the law returned with it, which differs from the baseline's by the rounding.
 A planted different law: ``law_temperature`` = T′ makes the candidate's target the toy LM at
 temperature T′ (same argmax, so its greedy tokens stay the baseline's; only its logprobs differ).
 """
@@ -119,6 +148,20 @@ class ToyConfig:
     slow_s: float = 3.0
     path_noise: float = 0.0
     law_temperature: float = 1.0
+    batching: bool = False
+    step_s: float = 0.002
+    step_bug: str | None = None
+    seed_bug: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.step_bug not in STEP_BUGS:
+            raise ValueError(f"step_bug: expected one of {STEP_BUGS}, got {self.step_bug!r}")
+        if self.seed_bug not in SEED_BUGS:
+            raise ValueError(f"seed_bug: expected one of {SEED_BUGS}, got {self.seed_bug!r}")
+
+
+STEP_BUGS = (None, "settings", "rows", "seed")
+SEED_BUGS = (None, "step", "choices")
 
 
 @dataclass
@@ -129,6 +172,8 @@ class ToyState:
     requests: int = 0
     active: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    """Every completion request received, in arrival order."""
 
 
 def _top(logprobs: np.ndarray, n: int, token: int) -> dict[str, float]:
@@ -138,47 +183,164 @@ def _top(logprobs: np.ndarray, n: int, token: int) -> dict[str, float]:
     return top
 
 
-def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int,
-             counters: dict[str, int]) -> list[int]:
+@dataclass
+class Sequence:
+    """One choice being generated: its context (prompt + emitted), settings and random state."""
+
+    context: list[int]
+    max_tokens: int
+    settings: tuple[Any, ...]
+    seed: int
+    rng: np.random.Generator
+    generator: torch.Generator
+    out: list[int] = field(default_factory=list)
+    accepted_flags: list[bool] = field(default_factory=list)
+    drafted: int = 0
+    steps: int = 0
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> "Sequence":
+        settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
+                    params.get("min_p"))
+        return cls(list(prompt), max_tokens, settings, seed, np.random.default_rng(seed),
+                   torch.Generator().manual_seed(seed))
+
+    @property
+    def finished(self) -> bool:
+        return len(self.out) >= self.max_tokens
+
+
+def _inverse_cdf(probs: np.ndarray, coin: float) -> int:
+    """The token whose cumulative interval holds ``coin`` (tokens in vocabulary order)."""
+    return int(min(np.searchsorted(np.cumsum(probs), coin, side="right"), int(np.flatnonzero(probs)[-1])))
+
+
+def step(state: ToyState, rows: list[Sequence]) -> None:
+    """One verification step over ``rows`` (a batch of running sequences; module docstring)."""
     config = state.config
-    temperature = float(params.get("temperature", 1.0))
-    settings = (temperature, params.get("top_k"), params.get("top_p"), params.get("min_p"))
-    rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(seed)
-    context, out = list(prompt), []
-    accepted_flags: list[bool] = []
-    while len(out) < max_tokens:
-        if not config.speculative:
-            probs = process(state.target.logprobs(context), *settings)
-            token = int(rng.choice(V, p=probs))
-            context.append(token)
-            out.append(token)
-            continue
-        drafts, draft_probs, extended = [], [], list(context)
-        for _ in range(NUM_DRAFT):
+    if not config.speculative:
+        for row in rows:
+            token = int(row.rng.choice(V, p=process(state.target.logprobs(row.context), *row.settings)))
+            row.context.append(token)
+            row.out.append(token)
+        return
+    planned = []
+    for row in rows:
+        settings = rows[0].settings if config.step_bug == "settings" else row.settings  # BUG when "settings"
+        temperature = settings[0]
+        coins = None
+        if config.seed_bug == "step" and temperature > 0:  # BUG: generators re-created from (seed, step)
+            coins = torch.rand(1, NUM_DRAFT + 1, dtype=torch.float64,
+                               generator=torch.Generator().manual_seed(derive_seed(row.seed, row.steps) % 2**63))
+        drafts, draft_probs, extended = [], [], list(row.context)
+        for i in range(NUM_DRAFT):
             q = process(state.draft.logprobs(extended), *settings)
-            token = int(np.argmax(q)) if temperature == 0 else int(rng.choice(V, p=q))
+            if temperature == 0:
+                token = int(np.argmax(q))
+            elif coins is not None:
+                token = _inverse_cdf(q, float(coins[0, i]))
+            else:
+                token = int(row.rng.choice(V, p=q))
             drafts.append(token)
             draft_probs.append(q)
             extended.append(token)
-        target_probs = [process(state.target.logprobs(context + drafts[:i]), *settings) for i in range(NUM_DRAFT + 1)]
-        if temperature == 0:
-            emitted = _greedy_verify(state, drafts, [state.target.logprobs(context + drafts[:i])
+        target_probs = [process(_returned(state, row.context + drafts[:i], "verify"), *settings)
+                        for i in range(NUM_DRAFT + 1)]
+        planned.append((settings, drafts, draft_probs, target_probs, coins))
+    if config.step_bug == "rows" and len(rows) > 1:  # BUG: request b's bonus row read from request b + 1
+        bonus = [plan[3][NUM_DRAFT] for plan in planned]
+        for b, plan in enumerate(planned):
+            plan[3][NUM_DRAFT] = bonus[(b + 1) % len(rows)]
+    for row, (settings, drafts, draft_probs, target_probs, coins) in zip(rows, planned):
+        if settings[0] == 0:
+            emitted = _greedy_verify(state, drafts, [state.target.logprobs(row.context + drafts[:i])
                                                      for i in range(NUM_DRAFT + 1)])
         else:
             rule = config.rule or correct_verify
-            result = rule(torch.tensor(np.array(target_probs))[None], torch.tensor(np.array(draft_probs))[None],
-                          torch.tensor(drafts, dtype=torch.int64)[None], generator)
+            generator = rows[0].generator if config.step_bug == "seed" else row.generator  # BUG when "seed"
+            arguments = (torch.tensor(np.array(target_probs))[None], torch.tensor(np.array(draft_probs))[None],
+                         torch.tensor(drafts, dtype=torch.int64)[None])
+            result = rule(*arguments, uniforms=coins) if coins is not None else rule(*arguments, generator)
             emitted = [int(t) for t in result[0].tolist() if t >= 0]
-        counters["draft_n"] += NUM_DRAFT
+        row.drafted += NUM_DRAFT
         own = 0 if config.fault == "bad-counters" else 1  # BUG when 0: the pass's own token counted as a draft
-        accepted_flags += [True] * (len(emitted) - own) + [False] * own
-        context.extend(emitted)
-        out.extend(emitted)
-        if config.batch_bug:
+        row.accepted_flags += [True] * (len(emitted) - own) + [False] * own
+        row.context.extend(emitted)
+        row.out.extend(emitted)
+        row.steps += 1
+
+
+def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int,
+             counters: dict[str, int]) -> list[int]:
+    """One sequence alone, step after step (the threaded scheduler); fills ``counters``."""
+    sequence = Sequence.start(prompt, max_tokens, params, seed)
+    while not sequence.finished:
+        step(state, [sequence])
+        if state.config.batch_bug:
             time.sleep(0.002)
-    counters["draft_n_accepted"] = sum(accepted_flags[:max_tokens])  # the accepted drafts it emitted
-    return out[:max_tokens]
+    counters.update(_counters(sequence))
+    return sequence.out[:max_tokens]
+
+
+def _counters(sequence: Sequence) -> dict[str, int]:
+    return {"draft_n": sequence.drafted,
+            "draft_n_accepted": sum(sequence.accepted_flags[:sequence.max_tokens])}  # the accepted drafts it emitted
+
+
+class StepEngine:
+    """The batching scheduler (``batching=True``): one thread runs :func:`step` over every running
+    sequence; arrivals join at the next step; each step lasts at least ``step_s``."""
+
+    def __init__(self, state: ToyState) -> None:
+        self.state = state
+        self.pending: list[Sequence] = []
+        self.condition = threading.Condition()
+        self.stopped = False
+        self.largest_step = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def run(self, sequences: list[Sequence]) -> None:
+        with self.condition:
+            self.pending += sequences
+            self.condition.notify()
+        for sequence in sequences:
+            sequence.done.wait()
+            if sequence.error is not None:
+                raise ValueError(f"engine step failed: {sequence.error}")
+
+    def stop(self) -> None:
+        with self.condition:
+            self.stopped = True
+            self.condition.notify()
+
+    def _loop(self) -> None:
+        running: list[Sequence] = []
+        while True:
+            with self.condition:
+                while not self.pending and not running and not self.stopped:
+                    self.condition.wait()
+                if self.stopped:
+                    for sequence in running + self.pending:
+                        sequence.error = RuntimeError("server stopped")
+                        sequence.done.set()
+                    return
+                running += self.pending
+                self.pending = []
+            started = time.monotonic()
+            self.largest_step = max(self.largest_step, len(running))
+            try:
+                step(self.state, running)
+            except Exception as error:  # noqa: BLE001 - the request handlers report it
+                for sequence in running:
+                    sequence.error = error
+            time.sleep(max(0.0, self.state.config.step_s - (time.monotonic() - started)))
+            for sequence in running:
+                if sequence.finished or sequence.error is not None:
+                    sequence.done.set()
+            running = [s for s in running if not s.done.is_set()]
 
 
 def _greedy_verify(state: ToyState, drafts: list[int], laws: list[np.ndarray]) -> list[int]:
@@ -195,22 +357,55 @@ def _greedy_verify(state: ToyState, drafts: list[int], laws: list[np.ndarray]) -
     return emitted
 
 
-def completion(state: ToyState, body: dict[str, Any]) -> dict[str, Any]:
+def choice_seeds(config: ToyConfig, seed: int | None, n: int) -> list[int]:
+    """Each choice's seed: seed + i (vLLM's parallel sampling), the request's seed for every
+    choice under ``seed_bug="choices"``, fresh random seeds without one."""
+    if seed is None:
+        return [int(s) for s in np.random.default_rng().integers(2**31, size=n)]
+    return [seed if config.seed_bug == "choices" else seed + i for i in range(n)]  # BUG when "choices"
+
+
+def completion(state: ToyState, body: dict[str, Any], engine: StepEngine | None = None) -> dict[str, Any]:
     config = state.config
     prompt_text = body.get("prompt", "")
     if not isinstance(prompt_text, str):
         raise ValueError("prompt must be a string")
     prompt = tokenize(prompt_text)
     max_tokens = int(body.get("max_tokens", 16))
+    count = 1 if config.fault == "no-n" else int(body.get("n", 1))  # "no-n": n ignored (llama-cpp-python)
+    if not 1 <= count <= 16:
+        raise ValueError("n must be between 1 and 16")
     temperature = float(body.get("temperature", 1.0))
     seed = body.get("seed")
-    seed = int(seed) if seed is not None else int(np.random.default_rng().integers(2**31))
-    counters = {"draft_n": 0, "draft_n_accepted": 0}
-    new = generate(state, prompt, max_tokens, body, seed, counters)
+    sequences = [Sequence.start(prompt, max_tokens, body, s)
+                 for s in choice_seeds(config, None if seed is None else int(seed), count)]
+    started = time.monotonic()
+    if engine is not None:
+        engine.run(sequences)
+    else:
+        for sequence in sequences:
+            while not sequence.finished:
+                step(state, [sequence])
+                if config.batch_bug:
+                    time.sleep(0.002)
+    elapsed_ms = (time.monotonic() - started) * 1000.0
+    choices = [_choice(state, body, prompt_text, prompt, s.out[:max_tokens], index)
+               for index, s in enumerate(sequences)]
+    timings = (dict(_counters(sequences[0]), predicted_n=len(sequences[0].out[:max_tokens]), prompt_ms=0.0,
+                    predicted_ms=elapsed_ms) if config.speculative else None)
+    return {"id": "cmpl-toy", "object": "text_completion", "created": 0, "model": body.get("model", "toy"),
+            "choices": choices, "timings": timings,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c["text"]) for c in choices),
+                      "temperature": temperature}}
+
+
+def _choice(state: ToyState, body: dict[str, Any], prompt_text: str, prompt: list[int], new: list[int],
+            index: int) -> dict[str, Any]:
+    config = state.config
     text = "".join(ALPHABET[t] for t in new)
     echo = bool(body.get("echo"))
     logprobs = body.get("logprobs")
-    choice: dict[str, Any] = {"index": 0, "text": (prompt_text if echo else "") + text, "finish_reason": "length",
+    choice: dict[str, Any] = {"index": index, "text": (prompt_text if echo else "") + text, "finish_reason": "length",
                               "logprobs": None}
     if logprobs is not None and config.fault != "no-logprobs":
         n = int(logprobs)
@@ -226,9 +421,7 @@ def completion(state: ToyState, body: dict[str, Any]) -> dict[str, Any]:
                               "token_logprobs": [e[0] for e in entries],
                               "top_logprobs": [e[1] for e in entries],
                               "text_offset": list(range(len(tokens)))}
-    return {"id": "cmpl-toy", "object": "text_completion", "created": 0, "model": body.get("model", "toy"),
-            "choices": [choice], "timings": dict(counters, predicted_n=len(new)) if config.speculative else None,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(new), "temperature": temperature}}
+    return choice
 
 
 def _returned(state: ToyState, context: list[int], path: str) -> np.ndarray:
@@ -299,9 +492,10 @@ class _Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.active += 1
             state.requests += 1
+            state.bodies.append(body)
             count = state.requests
         try:
-            payload = json.dumps(completion(state, body)).encode()
+            payload = json.dumps(completion(state, body, self.server.engine)).encode()
         except (ValueError, TypeError) as error:
             payload = None
             self._send(400, json.dumps({"error": str(error)}).encode())
@@ -325,6 +519,7 @@ class ToyServer(ThreadingHTTPServer):
             raise ValueError(f"law_temperature: expected a positive temperature, got {config.law_temperature!r}")
         target = ToyLM(config.lm_seed, scale=2.0 / config.law_temperature, induction=3.0 / config.law_temperature)
         self.state = ToyState(config, target, ToyLM(config.lm_seed, scale=1.2, induction=1.5, noise=1.0))
+        self.engine = StepEngine(self.state) if config.batching and config.speculative else None
         self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._stopped = threading.Event()
@@ -336,5 +531,7 @@ class ToyServer(ThreadingHTTPServer):
     def stop(self) -> None:
         if not self._stopped.is_set():
             self._stopped.set()
+            if self.engine is not None:
+                self.engine.stop()
             self.shutdown()
             self.server_close()

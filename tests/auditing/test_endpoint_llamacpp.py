@@ -56,10 +56,15 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: LlamaPair) -> None:
         print(f"{check.name}: {check.verdict}: {check.message}")
     verdicts = {c.name: c.verdict for c in report.checks}
     assert report.exit_code == 0, report.explain()
+    # seeded determinism is not promised (a reused prefix cache rounds differently): reported, not judged
+    assert verdicts.pop("seed-reproducibility") in ("pass", "skipped")
+    # llama-cpp-python ignores n (one choice per request): pit-pairs-n2 is not run, and the audit says so
     assert verdicts == {"greedy-identity": "pass", "batch-invariance": "pass", "pit-T1-top8": "pass",
-                        "pit-T0.7-top8": "pass", "two-sample-top-p": "pass", "acceptance": "skipped"}
+                        "pit-T0.7-top8": "pass", "context-law-T1-top4": "pass", "pit-burst-mixed": "pass",
+                        "two-sample-top-p": "pass", "acceptance": "skipped"}
     greedy = next(c for c in report.checks if c.name == "greedy-identity")
     assert "late" in str(greedy.parameters["server notes"])  # llama-cpp-python's echo is one position late
+    assert "pit-pairs-n2 not run" in str(greedy.parameters["server notes"])
     assert greedy.parameters["same-law p-value"] > 1e-3
     assert greedy.parameters["Q0.9 candidate-vs-baseline"] > 0.0  # verify passes do round differently
     assert greedy.parameters["Q0.9 candidate-vs-baseline"] < greedy.parameters["same-law threshold"]

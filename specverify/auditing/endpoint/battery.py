@@ -19,9 +19,22 @@ Checks, in order:
 - ``pit-T1-top8`` and ``pit-T0.7-top8`` (goodness of fit): sequential randomized PIT of sampled
   tokens under the target's law at each sampled prefix as the candidate returned it, the
   baseline's law there (``echo``) compared and reported (:class:`~specverify.auditing.endpoint.checks.PitCheck`);
+- ``context-law-T1-top4`` (goodness of fit): the first 2 tokens of fixed prompts at T = 1, top-k 4,
+  counted per context (prompt, earlier token) against the laws returned with them, χ² summed over
+  contexts: deviations whose direction changes from context to context, which the PIT's pooled
+  cells average out (drafts and acceptance tests sharing their random numbers), stay visible
+  (:mod:`~specverify.auditing.endpoint.context_law`);
+- ``pit-burst-mixed`` (goodness of fit; ``concurrency`` ≥ 2): bursts of ``concurrency`` requests
+  sent at once, each with its own prompt, temperature, top-k and seed (some sharing a seed), PIT
+  under each request's own law, and what the audit could see of their landing in one step;
+- ``pit-pairs-n2`` (goodness of fit; where the server serves ``n = 2``): the two choices of one
+  request are independent draws of the law (pairs of PIT values uniform on the unit square);
 - ``two-sample-top-p`` (homogeneity; needs a baseline): T = 0.8, top-p 0.9, standard fields only,
   which the logprobs cannot express (engines apply top-p before or after temperature, and keep
   their own defaults such as llama.cpp's min-p 0.05), so the two servers' samples are compared;
+- ``seed-reproducibility`` (contract): a seeded request alone, twice in a burst, alone again;
+  judged only where the server promises seeded determinism (``seeded_determinism``), else reported
+  (:mod:`~specverify.auditing.endpoint.bursts`);
 - ``acceptance`` (contract): speculation counters per prompt kind, where exposed, checked for
   consistency (:class:`~specverify.auditing.endpoint.checks.AcceptanceCheck`); a failure is
   "contract violated": the counters misreport speculation.
@@ -31,20 +44,24 @@ min-p, penalties, grammars and logit bias (processing the logprobs do not show),
 returned n (the mass of ranks n+1…k is unknown), and the full-vocabulary law at T = 1 (the value
 that disables top-k differs between engines: 0, -1).  The two-sample check covers them.
 
-Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the two-sample
-check 2ε between the servers' joint laws, with power 0.99 at its Bonferroni share of α; the
-greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.  Requests per check, α = 1e-3
-(three statistical checks, 3.3e-4 each), 8 tokens per PIT request, 2 per two-sample request:
+Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the context
+check a visit-weighted mean TV ε per token on its contexts' cells, the pairs check ε on its 16
+cells, the two-sample check 2ε between the servers' joint laws, with power 0.99 at its
+Bonferroni share of α (six statistical checks with a baseline: 1.7e-4 each; each sized at its
+final look, 7/8 of the share); the greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.
+Samples (requests) per check at α = 1e-3 with a baseline and ``concurrency`` 4:
 
-=========  ===  ===================  =============================  ===============
-budget     ε    PIT u's (requests)   two-sample draws per server    greedy tokens
-=========  ===  ===================  =============================  ===============
-quick      0.1  1 309 (164 + 164)    746 (+ pilot 74)               24
-standard   0.05 5 234 (655 + 655)    2 982 (+ pilot 298)            48
-thorough   0.025 20 933 (2 617 + …)  11 926 (+ pilot 1 192)         96
-=========  ===  ===================  =============================  ===============
+=========  =====  ===============  ================  ===============  ===============  =================  ======
+budget     ε      each pit-T*      context (2 tok.)  burst (8 tok.)   pairs (n=2)      two-sample         greedy
+=========  =====  ===============  ================  ===============  ===============  =================  ======
+quick      0.1    1 383 (175+175)  1 917 (959)       1 383 (≈ 200)    1 572 (≈ 200)    786 (+ pilot 78)   24
+standard   0.05   5 532 (≈ 692+…)  7 665 (3 833)     5 532 (≈ 790)    6 287 (≈ 790)    3 144 (+ 314)      48
+thorough   0.025  22 128 (≈ 2 766) 30 660 (15 330)   22 128 (≈ 3 160) 25 145 (≈ 3 145) 12 573 (+ 1 257)   96
+=========  =====  ===============  ================  ===============  ===============  =================  ======
 
-(each PIT request on the candidate is followed by one ``echo`` request on the baseline.)
+(each pit-T* request on the candidate is followed by one ``echo`` request on the baseline; the
+burst check's requests are 1/7 more than its u's need, for the companions that repeat a seed;
+``seed-reproducibility`` sends 18 requests and the session's ``n = 2`` probe one.)
 
 Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadline_s``
 (``--deadline``; by default :func:`default_deadline_s`: 1 h for ``quick``, 4 h for ``standard``,
@@ -60,7 +77,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from specverify.auditing.endpoint.bursts import BurstPitCheck, ChoicePairsCheck, SeedReproducibilityCheck
 from specverify.auditing.endpoint.checks import (
+    NEUTRAL_PROCESSING,
     AcceptanceCheck,
     BatchInvarianceCheck,
     GreedyIdentityCheck,
@@ -69,6 +88,7 @@ from specverify.auditing.endpoint.checks import (
     TwoSampleCheck,
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
+from specverify.auditing.endpoint.context_law import ContextLawCheck
 from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
 from specverify.auditing.faults import Fault
 from specverify.auditing.loading import LoadError
@@ -83,6 +103,7 @@ measured on the llama.cpp pair, ~1.3 s each), at least 1 h."""
 DEFAULT_CONCURRENCY = 4
 PIT_TOP_K = 8
 PIT_TOKENS = 8
+CONTEXT_TOP_K = 4
 TWO_SAMPLE_TOKENS = 2
 
 
@@ -138,6 +159,8 @@ class EndpointSession:
     tau: float | None = None
     noise_gaps: list[float] | None = None
     greedy_alone: list[Completion] | None = None
+    choices: bool | str = True
+    """True when the candidate serves ``n = 2``, else why not (its answer to the probe)."""
 
     @property
     def function(self) -> EndpointClient:
@@ -167,19 +190,39 @@ class EndpointSession:
             self.baseline.close()
 
 
+def serves_choices(client: EndpointClient) -> bool | str:
+    """Whether ``client``'s server answers a sampled request with ``n = 2`` by two choices (True),
+    else its answer (an HTTP error, one choice): ``n > 1`` is optional (llama.cpp's server refuses it)."""
+    body = dict(NEUTRAL_PROCESSING, prompt=MODEL_PROBE, max_tokens=1, temperature=1.0, n=2, seed=1, logprobs=1)
+    try:
+        client.complete_choices(body)
+    except Fault as fault:
+        if fault.kind == "timeout" or client.down is not None:
+            raise
+        return fault.message
+    return True
+
+
 class EndpointBattery:
     """SPEC §4 battery (module docstring).  ``baseline``: the baseline's base URL (None: the
     candidate's own logprobs stand for the target's law); ``model``: the ``model`` field (default:
     the first id of the candidate's ``GET /models``); ``concurrency``: requests in flight at once
     (also the burst size of the load checks); ``deadline_s``: the whole run's deadline (None: by
-    budget, :func:`default_deadline_s`)."""
+    budget, :func:`default_deadline_s`); ``seeded_determinism``: the server promises that a seeded
+    request gives the same tokens alone and in any batch (vLLM with ``VLLM_BATCH_INVARIANT=1``), so
+    ``seed-reproducibility`` judges it (default False: reported, not judged)."""
 
     level = "endpoint"
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
-                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None) -> None:
+                 concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None,
+                 seeded_determinism: bool = False) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
+        if not isinstance(seeded_determinism, bool):
+            raise ValueError(f"seeded_determinism: expected True (the server promises that a seeded request gives "
+                             f"the same tokens alone and in any batch) or False, got {seeded_determinism!r}")
+        self.seeded_determinism = seeded_determinism
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError(f"deadline_s: expected a positive number of seconds (or None: by budget), got {deadline_s!r}")
         self.baseline_url = None if baseline is None else baseline
@@ -234,6 +277,10 @@ class EndpointBattery:
         if not first.top_logprobs or not first.top_logprobs[0]:
             raise Fault("malformed", f"candidate server {candidate.base_url} returned no top_logprobs for logprobs=5")
         session = EndpointSession(candidate, baseline, None, timeout_s)
+        session.choices = serves_choices(candidate)
+        if session.choices is not True:
+            session.notes.append(f"the candidate does not serve n = 2 choices per request ({session.choices}): "
+                                 "pit-pairs-n2 not run")
         if baseline is None:
             session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
             return session
@@ -288,13 +335,35 @@ class EndpointBattery:
             PitCheck("pit-T0.7-top8",
                      "T=0.7, top-k 8: the randomized PIT values of sampled tokens under the baseline's law at each "
                      "sampled prefix are i.i.d. uniform.", SAMPLING_PROMPTS, 0.7, PIT_TOP_K, PIT_TOKENS),
+            ContextLawCheck("context-law-T1-top4",
+                            "T=1, top-k 4: the first 2 sampled tokens of fixed prompts, counted per context (prompt, "
+                            "earlier token), follow the laws returned with them (χ² summed over contexts).",
+                            SAMPLING_PROMPTS, 1.0, CONTEXT_TOP_K),
         ]
+        if self.concurrency >= 2:
+            checks.append(BurstPitCheck(
+                "pit-burst-mixed",
+                f"Bursts of {self.concurrency} concurrent requests, each with its own prompt, temperature, top-k and "
+                "seed (some sharing a seed): the PIT values of every sampled token under its own request's law are "
+                "i.i.d. uniform.", PROMPTS, self.concurrency, PIT_TOKENS))
+        else:
+            session.notes.append("concurrency 1: no bursts of concurrent requests (pit-burst-mixed not run)")
+        if session.choices is True:
+            checks.append(ChoicePairsCheck(
+                "pit-pairs-n2",
+                "Requests with n = 2: the PIT values of the two choices at each position are independent uniforms "
+                "(4 x 4 cells of the unit square).", PROMPTS, self.concurrency, PIT_TOKENS))
         if session.baseline is not None:
             checks.append(TwoSampleCheck(
                 "two-sample-top-p",
                 "T=0.8, top-p 0.9 (standard fields only, engine defaults apply): the first 2 tokens' joint law is "
                 "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
                 SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
+        checks.append(SeedReproducibilityCheck(
+            "seed-reproducibility",
+            "A seeded sampled request gives the same tokens alone, twice inside a burst of other prompts, and alone "
+            "again (judged only where the server promises seeded determinism).",
+            PROMPTS, self.concurrency, PIT_TOKENS, self.seeded_determinism))
         checks.append(AcceptanceCheck(
             "acceptance", "Speculation counters per prompt kind where the server exposes them, checked for consistency "
             "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",

@@ -14,6 +14,7 @@ names the server, the request and the fix: the audit turns it into "could not au
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -48,6 +49,10 @@ class Completion:
     top_logprobs: tuple[Mapping[str, float] | None, ...]
     finish_reason: str | None
     timings: Mapping[str, Any] | None = None
+    sent: float | None = None
+    """``time.monotonic()`` when the client sent the request (None for a parsed document)."""
+    received: float | None = None
+    """``time.monotonic()`` when the whole response had arrived."""
 
 
 @dataclass
@@ -162,23 +167,37 @@ class EndpointClient:
 
     def complete(self, body: Mapping[str, Any]) -> Completion:
         """POST one completion request (``model`` is added) and parse its first choice."""
+        return self.complete_choices(body)[0]
+
+    def complete_choices(self, body: Mapping[str, Any]) -> list[Completion]:
+        """POST one completion request and parse all its choices, in ``index`` order (``n``
+        of them when the request asks for ``n``), each stamped with the exchange's ``sent`` and
+        ``received`` instants."""
         request = dict(body)
         if self.model is not None:
             request.setdefault("model", self.model)
         started = time.perf_counter()
+        sent = time.monotonic()
         document = self._json("POST", "/completions", request)
+        received = time.monotonic()
         self.log.function_seconds += time.perf_counter() - started
-        completion = parse_completion(document, self.role, self.base_url, request)
+        choices = [dataclasses.replace(c, sent=sent, received=received)
+                   for c in parse_choices(document, self.role, self.base_url, request)]
         self.log.calls += 1
-        self.log.rows += max(0, len(completion.tokens))
-        return completion
+        self.log.rows += sum(len(c.tokens) for c in choices)
+        return choices
 
     def complete_many(self, bodies: Sequence[Mapping[str, Any]]) -> list[Completion]:
         """The completions of ``bodies`` in order, at most ``concurrency`` in flight at once."""
+        return [choices[0] for choices in self.complete_many_choices(bodies)]
+
+    def complete_many_choices(self, bodies: Sequence[Mapping[str, Any]]) -> list[list[Completion]]:
+        """:meth:`complete_choices` of each of ``bodies``, in order, at most ``concurrency`` in
+        flight at once (a burst of ``concurrency`` bodies is sent all at once)."""
         if len(bodies) <= 1 or self.concurrency == 1:
-            return [self.complete(body) for body in bodies]
+            return [self.complete_choices(body) for body in bodies]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(bodies))) as pool:
-            futures = [pool.submit(self.complete, body) for body in bodies]
+            futures = [pool.submit(self.complete_choices, body) for body in bodies]
             try:
                 return [future.result() for future in futures]
             finally:
@@ -217,21 +236,38 @@ def _summary(body: Mapping[str, Any]) -> dict[str, Any]:
 def parse_completion(document: Any, role: str, base_url: str, request: Mapping[str, Any]) -> Completion:
     """The first choice of a ``/completions`` response; :class:`Fault` ``malformed`` when a field the
     request asked for is missing or of the wrong type."""
+    return parse_choices(document, role, base_url, request)[0]
+
+
+def parse_choices(document: Any, role: str, base_url: str, request: Mapping[str, Any]) -> list[Completion]:
+    """Every choice of a ``/completions`` response in ``index`` order (all of them, or exactly
+    ``n`` when the request asks for ``n``); :class:`Fault` ``malformed`` as :func:`parse_completion`."""
     where = f"{role} server {base_url}: POST /completions"
     choices = document.get("choices") if isinstance(document, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
         raise Fault("malformed", f"{where}: the response has no choices[0] object: {_excerpt(json.dumps(document), 200)}")
-    choice = choices[0]
+    wanted = request.get("n")
+    if wanted is not None and len(choices) != int(wanted):
+        raise Fault("malformed", f"{where}: the request asked for n={wanted} choices, the response has {len(choices)}")
+    indices = [c.get("index", i) for i, c in enumerate(choices)]
+    if not all(isinstance(i, int) for i in indices) or sorted(indices) != list(range(len(choices))):
+        raise Fault("malformed", f"{where}: the choices' index fields are {indices}, expected 0…{len(choices) - 1}")
+    timings = document.get("timings") if isinstance(document.get("timings"), dict) else None
+    ordered = [choices[indices.index(i)] for i in range(len(choices))]
+    return [_parse_choice(choice, index, where, request, timings) for index, choice in enumerate(ordered)]
+
+
+def _parse_choice(choice: Mapping[str, Any], index: int, where: str, request: Mapping[str, Any],
+                  timings: Mapping[str, Any] | None) -> Completion:
     text = choice.get("text")
     if not isinstance(text, str):
-        raise Fault("malformed", f"{where}: choices[0].text is {type(text).__name__}, expected a string")
-    timings = document.get("timings") if isinstance(document.get("timings"), dict) else None
+        raise Fault("malformed", f"{where}: choices[{index}].text is {type(text).__name__}, expected a string")
     if request.get("logprobs") is None:
         return Completion(text, (), (), (), choice.get("finish_reason"), timings)
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         raise Fault("malformed", f"{where}: the request asked for logprobs={request.get('logprobs')} but "
-                                 f"choices[0].logprobs is {json.dumps(logprobs)}: this check needs a server that "
+                                 f"choices[{index}].logprobs is {json.dumps(logprobs)}: this check needs a server that "
                                  "returns logprobs (vLLM, SGLang, llama.cpp do)")
     tokens, token_logprobs, top = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
     if not (isinstance(tokens, list) and isinstance(token_logprobs, list) and len(tokens) == len(token_logprobs)):
