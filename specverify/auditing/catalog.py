@@ -368,83 +368,109 @@ def typical_acceptance(target_probs, draft_probs, draft_tokens, generator=None, 
 # ------------------------------------------------------------------------------------------------
 
 
-def _final_weights(p: torch.Tensor, q: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
-    """The correct final-draw weights per row: ``(p_n − q_n)_+`` after a rejection at ``n``, ``p_K``
-    when every draft passed: ``[B, V]``."""
-    return _row(_with_bonus(_residuals(p, q), p[:, -1]), num_accepted)
+def _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms, *, validate=True):
+    """Validated inputs of a production-shape entry and the correct accept decisions, touching
+    only the entries the rule needs (large V): the step's uniforms ``u [B, K+1]`` (drawn as
+    :func:`_step_inputs` draws them) and ``n`` the accepted drafts (``u_i q_i(x_i) < p_i(x_i)``
+    on the float64 values)."""
+    if validate:
+        validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    batch, positions = target_probs.shape[:2]
+    if uniforms is not None:
+        u = uniforms.to(torch.float64)
+    else:
+        u = torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=target_probs.device)
+    tokens = draft_tokens.unsqueeze(-1)
+    p_at = target_probs[:, :-1].gather(-1, tokens).squeeze(-1).to(torch.float64)
+    q_at = draft_probs.gather(-1, tokens).squeeze(-1).to(torch.float64)
+    return u, _leading_run(u[:, :-1] * q_at < p_at)
 
 
-def _accepted(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    return _leading_run(_ratio_test(p, q, draft_tokens, u))
+def _final_laws(target_probs, draft_probs, num_accepted, target_row=None, rows=None):
+    """float64 ``p [B, V]`` (target row ``target_row``, default ``num_accepted``) and ``q [B, V]``
+    (draft row ``num_accepted``, zero after every draft passed) of each row's final draw, read
+    from rows ``rows`` of the batch (default: the row itself)."""
+    batch, num_draft = draft_probs.shape[:2]
+    rows = torch.arange(batch, device=target_probs.device) if rows is None else rows
+    target_row = num_accepted if target_row is None else target_row
+    p = target_probs[rows, target_row].to(torch.float64)
+    q = draft_probs[rows, num_accepted.clamp(max=num_draft - 1)].to(torch.float64)
+    return p, torch.where((num_accepted < num_draft).unsqueeze(-1), q, 0.0)
+
+
+def _draw_final(draft_tokens, num_accepted, p, weights, u_final, cumulative_dtype=None):
+    """The emitted rows with the final token drawn from ``weights`` (``p`` where they have no
+    mass), by inverse CDF; ``cumulative_dtype`` keeps the cumulative sums in that precision."""
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, p)
+    cumulative = weights.cumsum(-1)
+    if cumulative_dtype is not None:
+        cumulative = cumulative.to(cumulative_dtype).to(torch.float64)
+    return _emit_final(draft_tokens, num_accepted, search_cdf(cumulative, u_final))
 
 
 def vocabulary_tile_drops_high_ids(target_probs, draft_probs, draft_tokens, generator=None, *,
                                    uniforms=None) -> torch.Tensor:
     """The final draw scans only the first tile of 65,536 ids: tokens past id 65,535 get no mass."""
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    weights = _final_weights(p, q, num_accepted).clone()
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
     weights[:, VOCABULARY_TILE:] = 0.0  # BUG: one tile of 2^16 ids (16-bit in-tile index)
-    return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
 
 
 def partial_last_tile_dropped(target_probs, draft_probs, draft_tokens, generator=None, *,
                               uniforms=None) -> torch.Tensor:
-    """The final draw runs over whole tiles of 128 ids: the last ``V mod 128`` ids get no mass."""
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    weights = _final_weights(p, q, num_accepted).clone()
+    """The final draw runs over whole tiles of 128 ids: for V > 128 the last ``V mod 128`` ids get no mass."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
     vocab = weights.shape[-1]
-    weights[:, vocab - vocab % LAST_TILE:] = 0.0  # BUG: V // 128 full tiles, the remainder unmasked-out
-    return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
+    if vocab > LAST_TILE:
+        weights[:, vocab - vocab % LAST_TILE:] = 0.0  # BUG: V // 128 full tiles; the partial one is skipped
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
 
 
 def half_precision_cdf_at_large_vocab(target_probs, draft_probs, draft_tokens, generator=None, *,
                                       uniforms=None) -> torch.Tensor:
     """Above V = 32,768 the final draw inverts a cumulative sum stored in float16."""
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    weights = _final_weights(p, q, num_accepted)
-    if weights.shape[-1] <= HALF_PRECISION_FROM_VOCAB:
-        return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
-    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, _row(p, num_accepted))
-    cumulative = weights.cumsum(-1).to(torch.float16).to(torch.float64)  # BUG: CDF kept in float16
-    return _emit_final(draft_tokens, num_accepted, search_cdf(cumulative, u[:, -1]))
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    large = p.shape[-1] > HALF_PRECISION_FROM_VOCAB
+    # BUG: the large-vocabulary path keeps its CDF in float16
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1], torch.float16 if large else None)
 
 
 def bonus_library_top_k(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
     """The bonus token is drawn from ``p_K`` cut to its 50 most likely tokens (a library default)."""
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    bonus = p[:, -1]
-    if bonus.shape[-1] > LIBRARY_TOP_K:  # BUG: top_k=50 on the bonus path only
-        kept = bonus.topk(LIBRARY_TOP_K, dim=-1).indices
-        bonus = torch.zeros_like(bonus).scatter(-1, kept, bonus.gather(-1, kept))
-    weights = _row(_with_bonus(_residuals(p, q), bonus), num_accepted)
-    return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
+    bonus = n == draft_tokens.shape[1]
+    if weights.shape[-1] > LIBRARY_TOP_K and bool(bonus.any()):  # BUG: top_k=50 on the bonus path only
+        order = torch.sort(weights[bonus], dim=-1, descending=True, stable=True).indices
+        cut = torch.zeros_like(weights[bonus]).scatter(-1, order[:, LIBRARY_TOP_K:], 1.0)
+        weights[bonus] = weights[bonus].masked_fill(cut.bool(), 0.0)
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
 
 
 def draft_length_specialised_kernel(target_probs, draft_probs, draft_tokens, generator=None, *,
                                     uniforms=None) -> torch.Tensor:
     """For K > 8 the final draw reads target row ``min(n, 8)``: corrections at ``n ≥ 8`` use
     ``(p_8 − q_n)_+`` and the bonus ``p_8``."""
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    read = num_accepted.clamp(max=SPECIALISED_DRAFTS)  # BUG: 8 target rows in the kernel's registers
-    q_padded = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)  # row K: no draft (the bonus)
-    weights = (_row(p, read) - _row(q_padded, num_accepted)).clamp(min=0)
-    return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    read = n.clamp(max=SPECIALISED_DRAFTS)  # BUG: 8 target rows in the kernel's registers
+    p, q = _final_laws(target_probs, draft_probs, n, target_row=read)
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
 
 
 def row_block_offset_dropped(target_probs, draft_probs, draft_tokens, generator=None, *,
                              uniforms=None) -> torch.Tensor:
     """Rows are processed in blocks of 256 whose offset is dropped in the final draw: row ``b``
     draws its correction or bonus from the laws of row ``b mod 256``."""
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    source = torch.arange(p.shape[0], device=p.device) % ROW_BLOCK  # BUG: block offset not added
-    weights = _row(_with_bonus(_residuals(p[source], q[source]), p[source, -1]), num_accepted)
-    return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    source = torch.arange(target_probs.shape[0], device=target_probs.device) % ROW_BLOCK  # BUG: no block offset
+    p, q = _final_laws(target_probs, draft_probs, n, rows=source)
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -459,28 +485,20 @@ def contiguous_stride_reads(target_probs, draft_probs, draft_tokens, generator=N
                             uniforms=None) -> torch.Tensor:
     """Reads the probability tensors as if contiguous (``row * V + token`` offsets), whatever their strides."""
     validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
-    misread = [torch.as_strided(t, t.shape, _contiguous_strides(t.shape), t.storage_offset())  # BUG: strides ignored
-               for t in (target_probs, draft_probs)]
-    p, q = (t.to(torch.float64) for t in misread)
-    if uniforms is not None:
-        u = uniforms.to(torch.float64)
-    else:
-        u = torch.rand(p.shape[0], p.shape[1], generator=generator, dtype=torch.float64, device=p.device)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    return _finish(p, draft_tokens, num_accepted, _final_weights(p, q, num_accepted).clamp(min=0), u[:, -1])
+    target_probs, draft_probs = (torch.as_strided(t, t.shape, _contiguous_strides(t.shape), t.storage_offset())
+                                 for t in (target_probs, draft_probs))  # BUG: the real strides are ignored
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms, validate=False)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
 
 
 def bfloat16_cdf_path(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
     """For bfloat16 inputs the final draw inverts a cumulative sum stored in bfloat16."""
-    is_bfloat16 = target_probs.dtype == torch.bfloat16
-    p, q, u = _step_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    num_accepted = _accepted(p, q, draft_tokens, u)
-    weights = _final_weights(p, q, num_accepted)
-    if not is_bfloat16:
-        return _finish(p, draft_tokens, num_accepted, weights, u[:, -1])
-    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, _row(p, num_accepted))
-    cumulative = weights.cumsum(-1).to(torch.bfloat16).to(torch.float64)  # BUG: the bf16 kernel's CDF in bf16
-    return _emit_final(draft_tokens, num_accepted, search_cdf(cumulative, u[:, -1]))
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    in_bfloat16 = target_probs.dtype == torch.bfloat16
+    # BUG: the bf16 instantiation accumulates its CDF in the input dtype
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1], torch.bfloat16 if in_bfloat16 else None)
 
 
 for _production_bug in (vocabulary_tile_drops_high_ids, partial_last_tile_dropped, half_precision_cdf_at_large_vocab,

@@ -201,6 +201,6 @@ def step_family(name: str, family: str, vocab_size: int, num_draft: int) -> tupl
     return p, q
 
 
-__all__ = ["BOUNDARY_MASS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids", "dyadic_law", "exact_in_dtypes",
+__all__ = ["BOUNDARY_MASS", "SIGNIFICANT_BITS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids", "dyadic_law", "exact_in_dtypes",
            "near_law", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
            "zipf_weights"]

@@ -127,36 +127,29 @@ def cdf_intervals(law: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens[keep], lefts[keep], rights[keep]
 
 
-def integrate_final_draw(case: FinalDrawCase, evaluate: Evaluator, *, tolerance: float,
-                         max_evaluations: int = 200_000) -> FinalDrawLaw:
-    """The exact TV of ``case`` (module docstring), refined until ``tv_low > tolerance`` (lossy),
-    ``tv_high ≤ tolerance`` (within tolerance, with ``tv_high − tv_low ≤ tolerance / 2``), or
+def integrate_final_draw(case: FinalDrawCase, evaluate: Evaluator, *, tolerance: float | None = None,
+                         precision: float = 1e-12, max_evaluations: int = 200_000) -> FinalDrawLaw:
+    """The exact TV of ``case`` (module docstring), refined until ``tv_high − tv_low ≤ precision``,
+    or, given a ``tolerance``, as soon as the verdict against it is decided (``tv_low >
+    tolerance``, or ``tv_high ≤ tolerance`` with ``tv_high − tv_low ≤ tolerance / 2``), or after
     ``max_evaluations`` rows; every branch's brackets are bisected together.
 
     Raises ValueError when the function's final token is not non-decreasing in ``u_K`` on a branch
     whose accepted drafts are right (it is not an inverse-CDF draw in token order)."""
-    tokens, lefts, rights = cdf_intervals(case.law)
-    vocab, num_draft = case.vocab_size, case.num_draft
+    _, lefts, rights = cdf_intervals(case.law)
     # Points: both ends of every interval (the right end is the last float below it).
     points = np.concatenate([lefts, np.nextafter(rights, 0.0)])
-    expected_at = np.concatenate([tokens, tokens])
+    points = np.sort(points, kind="stable")
     branches = case.branches
-    segments = []  # per branch: sorted evaluated points and their codes
-    evaluations = 0
-    for b, branch in enumerate(branches):
-        order = np.argsort(points, kind="stable")
-        segments.append([points[order], None])
-    # One batch for every branch's points.
-    branch_of = np.repeat(np.arange(len(branches)), len(points))
-    u_final = np.tile(np.sort(points, kind="stable"), len(branches))
-    codes = _codes(case, evaluate, branch_of, u_final)
-    evaluations += len(u_final)
-    for b in range(len(branches)):
-        segments[b][1] = codes[b * len(points):(b + 1) * len(points)]
+    # One batch for every branch's points; per branch the sorted points and their outputs.
+    codes = _codes(case, evaluate, np.repeat(np.arange(len(branches)), len(points)), np.tile(points, len(branches)))
+    segments = [[points, codes[b * len(points):(b + 1) * len(points)]] for b in range(len(branches))]
+    evaluations = len(codes)
     rounds = 0
     while True:
         low, high, other, worst, brackets = _bounds(case, segments)
-        decided = low > tolerance or (high <= tolerance and high - low <= tolerance / 2)
+        decided = high - low <= precision or (tolerance is not None and (
+            low > tolerance or (high <= tolerance and high - low <= tolerance / 2)))
         if decided or not brackets or rounds >= MAX_ROUNDS or evaluations + len(brackets) > max_evaluations:
             break
         branch_of = np.array([b for b, _ in brackets], dtype=np.int64)
