@@ -22,6 +22,8 @@ V = 131,072) and every token has positive mass unless a family cuts it.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -89,6 +91,11 @@ def dyadic_law(weights: np.ndarray, *, name: str = "weights") -> np.ndarray:
         if change and representable(candidate) and _granularity(candidate)[0] == step:
             m[t] += change
             residue -= change
+    if residue < 0 and np.count_nonzero((m >= 2) & (m < 255)) < -residue:
+        top = int(np.argmax(m))  # take one step off the largest entry; the excess goes back below
+        step = int(_granularity(m[top : top + 1])[0])
+        m[top] -= step
+        residue += step
     if residue:
         small = np.flatnonzero((m >= 2) & (m < 255)) if residue < 0 else np.flatnonzero((m >= 1) & (m < 255))
         if len(small) < abs(residue):
@@ -166,41 +173,54 @@ def top_p_cut(law: np.ndarray, top_p: float) -> np.ndarray:
     return dyadic_law(cut)
 
 
-def step_family(name: str, family: str, vocab_size: int, num_draft: int) -> tuple[np.ndarray, np.ndarray]:
-    """``p [K+1, V]`` and ``q [K, V]`` of one production chain, exact in every dtype.
+def permuted(rng: np.random.Generator, law: np.ndarray) -> np.ndarray:
+    """``law`` with its masses moved to other ids, boundary ids among boundary ids and the others
+    among the others: a different law with the same multiset of masses (so the identity test's
+    sample size, which depends on the masses only, is the same) and the same mass on the boundary."""
+    edges = boundary_ids(len(law))
+    inner = np.setdiff1d(np.arange(len(law)), edges)
+    moved = law.copy()
+    moved[edges] = law[rng.permutation(edges)]
+    moved[inner] = law[rng.permutation(inner)]
+    return moved
 
-    bonus: ``q_i`` within 5 % of ``p_i`` (acceptance ≥ 0.95 per position: the deep positions and
-    the bonus are reached);
-    correction: ``q_i = ½ p_i + ½ other`` (partly overlapping: acceptance ≈ 0.6, corrections at
+
+@functools.lru_cache(maxsize=None)
+def step_family(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``p [R, K+1, V]`` and ``q [R, K, V]`` of ``num_chains`` production chains, exact in every dtype.
+
+    Every target law of the family is :func:`permuted` from one base law (the positions and
+    chains differ in where the mass sits, not in its multiset), so one sample-size computation
+    covers every (chain, position) test.
+
+    bonus: ``q_i`` within 5 % of ``p_i`` (acceptance ≥ 0.95 per position: the bonus is reached);
+    deep: ``q_i`` within 8 % of ``p_i`` (acceptance ≥ 0.92: a quarter of the rows reach K = 16);
+    correction: ``q_i = ½ p_i + ½ other`` (partly overlapping: acceptance ≈ 0.65, corrections at
     every position);
-    deep: ``q_i`` within 8 % of ``p_i`` (acceptance ≥ 0.92: ≥ 0.26 of the rows reach K = 16);
-    zeros: ``p_i`` cut to its top-p 0.9 nucleus (most ids exactly 0); ``q_i`` half another law cut
-    to its top-p 0.95 (drafts the target forbids), half ``p_i`` without a random third of its
+    zeros: the base law cut to its top-p 0.9 nucleus (most ids exactly 0); ``q_i`` half another law
+    cut to its top-p 0.95 (drafts the target forbids), half ``p_i`` without a random third of its
     support (zeros on tokens the target allows).
     """
-    rng = np.random.default_rng(derive_seed("production-laws", name, family, vocab_size, num_draft))
-    p = np.stack([production_law(rng, vocab_size) for _ in range(num_draft + 1)])
-    if family == "bonus":
-        q = np.stack([near_law(rng, p[i], 0.95) for i in range(num_draft)])
-    elif family == "deep":
-        q = np.stack([near_law(rng, p[i], 0.92) for i in range(num_draft)])
-    elif family == "correction":
-        q = np.stack([near_law(rng, p[i], 0.5) for i in range(num_draft)])
-    elif family == "zeros":
-        full = p.copy()
-        p = np.stack([top_p_cut(row, 0.9) for row in full])
-        q = []
+    rng = np.random.default_rng(derive_seed("production-laws", name, family, vocab_size, num_draft, num_chains))
+    base = production_law(rng, vocab_size)
+    if family == "zeros":
+        base = top_p_cut(base, 0.9)
+    p = np.stack([np.stack([permuted(rng, base) for _ in range(num_draft + 1)]) for _ in range(num_chains)])
+    q = np.empty((num_chains, num_draft, vocab_size))
+    for r in range(num_chains):
         for i in range(num_draft):
-            support = np.flatnonzero(p[i])
-            kept = p[i].copy()
-            kept[rng.choice(support, size=len(support) // 3, replace=False)] = 0.0
-            q.append(dyadic_law(0.5 * top_p_cut(production_law(rng, vocab_size), 0.95) + 0.5 * kept / kept.sum()))
-        q = np.stack(q)
-    else:
-        raise ValueError(f"family: unknown production family {family!r} (bonus, deep, correction, zeros)")
+            if family in ("bonus", "deep", "correction"):
+                q[r, i] = near_law(rng, p[r, i], {"bonus": 0.95, "deep": 0.92, "correction": 0.5}[family])
+            elif family == "zeros":
+                support = np.flatnonzero(p[r, i])
+                kept = p[r, i].copy()
+                kept[rng.choice(support, size=len(support) // 3, replace=False)] = 0.0
+                q[r, i] = dyadic_law(0.5 * top_p_cut(production_law(rng, vocab_size), 0.95) + 0.5 * kept / kept.sum())
+            else:
+                raise ValueError(f"family: unknown production family {family!r} (bonus, deep, correction, zeros)")
     return p, q
 
 
 __all__ = ["BOUNDARY_MASS", "SIGNIFICANT_BITS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids", "dyadic_law", "exact_in_dtypes",
-           "near_law", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
+           "near_law", "permuted", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
            "zipf_weights"]

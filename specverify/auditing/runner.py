@@ -253,7 +253,8 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
 
     Named budgets: n = the smallest sample size at which the check detects TV ε with power POWER
     at the level its final test runs at (``check.required_samples``): the whole share for checks
-    tested once, the final look's level for sequential ones (:func:`plan_looks`).  Fixed budgets:
+    tested once, the final look's level for sequential ones (:func:`plan_looks`); ε is the budget's,
+    or the check's own TV for that budget (:func:`target_tv`).  Fixed budgets:
     n = N and the check reports the TV it can then detect.  Seeds: ``derive_seed(level, name,
     parameters, base=seed)``.
     """
@@ -268,7 +269,7 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
             continue
         final_alpha = final_look_alpha(share) if getattr(check, "sequential", False) else share
         if budget.epsilon is not None:
-            n = check.required_samples(budget.epsilon, alpha=final_alpha, power=POWER)
+            n = check.required_samples(target_tv(check, budget), alpha=final_alpha, power=POWER)
         else:
             n = int(budget.samples)
         looks, look_alphas = plan_looks(check, n, share)
@@ -277,6 +278,13 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
                           fixed_budget=budget.epsilon is None))
     return plans, share
+
+
+def target_tv(check: Any, budget: SampleBudget) -> float | None:
+    """The TV ``check`` is sized for under a named ``budget``: the budget's ε, or the check's own
+    ``target_tvs[budget.name]`` where it has one (checks whose samples are costly, such as the
+    production-vocabulary checks, state a larger TV per budget; their plan reports the TV they detect)."""
+    return getattr(check, "target_tvs", {}).get(budget.name, budget.epsilon)
 
 
 def plan_looks(check: Any, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:

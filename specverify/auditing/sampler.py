@@ -559,8 +559,11 @@ class SamplerBattery:
                  ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
                  ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
         from specverify.auditing.sampler_coverage import contract_checks, coverage_checks, late_checks
+        from specverify.auditing.sampler_production import exact_production_check, production_checks
 
-        checks += steps + coverage_checks() + loops + [acceptance] + late_checks()
+        if accepts_uniforms(session.raw):
+            checks.append(exact_production_check())
+        checks += steps + coverage_checks() + production_checks(session.function) + loops + [acceptance] + late_checks()
         checks.append(InputsUnchangedCheck("inputs-unchanged",
                                            "No call may modify the tensors it is given (engines reuse them)."))
         return checks + contract_checks()

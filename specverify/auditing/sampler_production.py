@@ -256,8 +256,7 @@ def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tole
 @functools.lru_cache(maxsize=None)
 def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
     """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.production_laws.step_family`)."""
-    chains = [laws.step_family(f"{name}/{r}", family, vocab_size, num_draft) for r in range(num_chains)]
-    return PositionalBank(np.stack([p for p, _ in chains]), np.stack([q for _, q in chains]))
+    return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))
 
 
 def production_proposal(bank: PositionalBank, chain: torch.Tensor, num_draft: int, generator: torch.Generator,
@@ -331,18 +330,26 @@ class ProductionStepCheck(SequentialCheck):
             "test": "token-level identity per chain and position (Bonferroni)",
         }
 
-    def _laws(self) -> list[np.ndarray]:
-        return [self.bank.target[r, j] for r in range(self.bank.num_chains) for j in range(self.num_draft + 1)]
+    def _mass_profiles(self) -> list[np.ndarray]:
+        """The distinct sorted mass vectors of the tested laws: the identity test's sample size
+        depends on a law's masses only, not on which ids carry them."""
+        profiles: dict[bytes, np.ndarray] = {}
+        for law in self.bank.target.reshape(-1, self.bank.vocab_size):
+            masses = np.sort(law)
+            profiles.setdefault(masses.tobytes(), masses)
+        return list(profiles.values())
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
         level = alpha / self.num_tests
-        per_chain = max(identity.identity_sample_size(law, epsilon, alpha=level, power=power) for law in self._laws())
+        per_chain = max(identity.identity_sample_size(masses, epsilon, alpha=level, power=power)
+                        for masses in self._mass_profiles())
         return per_chain * self.bank.num_chains
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         level = alpha / self.num_tests
         per_chain = max(1, n // self.bank.num_chains)
-        return max(identity.identity_detectable_tv(law, per_chain, alpha=level, power=power) for law in self._laws())
+        return max(identity.identity_detectable_tv(masses, per_chain, alpha=level, power=power)
+                   for masses in self._mass_profiles())
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
@@ -393,6 +400,53 @@ class ProductionStepCheck(SequentialCheck):
                            **look_fields(plan, level, look))
 
 
-__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "ProductionStepCheck", "balanced_chains", "bonus_case",
-           "correction_case", "exact_shapes", "final_draw_evaluator", "input_dtype", "production_bank",
-           "production_proposal", "rows_per_call", "sparse_law"]
+# --------------------------------------------------------------------------------------------
+# The production checks of the sampler battery
+# --------------------------------------------------------------------------------------------
+
+# (name, family, V, K, chains, dtype, strided, rows per call, TV per named budget, description)
+PRODUCTION_SHAPES: tuple[tuple[Any, ...], ...] = (
+    ("production-qwen-K1", "correction", laws.VOCABULARIES["qwen2.5"], 1, 1, "bfloat16", True, None,
+     {"quick": 0.9, "standard": 0.7, "thorough": 0.4},
+     "Qwen2.5's 151,936-token vocabulary (above 65,536), bf16 strided views, K=1 with partly overlapping laws "
+     "(acceptance 0.65): the correction at position 0 and the bonus at position 1, token by token."),
+    ("production-gpt2-K4-zeros", "zeros", laws.VOCABULARIES["gpt2"], 4, 1, "float16", False, None,
+     {"quick": 0.9, "standard": 0.7, "thorough": 0.4},
+     "GPT-2's 50,257-token vocabulary (not a multiple of 128), fp16, K=4, top-p-cut targets against drafts "
+     "that propose forbidden tokens and miss allowed ones: every position 0-4, token by token."),
+    ("production-K16", "deep", 4_099, 16, 1, "bfloat16", True, None,
+     {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
+     "K=16 (n-gram / suffix drafting) at V=4,099, bf16 strided views, acceptance 0.92 so that the deep "
+     "positions and the bonus are reached: every position 0-16."),
+    ("production-K12", "deep", 4_099, 12, 2, "float16", True, None,
+     {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
+     "K=12 at V=4,099, fp16 strided views, two chains per batch, acceptance 0.92: every position 0-12."),
+    ("production-batch-1024", "deep", 960, 8, 7, "float32", True, 1024,
+     {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
+     "Batches of 1,024 rows (rows 256+ of a call are where row-block kernels go wrong) from 7 chains in a "
+     "random order, K=8, V=960, fp32 strided views: every position 0-8 of every chain."),
+)
+
+
+def production_checks(function: Any) -> list[Check]:
+    """The production-shape step checks, each in the dtype it names or, when the function declares
+    ``input_dtypes`` without it, the first dtype it declares."""
+    checks: list[Check] = []
+    for name, family, vocab, k, chains, dtype, strided, rows, tvs, description in PRODUCTION_SHAPES:
+        checks.append(ProductionStepCheck(name, description, production_bank(name, family, vocab, k, chains), family,
+                                          input_dtype(function, dtype), strided, rows, dict(tvs)))
+    return checks
+
+
+def exact_production_check() -> ExactFinalDrawCheck:
+    return ExactFinalDrawCheck(
+        "exact-large-vocabulary",
+        "The function takes uniforms=, so the law of its correction and bonus draws at production shapes "
+        "(Llama-3's 128,256 and GPT-2's 50,257 vocabularies, K=12 at V=4,099; fp32, bf16, fp16; strided views) "
+        "is integrated exactly over the final uniform, interval by interval of the inverse CDF.",
+        exact_shapes())
+
+
+__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck", "balanced_chains", "bonus_case",
+           "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype", "production_bank",
+           "production_checks", "production_proposal", "rows_per_call", "sparse_law"]
