@@ -405,7 +405,8 @@ def audit(
         timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
                        rows_per_s=log.rows / total_s if total_s > 0 else None)
     verdict, exit_code, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
-                                                       allow_underpowered=allow_underpowered, omitted=omitted)
+                                                       allow_underpowered=allow_underpowered, omitted=omitted,
+                                                       epsilon=sample_budget.epsilon)
     if interrupted:
         done = sum(r.verdict != "skipped" for r in results)
         stopped = (f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results "
@@ -546,7 +547,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
 
 def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, *, level: str = "sampler",
              shortfall: PowerShortfall | None = None, allow_underpowered: bool = False,
-             omitted: Sequence[Omission] = ()) -> tuple[str, int, str, float | None]:
+             omitted: Sequence[Omission] = (), epsilon: float | None = None) -> tuple[str, int, str, float | None]:
     statistical = [r for r in results if r.alpha is not None]
     detectable = max((r.detectable_tv for r in statistical if r.detectable_tv is not None), default=None)
     failed = [r for r in results if r.verdict is Verdict.FAIL]
@@ -577,8 +578,17 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
     if shortfall is not None and not allow_underpowered:
         return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
                                             f"{shortfall.fix()}{skipped}"), detectable
+    own = [r for r in statistical if epsilon is not None and r.detectable_tv is not None
+           and r.detectable_tv > epsilon * (1 + 1e-9)]
+    if own:  # checks sized for their own TV under this budget (production shapes: costly rows)
+        at_budget = max((r.detectable_tv for r in statistical if r not in own and r.detectable_tv is not None),
+                        default=epsilon)
+        against = (f"against TV ≥ {at_budget:.3g} in the cells of {len(statistical) - len(own)} checks and against "
+                   f"their own TV in {len(own)} ({', '.join(f'{r.name} {r.detectable_tv:.2g}' for r in own)})")
+    else:
+        against = f"against TV ≥ {detectable:.3g} in any check's cells"
     summary = (f"no loss detected at α = {alpha:g} (family-wise; Bonferroni over {len(statistical)} checks, "
-               f"{share:.3g} each) with power {POWER:g} against TV ≥ {detectable:.3g} in any check's cells")
+               f"{share:.3g} each) with power {POWER:g} {against}")
     if shortfall is not None:
         summary += (f" — underpowered, allowed by allow_underpowered: {shortfall.check} detects "
                     f"{shortfall.detectable_text()}, above the ceiling TV {shortfall.ceiling:g}")

@@ -11,8 +11,10 @@ The sampler battery (:class:`SamplerBattery`, in run order):
   tested jointly (cells: chain × tokens), context-free and context-dependent targets;
 - edge cases (goodness of fit): ``bonus-position`` (q = p, every draft accepted),
   ``correction-position`` (rejection at position 2), ``disjoint-supports``, ``zeros-both-sides``,
-  ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8), ``large-vocabulary`` (V = 32768,
-  cells = the target's top tokens + "rest", fixed before sampling);
+  ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8);
+- ``exact-large-vocabulary`` (functions taking ``uniforms=``) and ``production-*``: production shapes
+  (V up to 151,936, K up to 16, batches of 1,024, bf16/fp16, strided views;
+  :mod:`specverify.auditing.sampler_production`);
 - ``decoding-loop-order1/2`` (goodness of fit): whole decoding loops, continuous batching and K
   changing per call, the first L = 3 / 4 tokens of every sequence jointly;
 - ``acceptance-rate`` (exact one-sided binomial): P(output = draft) ≤ Σ min(p, q);
@@ -609,10 +611,6 @@ _STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
                      "position 2 being the bonus.", "near-uniform", 6, 2, 3, (1, 2)),
     ("tiny-masses", "Probabilities of 1e-8 on both sides (huge and tiny acceptance ratios): positions 0-1 jointly.",
      "tiny", 6, 3, 3, (0, 2)),
-    ("large-vocabulary", "A 32768-token vocabulary with Zipf-like laws: the first token, in cells fixed before "
-                         "sampling (the target's 7 most likely tokens and one cell for the rest).",
-     "zipf", 32768, 1, 1, (0, 1), 7),
-)
 
 
 __all__ = [
