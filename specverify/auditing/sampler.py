@@ -611,6 +611,7 @@ _STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
                      "position 2 being the bonus.", "near-uniform", 6, 2, 3, (1, 2)),
     ("tiny-masses", "Probabilities of 1e-8 on both sides (huge and tiny acceptance ratios): positions 0-1 jointly.",
      "tiny", 6, 3, 3, (0, 2)),
+)
 
 
 __all__ = [
