@@ -31,12 +31,19 @@ from dataclasses import dataclass
 import torch
 
 from specverify.core.rules import validate_verify_inputs
-from specverify.core.sampling import inverse_cdf
+from specverify.core.sampling import inverse_cdf, search_cdf
 
-__all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE"]
+__all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE", "VOCABULARY_TILE", "LAST_TILE",
+           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "ROW_BLOCK"]
 
 COARSE_UNIFORM_STEP = 2.0**-8  # resolution of the uniforms in `zero_uniform_accepts` (bfloat16-like)
 DRAFT_TEMPERATURE = 0.7  # the temperature `draft_temperature_in_acceptance` re-applies to q
+VOCABULARY_TILE = 1 << 16  # `vocabulary_tile_drops_high_ids` scans one tile of 65,536 ids
+LAST_TILE = 128  # `partial_last_tile_dropped` tiles V by 128 and drops the remainder
+HALF_PRECISION_FROM_VOCAB = 32_768  # `half_precision_cdf_at_large_vocab` switches above this V
+LIBRARY_TOP_K = 50  # the top-k `bonus_library_top_k` applies to the bonus draw
+SPECIALISED_DRAFTS = 8  # `draft_length_specialised_kernel` is right for K <= 8
+ROW_BLOCK = 256  # `row_block_offset_dropped` launches blocks of 256 rows
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,10 @@ class BuggyRule:
     Extensions of the ARCHITECTURE.md contract (all defaulted):
     integrable: ``fn`` follows the uniform convention, so its law can be integrated exactly;
     min_batch_size: the smallest batch on which the bug can show (2 for cross-row bugs, whose
-    law on one row depends on the other rows of the call).
+    law on one row depends on the other rows of the call);
+    min_vocab_size, min_num_draft, input_dtypes, strided_only: the production-shape bugs show only
+    from this vocabulary size or number of drafts, for these input dtypes (None: all), or on inputs
+    passed as strided views (:meth:`shows_at`).
     """
 
     name: str
@@ -62,6 +72,17 @@ class BuggyRule:
     fn: Callable[..., torch.Tensor]
     integrable: bool = True
     min_batch_size: int = 1
+    min_vocab_size: int = 1
+    min_num_draft: int = 1
+    input_dtypes: tuple[str, ...] | None = None
+    strided_only: bool = False
+
+    def shows_at(self, *, vocab_size: int, num_draft: int, batch_size: int = 1, dtype: str = "float32",
+                 strided: bool = False) -> bool:
+        """Whether the bug can show on a call of this shape (the production-shape fields)."""
+        return (vocab_size >= self.min_vocab_size and num_draft >= self.min_num_draft
+                and batch_size >= self.min_batch_size and (self.input_dtypes is None or dtype in self.input_dtypes)
+                and (strided or not self.strided_only))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,7 +150,11 @@ def _finish(
     """
     fallback = _row(p, num_accepted)
     weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, fallback)
-    final_token = inverse_cdf(weights, u_final)
+    return _emit_final(draft_tokens, num_accepted, inverse_cdf(weights, u_final))
+
+
+def _emit_final(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final_token: torch.Tensor) -> torch.Tensor:
+    """``emitted [B, K+1]``: the first ``num_accepted`` drafts, ``final_token``, then -1."""
     batch, num_draft = draft_tokens.shape
     columns = torch.arange(num_draft + 1, device=draft_tokens.device)
     drafts = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
@@ -334,6 +359,152 @@ def typical_acceptance(target_probs, draft_probs, draft_tokens, generator=None, 
     from specverify.core.rules import typical_acceptance_as_verify
 
     return typical_acceptance_as_verify(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+
+
+# ------------------------------------------------------------------------------------------------
+# Production-shape bugs: right at toy shapes, wrong at the vocabularies, draft lengths, batch
+# sizes, dtypes and layouts engines serve (issue 19).  Each corrupts one piece and keeps the rest
+# of modified rejection sampling exact (float64), so each declares ``arithmetic = "float64"``.
+# ------------------------------------------------------------------------------------------------
+
+
+def _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms, *, validate=True):
+    """Validated inputs of a production-shape entry and the correct accept decisions, touching
+    only the entries the rule needs (large V): the step's uniforms ``u [B, K+1]`` (drawn as
+    :func:`_step_inputs` draws them) and ``n`` the accepted drafts (``u_i q_i(x_i) < p_i(x_i)``
+    on the float64 values)."""
+    if validate:
+        validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    batch, positions = target_probs.shape[:2]
+    if uniforms is not None:
+        u = uniforms.to(torch.float64)
+    else:
+        u = torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=target_probs.device)
+    tokens = draft_tokens.unsqueeze(-1)
+    p_at = target_probs[:, :-1].gather(-1, tokens).squeeze(-1).to(torch.float64)
+    q_at = draft_probs.gather(-1, tokens).squeeze(-1).to(torch.float64)
+    return u, _leading_run(u[:, :-1] * q_at < p_at)
+
+
+def _final_laws(target_probs, draft_probs, num_accepted, target_row=None, rows=None):
+    """float64 ``p [B, V]`` (target row ``target_row``, default ``num_accepted``) and ``q [B, V]``
+    (draft row ``num_accepted``, zero after every draft passed) of each row's final draw, read
+    from rows ``rows`` of the batch (default: the row itself)."""
+    batch, num_draft = draft_probs.shape[:2]
+    rows = torch.arange(batch, device=target_probs.device) if rows is None else rows
+    target_row = num_accepted if target_row is None else target_row
+    p = target_probs[rows, target_row].to(torch.float64)
+    q = draft_probs[rows, num_accepted.clamp(max=num_draft - 1)].to(torch.float64)
+    return p, torch.where((num_accepted < num_draft).unsqueeze(-1), q, 0.0)
+
+
+def _draw_final(draft_tokens, num_accepted, p, weights, u_final, cumulative_dtype=None):
+    """The emitted rows with the final token drawn from ``weights`` (``p`` where they have no
+    mass), by inverse CDF; ``cumulative_dtype`` keeps the cumulative sums in that precision."""
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, p)
+    cumulative = weights.cumsum(-1)
+    if cumulative_dtype is not None:
+        cumulative = cumulative.to(cumulative_dtype).to(torch.float64)
+    return _emit_final(draft_tokens, num_accepted, search_cdf(cumulative, u_final))
+
+
+def vocabulary_tile_drops_high_ids(target_probs, draft_probs, draft_tokens, generator=None, *,
+                                   uniforms=None) -> torch.Tensor:
+    """The final draw scans only the first tile of 65,536 ids: tokens past id 65,535 get no mass."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
+    weights[:, VOCABULARY_TILE:] = 0.0  # BUG: one tile of 2^16 ids (16-bit in-tile index)
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
+
+
+def partial_last_tile_dropped(target_probs, draft_probs, draft_tokens, generator=None, *,
+                              uniforms=None) -> torch.Tensor:
+    """The final draw runs over whole tiles of 128 ids: for V > 128 the last ``V mod 128`` ids get no mass."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
+    vocab = weights.shape[-1]
+    if vocab > LAST_TILE:
+        weights[:, vocab - vocab % LAST_TILE:] = 0.0  # BUG: V // 128 full tiles; the partial one is skipped
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
+
+
+def half_precision_cdf_at_large_vocab(target_probs, draft_probs, draft_tokens, generator=None, *,
+                                      uniforms=None) -> torch.Tensor:
+    """Above V = 32,768 the final draw inverts a cumulative sum stored in float16."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    large = p.shape[-1] > HALF_PRECISION_FROM_VOCAB
+    # BUG: the large-vocabulary path keeps its CDF in float16
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1], torch.float16 if large else None)
+
+
+def bonus_library_top_k(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """The bonus token is drawn from ``p_K`` cut to its 50 most likely tokens (a library default)."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
+    bonus = n == draft_tokens.shape[1]
+    if weights.shape[-1] > LIBRARY_TOP_K and bool(bonus.any()):  # BUG: top_k=50 on the bonus path only
+        order = torch.sort(weights[bonus], dim=-1, descending=True, stable=True).indices
+        cut = torch.zeros_like(weights[bonus]).scatter(-1, order[:, LIBRARY_TOP_K:], 1.0)
+        weights[bonus] = weights[bonus].masked_fill(cut.bool(), 0.0)
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
+
+
+def draft_length_specialised_kernel(target_probs, draft_probs, draft_tokens, generator=None, *,
+                                    uniforms=None) -> torch.Tensor:
+    """For K > 8 the final draw reads target row ``min(n, 8)``: corrections at ``n ≥ 8`` use
+    ``(p_8 − q_n)_+`` and the bonus ``p_8``."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    read = n.clamp(max=SPECIALISED_DRAFTS)  # BUG: 8 target rows in the kernel's registers
+    p, q = _final_laws(target_probs, draft_probs, n, target_row=read)
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
+
+
+def row_block_offset_dropped(target_probs, draft_probs, draft_tokens, generator=None, *,
+                             uniforms=None) -> torch.Tensor:
+    """Rows are processed in blocks of 256 whose offset is dropped in the final draw: row ``b``
+    draws its correction or bonus from the laws of row ``b mod 256``."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    source = torch.arange(target_probs.shape[0], device=target_probs.device) % ROW_BLOCK  # BUG: no block offset
+    p, q = _final_laws(target_probs, draft_probs, n, rows=source)
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= size
+    return tuple(reversed(strides))
+
+
+def contiguous_stride_reads(target_probs, draft_probs, draft_tokens, generator=None, *,
+                            uniforms=None) -> torch.Tensor:
+    """Reads the probability tensors as if contiguous (``row * V + token`` offsets), whatever their strides."""
+    validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms)
+    target_probs, draft_probs = (torch.as_strided(t, t.shape, _contiguous_strides(t.shape), t.storage_offset())
+                                 for t in (target_probs, draft_probs))  # BUG: the real strides are ignored
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms, validate=False)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
+
+
+def bfloat16_cdf_path(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None) -> torch.Tensor:
+    """For bfloat16 inputs the final draw inverts a cumulative sum stored in bfloat16."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    in_bfloat16 = target_probs.dtype == torch.bfloat16
+    # BUG: the bf16 instantiation accumulates its CDF in the input dtype
+    return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1], torch.bfloat16 if in_bfloat16 else None)
+
+
+for _production_bug in (vocabulary_tile_drops_high_ids, partial_last_tile_dropped, half_precision_cdf_at_large_vocab,
+                        bonus_library_top_k, draft_length_specialised_kernel, row_block_offset_dropped,
+                        contiguous_stride_reads, bfloat16_cdf_path):
+    _production_bug.arithmetic = "float64"  # exact apart from the one corrupted piece
 
 
 # ------------------------------------------------------------------------------------------------
@@ -558,6 +729,116 @@ _ENTRIES = [
         modelled_on="Medusa typical acceptance as shipped by engines (e.g. vllm-project/vllm PR 5131)",
         bug_class="lossy-by-design",
         fn=typical_acceptance,
+    ),
+    BuggyRule(
+        name="vocabulary_tile_drops_high_ids",
+        description=(
+            "The correction/bonus draw scans only the first tile of 2^16 = 65,536 ids: tokens past id 65,535 "
+            "get weight 0, so after a rejection the correction follows (p_n - q_n)+ restricted to ids < 65,536 "
+            "and the bonus p_K restricted likewise (renormalised).  Exact for V <= 65,536; at Llama-3's "
+            "V = 128,256 the draw loses the whole mass above id 65,535."
+        ),
+        modelled_on=(
+            "sampling kernels that tile the vocabulary and keep the in-tile index in 16 bits, or launch a "
+            "single tile of 65,536 entries (the grid-size / uint16 pitfalls of top-k/top-p kernels)"
+        ),
+        bug_class="vocabulary",
+        fn=vocabulary_tile_drops_high_ids,
+        min_vocab_size=VOCABULARY_TILE + 1,
+    ),
+    BuggyRule(
+        name="partial_last_tile_dropped",
+        description=(
+            "The correction/bonus draw runs over whole tiles of 128 ids and drops the remainder: the last "
+            "V mod 128 ids get weight 0 (81 ids at GPT-2's V = 50,257).  Exact whenever V is a multiple of 128."
+        ),
+        modelled_on="a tiled kernel whose last, partial block is skipped instead of masked (BLOCK_SIZE = 128)",
+        bug_class="vocabulary",
+        fn=partial_last_tile_dropped,
+        min_vocab_size=LAST_TILE + 1,
+    ),
+    BuggyRule(
+        name="half_precision_cdf_at_large_vocab",
+        description=(
+            "Above V = 32,768 the correction/bonus draw inverts cumsum(weights) stored in float16: every "
+            "cumulative sum is rounded to 11 significant bits, so a token's interval [C(t-1), C(t)) has the "
+            "length of the rounded sums' difference (0 for most tokens of mass below ulp(C)/2, a multiple of "
+            "ulp(C) for the others) instead of its mass."
+        ),
+        modelled_on=(
+            "large-vocabulary paths that keep the CDF in half precision to save shared memory or bandwidth "
+            "(float16 prefix sums over 32k+ entries)"
+        ),
+        bug_class="precision",
+        fn=half_precision_cdf_at_large_vocab,
+        min_vocab_size=HALF_PRECISION_FROM_VOCAB + 1,
+    ),
+    BuggyRule(
+        name="bonus_library_top_k",
+        description=(
+            "The bonus token is drawn from p_K cut to its 50 most likely tokens and renormalised (a library "
+            "default top_k = 50 applied on the bonus path only); corrections and acceptance are correct.  "
+            "TV of the bonus = the mass of p_K outside its top 50, for any V > 50."
+        ),
+        modelled_on=(
+            "the bonus token sampled through a generation utility whose defaults include top_k=50 "
+            "(Hugging Face transformers' GenerationConfig default) while the verification path uses none"
+        ),
+        bug_class="processing",
+        fn=bonus_library_top_k,
+        min_vocab_size=LIBRARY_TOP_K + 1,
+    ),
+    BuggyRule(
+        name="draft_length_specialised_kernel",
+        description=(
+            "Right for K <= 8; for K > 8 the final draw reads target row min(n, 8): a correction after a "
+            "rejection at n >= 8 follows (p_8 - q_n)+ instead of (p_n - q_n)+, and the bonus follows p_8 "
+            "instead of p_K."
+        ),
+        modelled_on=(
+            "kernels specialised (templated / unrolled) for up to 8 speculative tokens whose generic K > 8 "
+            "path clamps the target row index; n-gram and suffix drafting use K up to 16"
+        ),
+        bug_class="draft-length",
+        fn=draft_length_specialised_kernel,
+        min_num_draft=SPECIALISED_DRAFTS + 1,
+    ),
+    BuggyRule(
+        name="row_block_offset_dropped",
+        description=(
+            "Rows are processed in blocks of 256 and the final draw forgets the block offset: row b draws its "
+            "correction or bonus from the laws of row b mod 256, (p^{b mod 256}_n - q^{b mod 256}_n)+ or "
+            "p^{b mod 256}_K.  Exact for batches of at most 256 rows, or when all rows share their laws."
+        ),
+        modelled_on="a row-block launch grid whose blockIdx offset is dropped from the probability pointer",
+        bug_class="batching",
+        fn=row_block_offset_dropped,
+        min_batch_size=ROW_BLOCK + 1,
+    ),
+    BuggyRule(
+        name="contiguous_stride_reads",
+        description=(
+            "Reads target_probs and draft_probs with the strides of a contiguous tensor (offset "
+            "(b (K+1) + i) V + t) whatever their real strides: exact on contiguous inputs; on a view of a "
+            "wider buffer (logits[:, :K+1, :V] of a padded buffer) it tests and corrects with entries of other "
+            "rows, positions and the padding."
+        ),
+        modelled_on="pointer arithmetic in a custom kernel that assumes contiguous inputs (no stride arguments)",
+        bug_class="layout",
+        fn=contiguous_stride_reads,
+        strided_only=True,
+    ),
+    BuggyRule(
+        name="bfloat16_cdf_path",
+        description=(
+            "For bfloat16 inputs the correction/bonus draw inverts cumsum(weights) stored in bfloat16 (8 "
+            "significant bits: each interval's length is a difference of rounded sums); float32 and float16 "
+            "inputs take the exact path."
+        ),
+        modelled_on="a dtype-specialised kernel instantiation whose accumulator type follows the input dtype",
+        bug_class="dtype",
+        fn=bfloat16_cdf_path,
+        input_dtypes=("bfloat16",),
     ),
 ]
 

@@ -5,8 +5,10 @@ Algorithm 1): ``bonus-position`` has q = p, so every draft is accepted and only 
 (drawn from p_K) can be wrong; ``correction-position`` accepts positions 0–1 and exercises the
 correction from (p_2 − q_2)+; ``disjoint-supports`` rejects every draft, where (p − q)+ = p, so a
 residual confused with p passes there; ``step-K1`` is a single draft; ``markov-step-K3`` and the
-decoding loops add context and state across calls; ``large-vocabulary`` has one chain and
-V = 32768; ``exact-step`` integrates one row alone exactly.  The acceptance counts of the step
+decoding loops add context and state across calls; the production-shape checks
+(``exact-large-vocabulary``, ``production-*``) run at real vocabularies, K up to 16, batches of
+1,024, bf16/fp16 and strided views, mostly one chain each; ``exact-step`` integrates one row alone
+exactly at toy shapes.  The acceptance counts of the step
 checks are compared with the optimal rule's law P(A ≥ a) = Π_{i<a} α_i: a lossless rule accepts
 exactly that often.  :func:`diagnose` combines these into a statement of *where* the loss is.
 It is a reading of the evidence, not a further test: the verdicts stay those of the checks.
@@ -38,6 +40,21 @@ LOCATING_CHECKS: dict[str, tuple[str, ...]] = {
 """Per level, the checks that say *where* a loss is (the bonus and the correction token alone,
 the residual where (p − q)+ = p, the exact law of one row alone), each cheap: fail-fast still
 runs them after the first failure."""
+
+
+def is_production_shape(name: str) -> bool:
+    """The checks at production shapes (:mod:`specverify.auditing.sampler_production`)."""
+    return name == "exact-large-vocabulary" or name.startswith("production-")
+
+
+def _shape(checks: Sequence[Any], name: str) -> str:
+    """"V=…, K=…, B=…, dtype, layout" of a production check's parameters (its cases for the exact one)."""
+    check = next(c for c in checks if c.name == name)
+    parameters = dict(check.parameters)
+    if "cases" in parameters:
+        return f"{len(parameters['cases'])} exact cases"
+    return ", ".join(f"{key}={parameters[key]}" if key in ("V", "K", "B") else str(parameters[key])
+                     for key in ("V", "K", "B", "dtype", "layout") if key in parameters)
 
 
 def _verdicts(checks: Sequence[Any]) -> dict[str, str]:
@@ -110,15 +127,16 @@ def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_e
 
     acceptance = acceptance_deviations(checks)
     statistical_lossy = lossy - {"exact-step"}
-    multi_chain = {n for n in statistical_lossy if n != "large-vocabulary"}
-    vocabulary = verdict.get("large-vocabulary", "skipped")
-    if passed("exact-step") and multi_chain and vocabulary in ("pass", "skipped"):
-        also = ", and the one-chain large-vocabulary check passed" if passed("large-vocabulary") else ""
-        unless = (" (or a bug that depends on the vocabulary size: large-vocabulary did not run)"
-                  if "large-vocabulary" in verdict and vocabulary == "skipped" else "")
-        sentences.append(f"One request alone is exactly right (exact-step passed{also}) but batches mixing "
-                         f"different requests are not: rows of a batch influence each other (a batch-indexing "
-                         f"bug{unless}).")
+    production = {n for n in statistical_lossy if is_production_shape(n)}
+    toy_shapes = statistical_lossy - production
+    if production and not toy_shapes:
+        shapes = "; ".join(f"{n} ({_shape(checks, n)})" for n in sorted(production))
+        sentences.append("Right at toy shapes, wrong at production shapes only: a bug of the vocabulary size (tiles, "
+                         "precision of the CDF), the number of drafts, the batch size, the input dtype or the layout "
+                         f"of the inputs. Failing: {shapes}.")
+    elif passed("exact-step") and toy_shapes:
+        sentences.append("One request alone is exactly right (exact-step passed) but batches mixing different "
+                         "requests are not: rows of a batch influence each other (a batch-indexing bug).")
     elif acceptance:
         sentences.append("The acceptance test is wrong: drafts are accepted at another rate than min(1, p/q) gives ("
                          + "; ".join(acceptance[:2]) + ").")
@@ -143,8 +161,6 @@ def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_e
         sentences.append("Context-free single steps are right, but context-dependent targets or whole decoding "
                          f"loops are not ({', '.join(sorted(statistical_lossy))}): state carried between positions "
                          "or calls is wrong.")
-    elif statistical_lossy == {"large-vocabulary"}:
-        sentences.append("Only the V = 32768 vocabulary is wrong: a precision or vocabulary-size dependent bug.")
     elif statistical_lossy and statistical_lossy <= set(EDGE_CASES):
         sentences.append("The common case is right; only edge cases fail ("
                          f"{', '.join(sorted(statistical_lossy))}).")

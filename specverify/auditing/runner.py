@@ -253,7 +253,8 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
 
     Named budgets: n = the smallest sample size at which the check detects TV ε with power POWER
     at the level its final test runs at (``check.required_samples``): the whole share for checks
-    tested once, the final look's level for sequential ones (:func:`plan_looks`).  Fixed budgets:
+    tested once, the final look's level for sequential ones (:func:`plan_looks`); ε is the budget's,
+    or the check's own TV for that budget (:func:`target_tv`).  Fixed budgets:
     n = N and the check reports the TV it can then detect.  Seeds: ``derive_seed(level, name,
     parameters, base=seed)``.
     """
@@ -268,7 +269,7 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
             continue
         final_alpha = final_look_alpha(share) if getattr(check, "sequential", False) else share
         if budget.epsilon is not None:
-            n = check.required_samples(budget.epsilon, alpha=final_alpha, power=POWER)
+            n = check.required_samples(target_tv(check, budget), alpha=final_alpha, power=POWER)
         else:
             n = int(budget.samples)
         looks, look_alphas = plan_looks(check, n, share)
@@ -277,6 +278,13 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
                           fixed_budget=budget.epsilon is None))
     return plans, share
+
+
+def target_tv(check: Any, budget: SampleBudget) -> float | None:
+    """The TV ``check`` is sized for under a named ``budget``: the budget's ε, or the check's own
+    ``target_tvs[budget.name]`` where it has one (checks whose samples are costly, such as the
+    production-vocabulary checks, state a larger TV per budget; their plan reports the TV they detect)."""
+    return getattr(check, "target_tvs", {}).get(budget.name, budget.epsilon)
 
 
 def plan_looks(check: Any, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -397,7 +405,8 @@ def audit(
         timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
                        rows_per_s=log.rows / total_s if total_s > 0 else None)
     verdict, exit_code, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
-                                                       allow_underpowered=allow_underpowered, omitted=omitted)
+                                                       allow_underpowered=allow_underpowered, omitted=omitted,
+                                                       epsilon=sample_budget.epsilon)
     if interrupted:
         done = sum(r.verdict != "skipped" for r in results)
         stopped = (f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results "
@@ -538,7 +547,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
 
 def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, *, level: str = "sampler",
              shortfall: PowerShortfall | None = None, allow_underpowered: bool = False,
-             omitted: Sequence[Omission] = ()) -> tuple[str, int, str, float | None]:
+             omitted: Sequence[Omission] = (), epsilon: float | None = None) -> tuple[str, int, str, float | None]:
     statistical = [r for r in results if r.alpha is not None]
     detectable = max((r.detectable_tv for r in statistical if r.detectable_tv is not None), default=None)
     failed = [r for r in results if r.verdict is Verdict.FAIL]
@@ -569,8 +578,17 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
     if shortfall is not None and not allow_underpowered:
         return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
                                             f"{shortfall.fix()}{skipped}"), detectable
+    own = [r for r in statistical if epsilon is not None and r.detectable_tv is not None
+           and r.detectable_tv > epsilon * (1 + 1e-9)]
+    if own:  # checks sized for their own TV under this budget (production shapes: costly rows)
+        at_budget = max((r.detectable_tv for r in statistical if r not in own and r.detectable_tv is not None),
+                        default=epsilon)
+        against = (f"against TV ≥ {at_budget:.3g} in the cells of {len(statistical) - len(own)} checks and against "
+                   f"their own TV in {len(own)} ({', '.join(f'{r.name} {r.detectable_tv:.2g}' for r in own)})")
+    else:
+        against = f"against TV ≥ {detectable:.3g} in any check's cells"
     summary = (f"no loss detected at α = {alpha:g} (family-wise; Bonferroni over {len(statistical)} checks, "
-               f"{share:.3g} each) with power {POWER:g} against TV ≥ {detectable:.3g} in any check's cells")
+               f"{share:.3g} each) with power {POWER:g} {against}")
     if shortfall is not None:
         summary += (f" — underpowered, allowed by allow_underpowered: {shortfall.check} detects "
                     f"{shortfall.detectable_text()}, above the ceiling TV {shortfall.ceiling:g}")

@@ -11,8 +11,10 @@ The sampler battery (:class:`SamplerBattery`, in run order):
   tested jointly (cells: chain × tokens), context-free and context-dependent targets;
 - edge cases (goodness of fit): ``bonus-position`` (q = p, every draft accepted),
   ``correction-position`` (rejection at position 2), ``disjoint-supports``, ``zeros-both-sides``,
-  ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8), ``large-vocabulary`` (V = 32768,
-  cells = the target's top tokens + "rest", fixed before sampling);
+  ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8);
+- ``exact-large-vocabulary`` (functions taking ``uniforms=``) and ``production-*``: production shapes
+  (V up to 151,936, K up to 16, batches of 1,024, bf16/fp16, strided views;
+  :mod:`specverify.auditing.sampler_production`);
 - ``decoding-loop-order1/2`` (goodness of fit): whole decoding loops, continuous batching and K
   changing per call, the first L = 3 / 4 tokens of every sequence jointly;
 - ``acceptance-rate`` (exact one-sided binomial): P(output = draft) ≤ Σ min(p, q);
@@ -559,8 +561,11 @@ class SamplerBattery:
                  ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
                  ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
         from specverify.auditing.sampler_coverage import contract_checks, coverage_checks, late_checks
+        from specverify.auditing.sampler_production import exact_production_check, production_checks
 
-        checks += steps + coverage_checks() + loops + [acceptance] + late_checks()
+        if accepts_uniforms(session.raw):
+            checks.append(exact_production_check())
+        checks += steps + coverage_checks() + production_checks(session.function) + loops + [acceptance] + late_checks()
         checks.append(InputsUnchangedCheck("inputs-unchanged",
                                            "No call may modify the tensors it is given (engines reuse them)."))
         return checks + contract_checks()
@@ -606,9 +611,6 @@ _STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
                      "position 2 being the bonus.", "near-uniform", 6, 2, 3, (1, 2)),
     ("tiny-masses", "Probabilities of 1e-8 on both sides (huge and tiny acceptance ratios): positions 0-1 jointly.",
      "tiny", 6, 3, 3, (0, 2)),
-    ("large-vocabulary", "A 32768-token vocabulary with Zipf-like laws: the first token, in cells fixed before "
-                         "sampling (the target's 7 most likely tokens and one cell for the rest).",
-     "zipf", 32768, 1, 1, (0, 1), 7),
 )
 
 

@@ -422,10 +422,24 @@ def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
     return (1 - native_rules.SCREEN_MARGIN_FRACTION) * row_sum_tolerance(dtype, vocab_size)
 
 
+def _kernel_input(tensor: Any) -> Any:
+    """``tensor`` as the kernel reads it: contiguous, float16 widened to float32 (CPU tensors only)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        return tensor
+    if tensor.dtype == torch.float16:
+        tensor = tensor.to(torch.float32)
+    return tensor.contiguous()
+
+
 def _native(rule: str, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
             validate: bool) -> VerifyResult | None:
     """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
-    when it does not apply or flagged the inputs (the caller then runs its torch code)."""
+    when it does not apply or flagged the inputs (the caller then runs its torch code).
+
+    Engines pass strided views and half-precision laws: a CPU view is copied to a contiguous tensor
+    and float16 is widened to float32 (exactly) first, one pass that costs far less than the torch
+    code; the kernel only reads its inputs, so the copies change nothing else."""
+    target_probs, draft_probs, draft_tokens = (_kernel_input(t) for t in (target_probs, draft_probs, draft_tokens))
     if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):
         return None
     limit = _native_screen_limit(target_probs.dtype, target_probs.shape[-1])

@@ -1,0 +1,452 @@
+"""Sampler checks at the shapes engines serve (SPEC §1): real vocabularies, K up to 16, batches of
+1,024 rows, bfloat16 / float16 inputs, strided views (issue 19).
+
+The battery's other checks run at toy shapes (V ≤ 8, K ≤ 8, contiguous float32), where a
+vocabulary tile, a partial last tile, a half-precision CDF, a K-specialised kernel, a row block or
+a stride bug cannot show.  Every check here states its shape (V, K, B, dtype, layout) in its
+parameters, and draws its laws from :mod:`specverify.auditing.production_laws` (exact in every
+input dtype, a third of the mass on the vocabulary's boundary ids).
+
+- :class:`ExactFinalDrawCheck` (functions taking ``uniforms=``): the exact law of the correction
+  and bonus draws at V up to 151,936 and K = 12, integrated over the final uniform by the
+  intervals of the inverse CDF (:mod:`specverify.core.exact_final`).  Deterministic.
+- :class:`ProductionStepCheck`: one step per row at a production shape; the completed token of
+  every position ``0..K`` (emitted, or continued by target sampling) is tested against the target
+  with the token-level identity test of :mod:`specverify.core.identity`, one test per (chain,
+  position), Bonferroni within the check.  Large-V rows are expensive (a row at V = 128,256, K = 1
+  is 1.5 MB of float32), so these checks are sized for their own TV per named budget
+  (:attr:`ProductionStepCheck.target_tvs`), stated in the report and in ``specverify audit --list``.
+
+Rows of one chain share their laws, so a large-V call is built from one copy of the laws (an
+expanded view the guarded call copies into the function's buffer) instead of a gather per row;
+the checks that must see rows that differ (row blocks, strides across rows) use several chains
+at moderate V.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from specverify.auditing.checks import (
+    BUDGETS,
+    Check,
+    CheckKind,
+    CheckResult,
+    ExactCase,
+    Plan,
+    SampleBudget,
+    SequentialCheck,
+    Tally,
+    Verdict,
+    declared_arithmetic_of,
+    exact_cases_result,
+    look_fields,
+    level_phrase,
+)
+from specverify.auditing.faults import Fault
+from specverify.auditing import production_laws as laws
+from specverify.core import identity, outputs, rounding
+from specverify.core.chains import PositionalBank
+from specverify.core.exact_final import FinalDrawCase, integrate_final_draw, weighted_branches
+from specverify.core.seeding import derive_seed
+from specverify.testing.harness import MAX_INPUT_ELEMENTS, Proposal, complete
+
+INPUT_DTYPES = ("float32", "bfloat16", "float16")
+"""The input dtypes engines pass (a function may declare the ones it accepts: ``fn.input_dtypes``)."""
+
+
+def input_dtype(function: Any, wanted: str) -> str:
+    """``wanted`` if the function accepts it (its declared ``input_dtypes``, default all three),
+    else the first dtype it declares."""
+    declared = function.declared("input_dtypes") if hasattr(function, "declared") else None
+    if declared is None:
+        return wanted
+    accepted = [str(d).removeprefix("torch.") for d in declared]
+    unknown = [d for d in accepted if d not in INPUT_DTYPES]
+    if unknown or not accepted:
+        raise Fault("malformed", f"input_dtypes: expected a non-empty tuple of {', '.join(INPUT_DTYPES)}, "
+                                 f"got {declared!r}")
+    return wanted if wanted in accepted else accepted[0]
+
+
+def rows_per_call(num_draft: int, vocab_size: int, rows: int | None = None) -> int:
+    """``rows`` (the check's batch), capped so one call's inputs stay within MAX_INPUT_ELEMENTS."""
+    cap = max(1, MAX_INPUT_ELEMENTS // ((2 * num_draft + 1) * vocab_size))
+    return cap if rows is None else min(rows, cap)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact final draws at production vocabularies
+# --------------------------------------------------------------------------------------------
+
+SUPPORT_RANDOM = 64
+"""Tokens of an exact case's final law drawn at random ids (with the boundary ids: ~100 in all at
+V ≥ 50k, so one case costs about 200 rows per branch)."""
+
+
+def sparse_law(rng: np.random.Generator, vocab_size: int, random_tokens: int = SUPPORT_RANDOM) -> np.ndarray:
+    """An exact law on the boundary ids and ``random_tokens`` random ids (Zipf weights in a random
+    order), zero elsewhere: few inverse-CDF intervals, at the ids where tiling bugs show."""
+    support = np.union1d(laws.boundary_ids(vocab_size), rng.choice(vocab_size, size=random_tokens, replace=False))
+    weights = np.zeros(vocab_size)
+    weights[support] = (rng.permutation(len(support)) + 1.0) ** -0.8
+    return laws.dyadic_law(weights)
+
+
+def bonus_case(label: str, vocab_size: int, num_draft: int) -> FinalDrawCase:
+    """Every draft accepted (``q_i = p_i``: ratio 1, accepted at any ``u_i``); the bonus must follow ``p_K``."""
+    rng = np.random.default_rng(derive_seed("exact-final", "bonus", vocab_size, num_draft))
+    target = np.stack([sparse_law(rng, vocab_size) for _ in range(num_draft + 1)])
+    draft = target[:num_draft].copy()
+    path = np.array([rng.choice(np.flatnonzero(row)) for row in draft])
+    branches = weighted_branches([path], [np.full(num_draft, 0.5)], [1.0])
+    return FinalDrawCase(label, target, draft, branches, num_draft, target[num_draft].copy())
+
+
+def correction_case(label: str, vocab_size: int, num_draft: int, rejected_at: int) -> FinalDrawCase:
+    """Drafts ``0..n−1`` accepted (``q_i = p_i``), draft ``n`` rejected.  At ``n`` the laws partly
+    overlap: ``p_n`` = ½ shared + ½ residual, ``q_n`` = the same ½ shared + ½ on two tokens ``p_n``
+    forbids (zeros on both sides: ``q_n`` is also 0 on the residual's tokens).  The rejected draft
+    is either of the two (weights ``q_n``), and the correction must follow ``(p_n − q_n)_+``
+    normalised, i.e. the residual law."""
+    n = rejected_at
+    rng = np.random.default_rng(derive_seed("exact-final", "correction", vocab_size, num_draft, n))
+    target = np.stack([sparse_law(rng, vocab_size) for _ in range(num_draft + 1)])
+    draft = target[:num_draft].copy()
+    ids = rng.permutation(vocab_size)
+    shared, rejectable = ids[:32], ids[32:34]
+    residual = sparse_law(rng, vocab_size)
+    residual[np.concatenate([shared, rejectable])] = 0.0
+    parts = []
+    for weights in (residual, np.isin(np.arange(vocab_size), shared) * (rng.permutation(vocab_size) + 1.0),
+                    np.isin(np.arange(vocab_size), rejectable) * np.arange(vocab_size, 0, -1.0)):
+        parts.append(laws.dyadic_law(weights))
+    residual, shared_law, excess = parts
+    # Halves of exact laws whose masses are even multiples of 2^-24: the residual's total is exactly
+    # 1/2, so its CDF is exact in float64 and a correct rule has no rounding to excuse.
+    target[n] = 0.5 * shared_law + 0.5 * residual
+    draft[n] = 0.5 * shared_law + 0.5 * excess
+    assert laws.exact_in_dtypes(target[n]) and laws.exact_in_dtypes(draft[n])
+    paths, path_weights = [], []
+    for token in rejectable:
+        path = np.array([rng.choice(np.flatnonzero(row)) for row in draft])
+        path[n] = token
+        paths.append(path)
+        path_weights.append(draft[n, token])
+    branches = weighted_branches(paths, [np.full(num_draft, 0.5)] * len(paths), path_weights)
+    law = np.maximum(target[n] - draft[n], 0.0)
+    return FinalDrawCase(label, target, draft, branches, n, law / law.sum())
+
+
+@dataclass(frozen=True)
+class ExactShape:
+    """One case of :class:`ExactFinalDrawCheck` and how its inputs are presented."""
+
+    case: FinalDrawCase
+    dtype: str
+    strided: bool
+
+    def describe(self) -> str:
+        layout = "strided views" if self.strided else "contiguous"
+        return f"{self.case.label} (V={self.case.vocab_size:,}, K={self.case.num_draft}, {self.dtype}, {layout})"
+
+
+@functools.lru_cache(maxsize=None)
+def exact_shapes() -> tuple[ExactShape, ...]:
+    """The cases of ``exact-large-vocabulary``, in run order (cheap and broad first)."""
+    v = laws.VOCABULARIES
+    return (
+        ExactShape(bonus_case("bonus", v["llama3"], 1), "float32", True),
+        ExactShape(correction_case("correction at position 0", v["gpt2"], 1, 0), "bfloat16", False),
+        ExactShape(bonus_case("bonus", 4_099, 12), "float16", True),
+        ExactShape(correction_case("correction at position 9", 4_099, 12, 9), "float16", True),
+    )
+
+
+def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str, where: str) -> Callable[..., torch.Tensor]:
+    """The :data:`specverify.core.exact_final.Evaluator` of one case: the function called with
+    ``uniforms=`` (generator withheld) on the case's laws in ``dtype`` and ``shape``'s layout, in
+    chunks within MAX_INPUT_ELEMENTS; outputs validated for their layout only (a wrong accepted
+    prefix is mass on a wrong tuple, which the integrator counts)."""
+    from specverify.auditing.presentation import decoy_value, presented
+
+    case = shape.case
+    torch_dtype = getattr(torch, dtype)
+    target = torch.from_numpy(case.target).to(torch_dtype).unsqueeze(0)
+    draft = torch.from_numpy(case.draft).to(torch_dtype).unsqueeze(0)
+    vocab, num_draft = case.vocab_size, case.num_draft
+    per_call = rows_per_call(num_draft, vocab)
+
+    def evaluate(draft_tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        emitted = []
+        for start in range(0, len(draft_tokens), per_call):
+            tokens = draft_tokens[start:start + per_call]
+            rows = len(tokens)
+            batch = (("target_probs", target.expand(rows, -1, -1)), ("draft_probs", draft.expand(rows, -1, -1)),
+                     ("draft_tokens", tokens))
+            inputs = [presented(tensor, device=torch.device("cpu"), strided=shape.strided, decoy=decoy_value(name, vocab))
+                      for name, tensor in batch]
+            try:
+                result = raw(*inputs, None, uniforms=uniforms[start:start + per_call])
+            except Exception as error:
+                raise Fault("exception", f"the function (in {where}, with uniforms=) raised "
+                                         f"{type(error).__name__}: {error}") from error
+            try:
+                emitted.append(outputs.validate_emitted(result, None, vocab, num_positions=num_draft + 1)[0])
+            except outputs.MalformedOutput as error:
+                raise Fault("malformed", f"the function (in {where}, with uniforms=) returned {error}") from None
+        return torch.cat(emitted)
+
+    return evaluate
+
+
+@dataclass
+class ExactFinalDrawCheck(Check):
+    """Exact TV of the correction and bonus draws at production vocabularies (module docstring).
+
+    Each case's integral returns ``tv_low`` when even that exceeds the case's rounding tolerance
+    (:func:`specverify.core.rounding.rounding_tolerance` of the function's declared arithmetic at
+    the case's K and V), else ``tv_high``: the check fails only on a proven excess.  A case whose
+    bisection budget runs out undecided raises, and the check is skipped (it cannot say)."""
+
+    name: str
+    description: str
+    shapes: tuple[ExactShape, ...]
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+
+    def __post_init__(self) -> None:
+        self.parameters = {"cases": [shape.describe() for shape in self.shapes]}
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        arithmetic, declared = declared_arithmetic_of(session.function)
+        cases = []
+        for shape in self.shapes:
+            dtype = input_dtype(session.function, shape.dtype)
+            tolerance = rounding.rounding_tolerance(arithmetic, shape.case.num_draft, shape.case.vocab_size)
+            evaluate = final_draw_evaluator(session.raw, shape, dtype, self.name)
+            label = shape.describe() if dtype == shape.dtype else f"{shape.describe()} in {dtype}"
+            cases.append(ExactCase(label, functools.partial(_decided_tv, shape.case, evaluate, tolerance),
+                                   shape.case.num_draft, shape.case.vocab_size))
+        return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
+
+
+def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tolerance: float) -> float:
+    law = integrate_final_draw(case, evaluate, tolerance=tolerance)
+    if law.tv_low > tolerance:
+        return law.tv_low
+    if law.tv_high <= tolerance:
+        return law.tv_high
+    raise ValueError(f"the bisection budget ran out with the exact TV of {case.label} between {law.tv_low:.3g} "
+                     f"and {law.tv_high:.3g} (tolerance {tolerance:.3g})")
+
+
+# --------------------------------------------------------------------------------------------
+# Production-shape steps: every position's token, token-level identity tests
+# --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
+    """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.production_laws.step_family`)."""
+    return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))
+
+
+def production_proposal(bank: PositionalBank, chain: torch.Tensor, num_draft: int, generator: torch.Generator,
+                        dtype: torch.dtype) -> Proposal:
+    """Drafts ``x_i ~ q_i`` per row (one inverse-CDF uniform each, as :func:`specverify.testing.harness.propose`)
+    and the rows' laws; with one chain the laws are one copy expanded over the rows (the guarded
+    call copies them into the function's buffer), with several a gather per row."""
+    state = bank.initial_state(chain)
+    tokens = []
+    for _ in range(num_draft):
+        token = bank.draft_sampler.sample(bank.rows_of(state), generator)
+        tokens.append(token)
+        state = bank.advance(state, token)
+    target_table, draft_table = bank.rows_in(dtype)
+    rows = len(chain)
+    if bank.num_chains == 1:
+        target = target_table[: num_draft + 1].unsqueeze(0).expand(rows, -1, -1)
+        draft = draft_table[:num_draft].unsqueeze(0).expand(rows, -1, -1)
+    else:
+        first = chain[:, None] * bank.num_states + torch.arange(num_draft + 1)
+        target, draft = target_table[first], draft_table[first[:, :num_draft]]
+    return Proposal(target, draft, torch.stack(tokens, dim=1))
+
+
+def balanced_chains(rows: int, num_chains: int, generator: torch.Generator) -> torch.Tensor:
+    """int64 ``[rows]``: each chain on ``rows / num_chains`` rows (±1), in a random order, so that
+    rows that share a law are not at a fixed stride (a row-block bug reading row ``b − 256`` then
+    reads another law)."""
+    return (torch.arange(rows) % num_chains)[torch.randperm(rows, generator=generator)]
+
+
+@dataclass
+class ProductionStepCheck(SequentialCheck):
+    """One verification step per row at a production shape; the completed token of every position
+    ``0..K`` of every chain against the target's law at that position.
+
+    Under losslessness the completed tokens of a context-free step are independent with laws
+    ``p_0 … p_K`` (Leviathan et al. 2023, Theorem 1, applied to one step completed by target
+    sampling), so each (chain, position) marginal is tested with the token-level identity test
+    (:func:`specverify.core.identity.identity_test`) at level ``level / m``, ``m`` = chains × (K+1)
+    (Bonferroni within the check); the check fails when any one rejects.  Rows are spread evenly
+    over the chains (:func:`balanced_chains`).  Sized so that a TV of ε in any one marginal is
+    detected with the stated power (:func:`specverify.core.identity.identity_sample_size` per
+    marginal, at ``n / chains`` rows each).
+    """
+
+    name: str
+    description: str
+    bank: PositionalBank
+    family: str
+    dtype: str = "float32"
+    strided: bool = False
+    batch_rows: int | None = None
+    target_tvs: dict[str, float] = field(default_factory=dict)
+    """The TV the check is sized for under each named budget (read by the planner,
+    :func:`specverify.auditing.runner.target_tv`); a budget not listed sizes it for the budget's ε."""
+    kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        bank = self.bank
+        self.num_draft = bank.num_draft
+        self.rows_per_call = rows_per_call(self.num_draft, bank.vocab_size, self.batch_rows)
+        self.num_tests = bank.num_chains * (self.num_draft + 1)
+        self.num_cells = bank.vocab_size
+        self.parameters = {
+            "family": self.family, "V": bank.vocab_size, "K": self.num_draft, "B": self.rows_per_call,
+            "dtype": self.dtype, "layout": "strided views" if self.strided else "contiguous",
+            "chains": bank.num_chains, "positions": f"0..{self.num_draft}",
+            "test": "token-level identity per chain and position (Bonferroni)",
+        }
+
+    def _mass_profiles(self) -> list[np.ndarray]:
+        """The distinct sorted mass vectors of the tested laws: the identity test's sample size
+        depends on a law's masses only, not on which ids carry them."""
+        profiles: dict[bytes, np.ndarray] = {}
+        for law in self.bank.target.reshape(-1, self.bank.vocab_size):
+            masses = np.sort(law)
+            profiles.setdefault(masses.tobytes(), masses)
+        return list(profiles.values())
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        level = alpha / self.num_tests
+        per_chain = max(identity.identity_sample_size(masses, epsilon, alpha=level, power=power)
+                        for masses in self._mass_profiles())
+        return per_chain * self.bank.num_chains
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        level = alpha / self.num_tests
+        per_chain = max(1, n // self.bank.num_chains)
+        return max(identity.identity_detectable_tv(masses, per_chain, alpha=level, power=power)
+                   for masses in self._mass_profiles())
+
+    def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
+        generator = torch.Generator().manual_seed(derive_seed(plan.seed, "harness", look))
+        function_generator = session.function.generator(derive_seed(plan.seed, "function", look))
+        dtype = getattr(torch, self.dtype)
+        counts = torch.zeros(bank.num_chains * (k + 1) * vocab, dtype=torch.int64)
+        accepted = torch.zeros(k + 1, dtype=torch.int64)
+        for offset in range(0, n, self.rows_per_call):
+            rows = min(self.rows_per_call, n - offset)
+            chain = balanced_chains(rows, bank.num_chains, generator)
+            proposal = production_proposal(bank, chain, k, generator, dtype)
+            emitted, lengths = session.function(proposal, function_generator, where=self.name, strided=self.strided)
+            completed = complete(bank, bank.initial_state(chain), emitted, lengths, k + 1, generator)
+            index = (chain[:, None] * (k + 1) + torch.arange(k + 1)) * vocab + completed
+            counts += torch.bincount(index.reshape(-1), minlength=counts.numel())
+            accepted += torch.bincount(lengths - 1, minlength=k + 1)
+        return Tally(n, {"counts": counts.numpy(), "accepted": accepted.numpy()})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
+        counts = tally.counts["counts"].reshape(bank.num_chains, k + 1, vocab)
+        results = []
+        for r in range(bank.num_chains):
+            for j in range(k + 1):
+                test = identity.identity_test(counts[r, j], bank.target[r, j],
+                                              seed=derive_seed(plan.seed, "identity", r, j, look or 0) % (2**32))
+                results.append((test.pvalue, r, j, test))
+        pvalue, r, j, worst = min(results, key=lambda item: item[0])
+        combined = min(1.0, pvalue * self.num_tests)
+        failed = combined <= level
+        where = level_phrase(plan, level, look)
+        reached = tally.counts["accepted"][::-1].cumsum()[::-1] / max(1, tally.n)
+        shown = ", ".join(f"{x:.2f}" for x in reached)
+        tv = max(test.empirical_tv for *_, test in results)
+        if worst.impossible_count and failed:
+            message = (f"emitted {worst.impossible_count} token(s) of target probability 0 at position {j} of chain {r}: "
+                       "certain loss")
+        elif failed:
+            parts = "; ".join(f"{part.name} p={part.pvalue:.3g}" for part in worst.parts)
+            message = (f"the token at position {j} (chain {r}) does not follow the target's law: Bonferroni p-value "
+                       f"{combined:.3g} over {self.num_tests} (chain, position) tests ≤ {where} ({parts})")
+        else:
+            message = (f"every position 0..{k} consistent with the target (smallest Bonferroni p-value {combined:.3g} "
+                       f"> {where}; share of rows whose step reached position j: {shown})")
+        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n, num_cells=vocab,
+                           statistic=float(worst.statistic), pvalue=float(combined), empirical_tv=float(tv),
+                           **look_fields(plan, level, look))
+
+
+# --------------------------------------------------------------------------------------------
+# The production checks of the sampler battery
+# --------------------------------------------------------------------------------------------
+
+# (name, family, V, K, chains, dtype, strided, rows per call, TV per named budget, description)
+PRODUCTION_SHAPES: tuple[tuple[Any, ...], ...] = (
+    ("production-qwen-K1", "correction", laws.VOCABULARIES["qwen2.5"], 1, 1, "bfloat16", True, None,
+     {"quick": 0.9, "standard": 0.7, "thorough": 0.4},
+     "Qwen2.5's 151,936-token vocabulary (above 65,536), bf16 strided views, K=1 with partly overlapping laws "
+     "(acceptance 0.65): the correction at position 0 and the bonus at position 1, token by token."),
+    ("production-gpt2-K4", "bonus", laws.VOCABULARIES["gpt2"], 4, 1, "float16", False, None,
+     {"quick": 0.9, "standard": 0.7, "thorough": 0.4},
+     "GPT-2's 50,257-token vocabulary (not a multiple of 128), fp16, K=4 with acceptance 0.95 (the bonus is "
+     "reached in 4 of 5 rows): every position 0-4, token by token."),
+    ("production-K16", "deep", 4_099, 16, 1, "bfloat16", True, None,
+     {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
+     "K=16 (n-gram / suffix drafting) at V=4,099, bf16 strided views, acceptance 0.92 so that the deep "
+     "positions and the bonus are reached: every position 0-16."),
+    ("production-K12", "deep", 4_099, 12, 2, "float16", True, None,
+     {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
+     "K=12 at V=4,099, fp16 strided views, two chains per batch, acceptance 0.92: every position 0-12."),
+    ("production-batch-1024", "deep", 960, 8, 7, "float32", True, 1024,
+     {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
+     "Batches of 1,024 rows (rows 256+ of a call are where row-block kernels go wrong) from 7 chains in a "
+     "random order, K=8, V=960, fp32 strided views: every position 0-8 of every chain."),
+)
+
+
+def production_checks(function: Any) -> list[Check]:
+    """The production-shape step checks, each in the dtype it names or, when the function declares
+    ``input_dtypes`` without it, the first dtype it declares."""
+    checks: list[Check] = []
+    for name, family, vocab, k, chains, dtype, strided, rows, tvs, description in PRODUCTION_SHAPES:
+        checks.append(ProductionStepCheck(name, description, production_bank(name, family, vocab, k, chains), family,
+                                          input_dtype(function, dtype), strided, rows, dict(tvs)))
+    return checks
+
+
+def exact_production_check() -> ExactFinalDrawCheck:
+    return ExactFinalDrawCheck(
+        "exact-large-vocabulary",
+        "The function takes uniforms=, so the law of its correction and bonus draws at production shapes "
+        "(Llama-3's 128,256 and GPT-2's 50,257 vocabularies, K=12 at V=4,099; fp32, bf16, fp16; strided views) "
+        "is integrated exactly over the final uniform, interval by interval of the inverse CDF.",
+        exact_shapes())
+
+
+__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck", "balanced_chains", "bonus_case",
+           "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype", "production_bank",
+           "production_checks", "production_proposal", "rows_per_call", "sparse_law"]
