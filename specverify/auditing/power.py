@@ -16,7 +16,10 @@ Which TV a run must reach:
   only where a check could not be sized (a detectable TV above the level's ceiling);
 - a fixed budget (N samples per check) asks for no TV, so it must reach the level's ceiling
   :data:`~specverify.auditing.defaults.POWER_CEILING_TV` (TV 0.25 at every level: a quarter of
-  the output law's mass moved; the quick budget of every level reaches it).
+  the output law's mass moved; the quick budget of every level reaches it);
+- a check sized for its own TV per named budget (``target_tvs``: the production-shape checks,
+  whose rows cost a megabyte each) must reach that TV instead where it is larger
+  (:func:`check_ceiling`), and the verdict names it with its TV.
 
 An underpowered run still runs every check, because a gross loss can show at any n: a failure
 is still exit 1 ("loss detected").  Without a failure it is exit 2 unless the caller accepted the
@@ -78,20 +81,36 @@ def ceiling_of(level: str) -> float:
     return POWER_CEILING_TV.get(level, 0.25)
 
 
+def check_ceiling(check: Any, level: str, budget: SampleBudget) -> float:
+    """The largest detectable TV a pass may state for ``check``: the level's ceiling, or, for a
+    check sized for its own TV per named budget (``check.target_tvs``: production shapes, whose
+    rows cost a megabyte each), the TV it is sized for under this budget (under a fixed budget,
+    its quick target), when that is larger.  The report states every such check's TV."""
+    ceiling = ceiling_of(level)
+    own = getattr(check, "target_tvs", None) or {}
+    if not own:
+        return ceiling
+    promised = own.get(budget.name) if budget.epsilon is not None else None
+    if promised is None:
+        promised = own.get("quick", max(own.values()))
+    return max(ceiling, float(promised) * 1.01)  # a planner's bisection lands within 1% of its target
+
+
 def power_shortfall(checks: Sequence[Any], plans: Sequence[Plan], level: str, budget: SampleBudget,
                     share: float | None) -> PowerShortfall | None:
     """The worst statistical check of the plan when its detectable TV exceeds the level's
     ceiling (None when every check reaches it).  ``needed``: the largest n any statistical check
     needs for the ceiling at its final-look level (the fixed budget that makes the plan pass)."""
-    ceiling = ceiling_of(level)
-    planned = [(c, p) for c, p in zip(checks, plans) if c.statistical and p.alpha is not None]
+    planned = [(c, p, check_ceiling(c, level, budget)) for c, p in zip(checks, plans)
+               if c.statistical and p.alpha is not None]
     if not planned:
         return None
-    worst_check, worst_plan = max(planned, key=lambda cp: _detectable(cp[1]))
+    worst_check, worst_plan, ceiling = max(planned, key=lambda cpc: _detectable(cpc[1]) / cpc[2])
     worst = _detectable(worst_plan)
     if worst <= ceiling:
         return None
-    sizes = [_needed(check, plan, ceiling) for check, plan in planned]
+    sizes = [_needed(check, plan, check_ceiling(check, level, SampleBudget("fixed", samples=1)))
+             for check, plan, _ in planned]
     needed = None if any(size is None for size in sizes) else max(sizes)
     return PowerShortfall(level, budget.name, ceiling, worst_check.name, worst, needed)
 
