@@ -16,13 +16,13 @@ All harness randomness comes from its own generator; the function gets its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from specverify.core.chains import MarkovBank
-from specverify.core.sampling import sample
 
 DEFAULT_TREE_ROWS = 4096
 """Rows per call of the function."""
@@ -57,46 +57,107 @@ def present_nodes(shapes: Sequence[tuple[int, ...]], shape_of_row: torch.Tensor)
     return torch.arange(width)[None, :] < sizes[:, None]
 
 
+def node_depths(parents: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """int64 ``[B, N]``: each present node's depth (1 for a child of the root), 0 for absent nodes."""
+    depth = torch.zeros_like(parents)
+    for n in range(parents.shape[1]):
+        parent = parents[:, n]
+        above = torch.where(parent >= 0, depth.gather(-1, parent.clamp(min=0)[:, None]).squeeze(-1), 0)
+        depth[:, n] = torch.where(present[:, n], above + 1, 0)
+    return depth
+
+
+def sibling_ranks(parents: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """int64 ``[B, N]``: the number of earlier present siblings of each node (0 for a first child;
+    0 for absent nodes)."""
+    batch, width = parents.shape
+    family = torch.arange(batch)[:, None] * (width + 1) + parents + 1  # (row, parent) of every node
+    family = torch.where(present, family, -1).reshape(-1)
+    order = torch.argsort(family, stable=True)  # by family, then by node index
+    sorted_family = family[order]
+    starts = torch.ones_like(sorted_family, dtype=torch.bool)
+    starts[1:] = sorted_family[1:] != sorted_family[:-1]
+    start_index = torch.where(starts, torch.arange(len(order)), 0).cummax(0).values
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order)) - start_index
+    return torch.where(present, rank.reshape(batch, width), 0)
+
+
 def draft_trees(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, parents: torch.Tensor,
                 present: torch.Tensor, scheme: str, generator: torch.Generator) -> Drafted:
-    """Draft one tree per row (``parents``/``present`` give its shape) from the draft law at each
-    node's parent path, under ``scheme``; read the target law at every node's path."""
+    """Draft one tree per row (``parents``/``present`` give its shape, nodes in any order with
+    every node after its parent) from the draft law at each node's parent path, under ``scheme``;
+    read the target law at every node's path.
+
+    Siblings are drawn in index order; the nodes of one depth are drawn at once (a node's law
+    depends on its parent's path and its earlier siblings only):
+
+    - ``independent``: every node from the draft row of its parent's state;
+    - ``without_replacement``: the children of a node in the order of ``E_t / q(t)`` (ascending)
+      for i.i.d. ``E_t ~ Exp(1)`` — the exponential race, whose order is that of drawing from
+      ``q`` one token at a time without replacement (Plackett–Luce); a child's law is ``q``
+      without its earlier siblings' tokens, renormalised;
+    - ``deterministic``: the ``k``-th child is the ``k``-th most likely draft token (ties by the
+      lower id), with a one-hot law.
+
+    Absent nodes get token -1, a zero draft row and a uniform target row.
+    """
+    if scheme not in ("independent", "without_replacement", "deterministic"):
+        raise ValueError(f"scheme: unknown sibling scheme {scheme!r}")
     batch, width = parents.shape
     vocab = bank.vocab_size
     target_rows, draft_rows = bank.rows_in(torch.float64)
+    depth = node_depths(parents, present)
+    rank = sibling_ranks(parents, present)
     tokens = torch.full((batch, width), -1, dtype=torch.int64)
     node_states = torch.full((batch, width), -1, dtype=torch.int64)
     draft = torch.zeros(batch, width, vocab, dtype=torch.float64)
-    target = torch.full((batch, width + 1, vocab), 1.0 / vocab, dtype=torch.float64)
-    target[:, 0] = target_rows[bank.table_rows(chain, states)]
-    rows = torch.arange(batch)
-    for n in range(width):
-        parent = parents[:, n]
-        parent_state = torch.where(parent >= 0, node_states[rows, parent.clamp(min=0)], states)
-        q = draft_rows[bank.table_rows(chain, parent_state)]
-        siblings = (parents[:, :n] == parent[:, None]) & present[:, :n]
+    by_rank = torch.sort(-draft_rows, dim=-1, stable=True).indices if scheme == "deterministic" else None
+    if scheme != "independent" and bool((rank >= vocab).any()):
+        raise ValueError(f"parents: a node has more than V = {vocab} children, which cannot be drawn {scheme}")
+    for level in range(1, int(depth.max()) + 1):
+        rows, nodes = (depth == level).nonzero(as_tuple=True)
+        parent = parents[rows, nodes]
+        parent_state = torch.where(parent >= 0, node_states[rows, parent.clamp(min=0)], states[rows])
+        table_row = bank.table_rows(chain[rows], parent_state)
+        node_rank = rank[rows, nodes]
         if scheme == "independent":
-            law = q
-        elif scheme == "without_replacement":
-            removed = torch.zeros(batch, vocab, dtype=torch.int64)
-            removed.scatter_add_(-1, tokens[:, :n].clamp(min=0), siblings.to(torch.int64))
-            law = torch.where(removed > 0, 0.0, q)
-            law = law / law.sum(-1, keepdim=True)
+            token = bank.draft_sampler.sample(table_row, generator)
+            law = draft_rows.index_select(0, table_row)
         elif scheme == "deterministic":
-            rank = siblings.sum(-1)
-            order = torch.sort(-q, dim=-1, stable=True).indices
-            token = order[rows, rank.clamp(max=vocab - 1)]
+            token = by_rank[table_row, node_rank]
             law = torch.nn.functional.one_hot(token, vocab).to(torch.float64)
         else:
-            raise ValueError(f"scheme: unknown sibling scheme {scheme!r}")
-        token = sample(law, generator) if scheme != "deterministic" else law.argmax(-1)
-        live = present[:, n]
-        tokens[:, n] = torch.where(live, token, -1)
-        node_states[:, n] = torch.where(live, bank.next_state(parent_state, token), -1)
-        draft[:, n] = torch.where(live[:, None], law, 0.0)
-        target[:, n + 1] = torch.where(live[:, None], target_rows[bank.table_rows(chain, node_states[:, n].clamp(min=0))], 1.0 / vocab)
+            family, member = torch.unique(rows * (width + 1) + parent + 1, return_inverse=True)
+            family_q = draft_rows[table_row[_first_member(member, len(family))]]
+            clocks = -torch.log1p(-torch.rand(len(family), vocab, generator=generator, dtype=torch.float64))
+            arrival = torch.where(family_q > 0, clocks / family_q, torch.inf)  # q = 0: never arrives
+            race = torch.argsort(arrival, dim=-1, stable=True)
+            place = torch.argsort(race, dim=-1)  # each token's place in the race
+            token = race[member, node_rank]
+            q = draft_rows.index_select(0, table_row)
+            law = torch.where(place[member] < node_rank[:, None], 0.0, q)
+            total = law.sum(-1, keepdim=True)
+            if bool((total <= 0).any()):
+                raise ValueError("bank: a node has more children than its draft law has tokens of positive "
+                                 "probability, so they cannot be drawn without replacement")
+            law = law / total
+        tokens[rows, nodes] = token
+        node_states[rows, nodes] = bank.next_state(parent_state, token)
+        draft.view(-1, vocab).index_copy_(0, rows * width + nodes, law)
+    target = torch.full((batch, width + 1, vocab), 1.0 / vocab, dtype=torch.float64)
+    target[:, 0] = target_rows.index_select(0, bank.table_rows(chain, states))
+    rows, nodes = present.nonzero(as_tuple=True)
+    target.view(-1, vocab).index_copy_(0, rows * (width + 1) + nodes + 1,
+                                       target_rows.index_select(0, bank.table_rows(chain[rows], node_states[rows, nodes])))
     proposal = TreeProposal(target.to(torch.float32), draft.to(torch.float32), tokens, parents.clone())
     return Drafted(proposal, node_states)
+
+
+def _first_member(member: torch.Tensor, groups: int) -> torch.Tensor:
+    """For ``member [M]`` (group ids ``0..groups-1``): the index of one element of each group."""
+    first = torch.full((groups,), len(member), dtype=torch.int64)
+    return first.scatter_reduce_(0, member, torch.arange(len(member)), reduce="amin")
 
 
 def _check_markov(bank: Any) -> None:
@@ -121,14 +182,67 @@ def _complete(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, token
     return out
 
 
+def call_in_groups(function: Any, proposal: TreeProposal, generator: Any, sizes: Iterator[int],
+                   where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass ``proposal``'s rows to ``function`` as consecutive groups of the sizes ``sizes``
+    yields (one call per group, one generator throughout), each group cut to its own largest
+    tree (``N`` = its rows' most present nodes), as an engine passes a batch of the requests it
+    holds.  Returns ``(emitted [B, N+1]`` padded with -1, ``lengths [B])``."""
+    batch, width = proposal.tree_tokens.shape
+    emitted = torch.full((batch, width + 1), -1, dtype=torch.int64)
+    lengths = torch.zeros(batch, dtype=torch.int64)
+    nodes = (proposal.tree_tokens >= 0).sum(-1)
+    start = 0
+    while start < batch:
+        stop = min(batch, start + next(sizes))
+        used = max(1, int(nodes[start:stop].max()))
+        part = TreeProposal(proposal.target_probs[start:stop, : used + 1].contiguous(),
+                            proposal.draft_probs[start:stop, :used].contiguous(),
+                            proposal.tree_tokens[start:stop, :used].contiguous(),
+                            proposal.parents[start:stop, :used].contiguous())
+        out, count, _ = function(part, generator, where=where)
+        emitted[start:stop, : used + 1] = out
+        lengths[start:stop] = count
+        start = stop
+    return emitted, lengths
+
+
+def draft_mixed_trees(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, parents: torch.Tensor,
+                      present: torch.Tensor, schemes: Sequence[str], scheme_of_row: torch.Tensor,
+                      generator: torch.Generator) -> Drafted:
+    """:func:`draft_trees` with each row drafted under its own scheme, ``schemes[scheme_of_row[b]]``
+    (one call of a verifier may hold requests drafted in different ways)."""
+    if len(schemes) == 1:
+        return draft_trees(bank, chain, states, parents, present, schemes[0], generator)
+    parts = []
+    for index, scheme in enumerate(schemes):
+        rows = (scheme_of_row == index).nonzero().squeeze(-1)
+        if len(rows):
+            parts.append((rows, draft_trees(bank, chain[rows], states[rows], parents[rows], present[rows], scheme,
+                                            generator)))
+    merged = [torch.empty((len(chain),) + tuple(t.shape[1:]), dtype=t.dtype) for t in parts[0][1].proposal]
+    node_states = torch.empty_like(parents)
+    for rows, drafted in parts:
+        for whole, part in zip(merged, drafted.proposal):
+            whole[rows] = part
+        node_states[rows] = drafted.node_states
+    return Drafted(TreeProposal(*merged), node_states)
+
+
 def sample_tree_steps(function: Any, bank: MarkovBank, *, shapes: Sequence[tuple[int, ...]],
-                      scheme: str, length: int, n: int, batch_rows: int, harness_seed: int, function_seed: int,
-                      where: str) -> TreeStepSample:
-    """``n`` single steps (rows spread over the bank's chains and ``shapes``), each completed to
-    ``length`` tokens by target sampling."""
+                      scheme: str | Sequence[str], length: int, n: int, batch_rows: int, harness_seed: int,
+                      function_seed: int, where: str, call_rows: Sequence[int] | None = None) -> TreeStepSample:
+    """``n`` single steps (rows spread over the bank's chains, ``shapes`` and schemes: row ``i``
+    has chain ``i mod R``, shape ``(i // R) mod len(shapes)`` and, for several schemes, scheme
+    ``(i // (R · len(shapes))) mod len(schemes)``), each completed to ``length`` tokens by target
+    sampling.  Rows are drafted ``batch_rows`` at a time; each such batch is one call, or, with
+    ``call_rows``, calls of those sizes in turn (:func:`call_in_groups`; the cycle runs on across
+    batches)."""
     _check_markov(bank)
+    schemes = (scheme,) if isinstance(scheme, str) else tuple(scheme)
     harness = torch.Generator().manual_seed(harness_seed)
     fn_generator = function.generator(function_seed)
+    sizes = itertools.cycle(call_rows) if call_rows else None
     chains, collected, accepted = [], [], []
     done = 0
     while done < n:
@@ -136,11 +250,15 @@ def sample_tree_steps(function: Any, bank: MarkovBank, *, shapes: Sequence[tuple
         index = torch.arange(done, done + rows)
         chain = index % bank.num_chains
         shape_of_row = (index // bank.num_chains) % len(shapes)
+        scheme_of_row = (index // (bank.num_chains * len(shapes))) % len(schemes)
         parents = padded_parents(shapes, shape_of_row)
         present = present_nodes(shapes, shape_of_row)
         states = bank.prompt_states(chain)
-        drafted = draft_trees(bank, chain, states, parents, present, scheme, harness)
-        emitted, lengths, _ = function(drafted.proposal, fn_generator, where=where)
+        drafted = draft_mixed_trees(bank, chain, states, parents, present, schemes, scheme_of_row, harness)
+        if sizes is None:
+            emitted, lengths, _ = function(drafted.proposal, fn_generator, where=where)
+        else:
+            emitted, lengths = call_in_groups(function, drafted.proposal, fn_generator, sizes, where)
         width = min(length, emitted.shape[1])
         tokens = torch.zeros(rows, length, dtype=torch.int64)
         tokens[:, :width] = emitted[:, :width].clamp(min=0)
