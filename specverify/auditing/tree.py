@@ -37,6 +37,7 @@ The function runs in a worker process (:class:`specverify.auditing.guarded.Guard
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -81,6 +82,7 @@ from specverify.core.chains import MarkovBank, random_markov_chain
 from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_exact import eagle_shape
+from specverify.core.identity import identity_detectable_tv, identity_sample_size, identity_test
 from specverify.core.transitions import transition_goodness_of_fit
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.tree_harness import (
@@ -134,7 +136,7 @@ class TreeSession:
 
 
 def shape_parameters(shapes: tuple[tuple[int, ...], ...], call_rows: tuple[int, ...] | None,
-                     orders: tuple[str, ...] | None) -> dict[str, Any]:
+                     orders: tuple[str, ...] | None, strided: tuple[bool, ...] | None = None) -> dict[str, Any]:
     """What a report says about a check's trees and calls: the shapes when there are a few
     small ones, else their sizes (N), largest depth, most children of a node, number and node
     orders; the call sizes (B)."""
@@ -147,6 +149,8 @@ def shape_parameters(shapes: tuple[tuple[int, ...], ...], call_rows: tuple[int, 
         described["orders"] = list(orders)
     if call_rows is not None:
         described["B"] = list(call_rows)
+    if strided is not None and any(strided):
+        described["inputs"] = "contiguous and strided views" if not all(strided) else "strided views"
     return described
 
 
@@ -198,12 +202,13 @@ class TreeLawCheck(ChiSquareCheck):
     acceptance: bool = True
     orders: tuple[str, ...] | None = None
     tv_scale: float = 1.0
+    strided: tuple[bool, ...] | None = None
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         self.num_cells = self.bank.num_chains * self.bank.vocab_size**self.length
         scheme = self.scheme if isinstance(self.scheme, str) else list(self.scheme)
-        self.parameters = {"scheme": scheme, **shape_parameters(self.shapes, self.call_rows, self.orders),
+        self.parameters = {"scheme": scheme, **shape_parameters(self.shapes, self.call_rows, self.orders, self.strided),
                            "chain": f"markov order {self.bank.order}", "V": self.bank.vocab_size,
                            "chains": self.bank.num_chains, "L": self.length, "cells": self.num_cells,
                            "loop": self.loop, **_scale_parameter(self.tv_scale)}
@@ -225,7 +230,8 @@ class TreeLawCheck(ChiSquareCheck):
         return law / law.sum()
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
-        sampler = sample_tree_runs if self.loop else functools.partial(sample_tree_steps, call_rows=self.call_rows)
+        sampler = sample_tree_runs if self.loop else functools.partial(sample_tree_steps, call_rows=self.call_rows,
+                                                                       strided=self.strided)
         sample = sampler(session.function, self.bank, shapes=self.shapes, scheme=self.scheme, length=self.length,
                          n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
                          function_seed=derive_seed(plan.seed, "function", look), where=self.name)
@@ -272,6 +278,7 @@ class TreeTransitionCheck(ChiSquareCheck):
     call_rows: tuple[int, ...] | None = None
     orders: tuple[str, ...] | None = None
     tv_scale: float = 1.0
+    strided: tuple[bool, ...] | None = None
     parameters: dict[str, Any] = field(init=False)
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
@@ -281,7 +288,7 @@ class TreeTransitionCheck(ChiSquareCheck):
         bank = self.bank
         reachable = sum(min(bank.num_states, bank.vocab_size**j) for j in range(self.length))
         self.num_cells = bank.num_chains * reachable * (bank.vocab_size - 1) + 1  # degrees of freedom + 1
-        self.parameters = {"scheme": self.scheme, **shape_parameters(self.shapes, self.call_rows, self.orders),
+        self.parameters = {"scheme": self.scheme, **shape_parameters(self.shapes, self.call_rows, self.orders, self.strided),
                            "chain": f"markov order {bank.order}", "V": bank.vocab_size, "chains": bank.num_chains,
                            "L": self.length, "blocks": bank.num_chains * reachable, "cells": self.num_cells,
                            "test": "transitions", **_scale_parameter(self.tv_scale)}
@@ -291,7 +298,7 @@ class TreeTransitionCheck(ChiSquareCheck):
                                    length=self.length, n=n, batch_rows=session.batch_rows,
                                    harness_seed=derive_seed(plan.seed, "harness", look),
                                    function_seed=derive_seed(plan.seed, "function", look), where=self.name,
-                                   call_rows=self.call_rows)
+                                   call_rows=self.call_rows, strided=self.strided)
         return Tally(n, {"blocks": transition_counts(self.bank, sample.chain, sample.tokens)})
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
@@ -325,6 +332,115 @@ class TreeTransitionCheck(ChiSquareCheck):
         bank = self.bank
         return tuple(f"chain {r} position {j + 1} state {s} token {t}" for r in range(bank.num_chains)
                      for j in range(self.length) for s in range(bank.num_states) for t in range(bank.vocab_size))
+
+
+LARGE_VOCAB = 32_768
+"""V of ``tree-large-vocabulary`` (2^15, the smallest of the vocabularies engines serve; a row of
+the check carries 11 laws of V floats, so its cost is linear in V)."""
+
+LARGE_VOCAB_SHAPES = ((-1, -1, 0, 2, 3), (-1, 0, 1, 2, -1))
+"""Its trees: two children of the root and a depth-4 branch, breadth-first and depth-first."""
+
+LARGE_VOCAB_ROWS = 128
+"""Rows drafted at a time at large V (4096 rows of 11 laws of 50k floats would be 9 GB)."""
+
+LARGE_VOCAB_TV_SCALE = 10.0
+"""``tree-large-vocabulary`` is sized for 10 × the budget's TV (standard: 0.2, thorough 0.1) in
+the law of its pooled tokens: a row carries 11 laws of V floats (1.4 MB at V = 32,768)."""
+
+ZIPF_EXPONENT = 1.1
+
+
+def zipf_law(rng: np.random.Generator, vocab_size: int) -> np.ndarray:
+    """A Zipf(1.1) law over a random permutation of the ids (heavy tokens anywhere in the
+    vocabulary, every token of positive probability), as a language model's next-token law."""
+    weights = np.empty(vocab_size)
+    weights[rng.permutation(vocab_size)] = 1.0 / np.arange(1, vocab_size + 1) ** ZIPF_EXPONENT
+    return weights / weights.sum()
+
+
+def large_vocabulary_bank(name: str, vocab_size: int) -> MarkovBank:
+    """A context-free (order-0) bank at large V: one target law ``p`` (:func:`zipf_law`) shared by
+    two chains, one with a draft close to ``p`` (``0.8 p + 0.2 r``: deep acceptance, bonus tokens)
+    and one with an unrelated Zipf draft (rejections, residuals, corrections).  Under a lossless
+    rule every token of a completed step is then an independent draw from ``p``."""
+    rng = np.random.default_rng(derive_seed("tree-bank", name, vocab_size) % 2**63)
+    target = zipf_law(rng, vocab_size)
+    close = 0.8 * target + 0.2 * zipf_law(rng, vocab_size)
+    far = zipf_law(rng, vocab_size)
+    tables = np.stack([target, target])[:, None, :]
+    drafts = np.stack([close / close.sum(), far])[:, None, :]
+    return MarkovBank(tables, drafts, 0, np.zeros((2, 0), dtype=np.int64))
+
+
+@dataclass
+class TreeIdentityCheck(SequentialCheck):
+    """Tree steps at a large vocabulary, every completed token of every step pooled, against the
+    target's law by the token-level identity test (:func:`specverify.core.identity.identity_test`).
+
+    The bank is context-free and its chains share one target law ``p`` (:func:`large_vocabulary_bank`),
+    so under a lossless rule the ``L = depth + 1`` tokens of a completed step are independent
+    draws from ``p``: ``n`` steps give ``n · L`` samples of ``p``, tested at the token level (the
+    light tail by mass, by blocks of consecutive ids and by probability level; a token of
+    probability 0 is a certain failure).  The TV it detects is that of the pooled token law (the
+    average over positions of each position's law) from ``p``, planned by
+    :func:`specverify.core.identity.identity_sample_size` (a worst case over every alternative)."""
+
+    name: str
+    description: str
+    bank: MarkovBank
+    shapes: tuple[tuple[int, ...], ...]
+    schemes: tuple[str, ...]
+    call_rows: tuple[int, ...]
+    strided: tuple[bool, ...]
+    tv_scale: float = LARGE_VOCAB_TV_SCALE
+    parameters: dict[str, Any] = field(init=False)
+    kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+
+    def __post_init__(self) -> None:
+        if self.bank.order != 0 or not np.array_equal(self.bank.target[0], self.bank.target[-1]):
+            raise ValueError("bank: the identity check needs a context-free bank whose chains share one target law")
+        self.law = self.bank.target[0, 0]
+        self.length = max(tree_exact.tree_depth(s) for s in self.shapes) + 1
+        self.num_cells = self.bank.vocab_size
+        self.parameters = {"scheme": list(self.schemes), **shape_parameters(self.shapes, self.call_rows, None, self.strided),
+                           "chain": "context-free Zipf(1.1)", "V": self.bank.vocab_size, "chains": self.bank.num_chains,
+                           "L": self.length, "tokens per step": self.length, "test": "identity",
+                           **_scale_parameter(self.tv_scale)}
+
+    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
+        tokens = identity_sample_size(self.law, scaled_tv(epsilon, self.tv_scale), alpha=alpha, power=power)
+        return math.ceil(tokens / self.length)
+
+    def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        return identity_detectable_tv(self.law, n * self.length, alpha=alpha, power=power)
+
+    def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
+        sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.schemes,
+                                   length=self.length, n=n, batch_rows=min(session.batch_rows, LARGE_VOCAB_ROWS),
+                                   harness_seed=derive_seed(plan.seed, "harness", look),
+                                   function_seed=derive_seed(plan.seed, "function", look), where=self.name,
+                                   call_rows=self.call_rows, strided=self.strided)
+        return Tally(n, {"tokens": np.bincount(sample.tokens.reshape(-1).numpy(), minlength=self.bank.vocab_size)})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        counts = tally.counts["tokens"]
+        result = identity_test(counts, self.law, seed=derive_seed(plan.seed, "identity", look or 0) % 2**32)
+        failed = result.pvalue <= level
+        where = level_phrase(plan, level, look)
+        parts = "; ".join(f"{part.name} p = {part.pvalue:.3g}" for part in result.parts)
+        if result.impossible_count:
+            message = f"emitted {result.impossible_count} token(s) of target probability 0: certain loss"
+        elif failed:
+            message = (f"the {int(counts.sum())} emitted tokens do not follow the target's law: p-value "
+                       f"{result.pvalue:.3g} ≤ {where} ({parts}); plug-in TV {result.empirical_tv:.4f}")
+        else:
+            message = (f"the {int(counts.sum())} emitted tokens are consistent with the target's law (p-value "
+                       f"{result.pvalue:.3g} > {where}; {parts})")
+        return check_report(self, plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n,
+                            num_cells=self.bank.vocab_size, statistic=float(result.statistic),
+                            pvalue=float(result.pvalue), empirical_tv=float(result.empirical_tv),
+                            **look_fields(plan, level, look))
 
 
 def transition_counts(bank: MarkovBank, chain: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
@@ -499,6 +615,10 @@ CALL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
 (a batch of requests as an engine holds them; a path for small batches gets 6 % of the rows at
 B ≤ 4, 22 % at B ≤ 8)."""
 
+ALTERNATE_STRIDED = (False, True)
+"""Production-shape calls alternate contiguous inputs and strided views of wider buffers
+(:mod:`specverify.auditing.presentation`: a decoy law in the padding)."""
+
 SMALL_CALL_ROWS = (1, 2, 3, 4)
 """Call sizes of ``tree-small-batches``: a tenth of its rows in single-row calls, all in calls of at most 4."""
 
@@ -589,14 +709,15 @@ class TreeBattery:
                     "nine tokens given the token before it (paths accepted deep on close drafts).",
                     tree_bank(f"tree-dynamic-deep-{scheme}", DEEP_VOCAB, 1, (0.9, 0.6)),
                     production_trees(top_k=10 if scheme == "independent" else DEEP_VOCAB, concentration=0.15, expand=4),
-                    scheme, 9, CALL_ROWS, tree_exact.NODE_ORDERS, PRODUCTION_TV_SCALE),
+                    scheme, 9, CALL_ROWS, tree_exact.NODE_ORDERS, PRODUCTION_TV_SCALE, ALTERNATE_STRIDED),
                 TreeLawCheck(
                     f"tree-dynamic-wide-{scheme}", f"EAGLE-2-like dynamic {scheme} trees of 60 nodes with up to ten "
                     f"children per node (V={WIDE_VOCAB}) in breadth-first, depth-first and interleaved order, called "
                     "with 1 to 64 rows: the first two tokens (long sibling loops on unrelated drafts).",
                     tree_bank(f"tree-dynamic-wide-{scheme}", WIDE_VOCAB, 1),
                     production_trees(top_k=10, concentration=1.0, expand=3), scheme, 2, call_rows=CALL_ROWS,
-                    acceptance=False, orders=tree_exact.NODE_ORDERS, tv_scale=PRODUCTION_TV_SCALE),
+                    acceptance=False, orders=tree_exact.NODE_ORDERS, tv_scale=PRODUCTION_TV_SCALE,
+                    strided=ALTERNATE_STRIDED),
             ]
         checks.append(TreeLawCheck(
             "tree-small-batches", f"The wide 60-node trees of tree-dynamic-wide (V={WIDE_VOCAB}), rows of every declared "
@@ -604,7 +725,14 @@ class TreeBattery:
             "engines serve by separate kernels): the first token.",
             tree_bank("tree-small-batches", WIDE_VOCAB, 1), production_trees(top_k=10, concentration=1.0, expand=3),
             schemes, 1, call_rows=SMALL_CALL_ROWS, acceptance=False, orders=tree_exact.NODE_ORDERS,
-            tv_scale=PRODUCTION_TV_SCALE))
+            tv_scale=PRODUCTION_TV_SCALE, strided=ALTERNATE_STRIDED))
+        checks.append(TreeIdentityCheck(
+            "tree-large-vocabulary", f"V={LARGE_VOCAB:,}: trees with two root children and "
+            "a depth-4 branch, breadth- and depth-first, every declared scheme, called with 1 to 64 rows as "
+            "contiguous tensors and as strided views: every token of every completed step against the target's "
+            "law, token by token (the light tail by mass, id blocks and probability levels).",
+            large_vocabulary_bank("tree-large-vocabulary", LARGE_VOCAB), LARGE_VOCAB_SHAPES, schemes, CALL_ROWS,
+            ALTERNATE_STRIDED))
         checks.append(InputsUnchangedCheck("inputs-unchanged", "No call may modify the tensors it is given."))
         checks += contract_checks()
         return checks

@@ -84,10 +84,12 @@ def sibling_ranks(parents: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
 
 
 def draft_trees(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, parents: torch.Tensor,
-                present: torch.Tensor, scheme: str, generator: torch.Generator) -> Drafted:
+                present: torch.Tensor, scheme: str | Sequence[str], generator: torch.Generator,
+                scheme_of_row: torch.Tensor | None = None, buffers: dict[str, torch.Tensor] | None = None) -> Drafted:
     """Draft one tree per row (``parents``/``present`` give its shape, nodes in any order with
-    every node after its parent) from the draft law at each node's parent path, under ``scheme``;
-    read the target law at every node's path.
+    every node after its parent) from the draft law at each node's parent path, under ``scheme``
+    (or, for several schemes, row ``b`` under ``scheme[scheme_of_row[b]]``: one call of a
+    verifier may hold requests drafted in different ways); read the target law at every node's path.
 
     Siblings are drawn in index order; the nodes of one depth are drawn at once (a node's law
     depends on its parent's path and its earlier siblings only):
@@ -100,58 +102,144 @@ def draft_trees(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, par
     - ``deterministic``: the ``k``-th child is the ``k``-th most likely draft token (ties by the
       lower id), with a one-hot law.
 
-    Absent nodes get token -1, a zero draft row and a uniform target row.
+    Absent nodes get token -1, a zero draft row and a uniform target row.  The float32 laws are
+    written once each (one gather from the bank's tables), which is what large V costs; with
+    ``buffers`` (a dict the caller keeps between calls, whose earlier proposal it no longer uses)
+    they are written into the same memory every call instead of freshly mapped pages.
     """
-    if scheme not in ("independent", "without_replacement", "deterministic"):
-        raise ValueError(f"scheme: unknown sibling scheme {scheme!r}")
+    schemes = (scheme,) if isinstance(scheme, str) else tuple(scheme)
+    unknown = [s for s in schemes if s not in ("independent", "without_replacement", "deterministic")]
+    if unknown or not schemes:
+        raise ValueError(f"scheme: unknown sibling scheme(s) {unknown or schemes!r}")
     batch, width = parents.shape
+    if scheme_of_row is None:
+        scheme_of_row = torch.zeros(batch, dtype=torch.int64)
     vocab = bank.vocab_size
-    target_rows, draft_rows = bank.rows_in(torch.float64)
+    target_rows32, draft_rows32 = bank.rows_in(torch.float32)  # what the function is given
+    uniform_row, zero_row = target_rows32.shape[0], draft_rows32.shape[0]  # appended below
     depth = node_depths(parents, present)
     rank = sibling_ranks(parents, present)
     tokens = torch.full((batch, width), -1, dtype=torch.int64)
     node_states = torch.full((batch, width), -1, dtype=torch.int64)
-    draft = torch.zeros(batch, width, vocab, dtype=torch.float64)
-    by_rank = torch.sort(-draft_rows, dim=-1, stable=True).indices if scheme == "deterministic" else None
-    if scheme != "independent" and bool((rank >= vocab).any()):
-        raise ValueError(f"parents: a node has more than V = {vocab} children, which cannot be drawn {scheme}")
+    draft_source = torch.full((batch, width), zero_row, dtype=torch.int64)  # independent nodes: their table row
+    one_hot: list[tuple[torch.Tensor, torch.Tensor]] = []  # (flat node index, token) of deterministic nodes
+    explicit: list[tuple[torch.Tensor, torch.Tensor]] = []  # (flat node index, law) of nodes drawn without replacement
+    row_scheme = [schemes[int(k)] for k in scheme_of_row.unique()]
+    if any(s != "independent" for s in row_scheme) and bool((rank >= vocab).any()):
+        raise ValueError(f"parents: a node has more than V = {vocab} children, which cannot be drawn "
+                         "without replacement or deterministically")
     for level in range(1, int(depth.max()) + 1):
-        rows, nodes = (depth == level).nonzero(as_tuple=True)
-        parent = parents[rows, nodes]
-        parent_state = torch.where(parent >= 0, node_states[rows, parent.clamp(min=0)], states[rows])
-        table_row = bank.table_rows(chain[rows], parent_state)
-        node_rank = rank[rows, nodes]
-        if scheme == "independent":
-            token = bank.draft_sampler.sample(table_row, generator)
-            law = draft_rows.index_select(0, table_row)
-        elif scheme == "deterministic":
-            token = by_rank[table_row, node_rank]
-            law = torch.nn.functional.one_hot(token, vocab).to(torch.float64)
-        else:
-            family, member = torch.unique(rows * (width + 1) + parent + 1, return_inverse=True)
-            family_q = draft_rows[table_row[_first_member(member, len(family))]]
-            clocks = -torch.log1p(-torch.rand(len(family), vocab, generator=generator, dtype=torch.float64))
-            arrival = torch.where(family_q > 0, clocks / family_q, torch.inf)  # q = 0: never arrives
-            race = torch.argsort(arrival, dim=-1, stable=True)
-            place = torch.argsort(race, dim=-1)  # each token's place in the race
-            token = race[member, node_rank]
-            q = draft_rows.index_select(0, table_row)
-            law = torch.where(place[member] < node_rank[:, None], 0.0, q)
-            total = law.sum(-1, keepdim=True)
-            if bool((total <= 0).any()):
-                raise ValueError("bank: a node has more children than its draft law has tokens of positive "
-                                 "probability, so they cannot be drawn without replacement")
-            law = law / total
-        tokens[rows, nodes] = token
-        node_states[rows, nodes] = bank.next_state(parent_state, token)
-        draft.view(-1, vocab).index_copy_(0, rows * width + nodes, law)
-    target = torch.full((batch, width + 1, vocab), 1.0 / vocab, dtype=torch.float64)
-    target[:, 0] = target_rows.index_select(0, bank.table_rows(chain, states))
+        level_rows, level_nodes = (depth == level).nonzero(as_tuple=True)
+        for index, name in enumerate(schemes):
+            mine = scheme_of_row[level_rows] == index
+            if not bool(mine.any()):
+                continue
+            rows, nodes = level_rows[mine], level_nodes[mine]
+            parent = parents[rows, nodes]
+            parent_state = torch.where(parent >= 0, node_states[rows, parent.clamp(min=0)], states[rows])
+            table_row = bank.table_rows(chain[rows], parent_state)
+            node_rank = rank[rows, nodes]
+            if name == "independent":
+                token = bank.draft_sampler.sample(table_row, generator)
+                draft_source[rows, nodes] = table_row
+            elif name == "deterministic":
+                token = bank.draft_tokens_by_rank(int(node_rank.max()) + 1)[table_row, node_rank]
+                one_hot.append((rows * width + nodes, token))
+            else:
+                token, law = _race_children(bank, table_row, rows * (width + 1) + parent + 1, node_rank, generator)
+                explicit.append((rows * width + nodes, law))
+            tokens[rows, nodes] = token
+            node_states[rows, nodes] = bank.next_state(parent_state, token)
+    draft_table = torch.cat([draft_rows32, torch.zeros(1, vocab, dtype=torch.float32)])
+    draft = _gather_rows(draft_table, draft_source.reshape(-1), buffers, "draft")
+    for flat, token in one_hot:
+        draft[flat, token] = 1.0
+    for flat, law in explicit:
+        draft.index_copy_(0, flat, law)
+    target_source = torch.full((batch, width + 1), uniform_row, dtype=torch.int64)
+    target_source[:, 0] = bank.table_rows(chain, states)
     rows, nodes = present.nonzero(as_tuple=True)
-    target.view(-1, vocab).index_copy_(0, rows * (width + 1) + nodes + 1,
-                                       target_rows.index_select(0, bank.table_rows(chain[rows], node_states[rows, nodes])))
-    proposal = TreeProposal(target.to(torch.float32), draft.to(torch.float32), tokens, parents.clone())
+    target_source[rows, nodes + 1] = bank.table_rows(chain[rows], node_states[rows, nodes])
+    target_table = torch.cat([target_rows32, torch.full((1, vocab), 1.0 / vocab, dtype=torch.float32)])
+    target = _gather_rows(target_table, target_source.reshape(-1), buffers, "target")
+    proposal = TreeProposal(target.view(batch, width + 1, vocab), draft.view(batch, width, vocab), tokens,
+                            parents.clone())
     return Drafted(proposal, node_states)
+
+
+RACE_MAX_VOCAB = 4096
+"""Up to this V children drawn without replacement race (V clocks per parent); above it each is
+drawn from ``q`` until its token is not an earlier sibling's (rejection; the removed mass is small)."""
+
+
+def _gather_rows(table: torch.Tensor, index: torch.Tensor, buffers: dict[str, torch.Tensor] | None,
+                 name: str) -> torch.Tensor:
+    """``table[index]`` (``[len(index), V]``), written into ``buffers[name]`` when given (grown as needed)."""
+    if buffers is None:
+        return table.index_select(0, index)
+    size = len(index) * table.shape[1]
+    if name not in buffers or buffers[name].numel() < size:
+        buffers[name] = torch.empty(size, dtype=table.dtype)
+    out = buffers[name][:size].view(len(index), table.shape[1])
+    return torch.index_select(table, 0, index, out=out)
+
+
+def _race_children(bank: MarkovBank, table_row: torch.Tensor, family_key: torch.Tensor, node_rank: torch.Tensor,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and float32 laws of children drawn without replacement (``family_key``: one value
+    per parent; ``node_rank``: each child's place among its siblings).
+
+    V ≤ :data:`RACE_MAX_VOCAB`: the exponential race of :func:`draft_trees`, one race per parent,
+    child ``k`` taking its ``k``-th arrival.  Larger V: the children of one level all have
+    different parents' races in one go is too much memory, so each child is drawn from ``q``
+    again and again until its token is none of its earlier siblings' (the law of ``q`` given
+    that event: ``q`` without those tokens, renormalised); the earlier siblings of a node are on
+    the same level, so the level's children are drawn rank by rank."""
+    _, draft_rows = bank.rows_in(torch.float64)
+    vocab = draft_rows.shape[1]
+    if vocab <= RACE_MAX_VOCAB:
+        family, member = torch.unique(family_key, return_inverse=True)
+        family_q = draft_rows[table_row[_first_member(member, len(family))]]
+        clocks = -torch.log1p(-torch.rand(len(family), vocab, generator=generator, dtype=torch.float64))
+        arrival = torch.where(family_q > 0, clocks / family_q, torch.inf)  # q = 0: never arrives
+        first = int(node_rank.max()) + 1  # the race's first places are all a level needs
+        race = torch.topk(arrival, first, dim=-1, largest=False, sorted=True).indices
+        token = race[member, node_rank]
+        earlier = race[member]  # [M, first]: the tokens of the earlier siblings come first
+        kept = torch.arange(first)[None, :] >= node_rank[:, None]
+    else:
+        token = torch.full_like(node_rank, -1)
+        for place in range(int(node_rank.max()) + 1):  # siblings of lower rank are drawn first
+            at = (node_rank == place).nonzero().squeeze(-1)
+            siblings = _earlier_siblings(family_key, node_rank, token, at, place)
+            pending = at
+            while len(pending):
+                drawn = bank.draft_sampler.sample(table_row[pending], generator)
+                clash = (siblings[:, :place] == drawn[:, None]).any(-1) if place else torch.zeros_like(drawn, dtype=torch.bool)
+                token[pending[~clash]] = drawn[~clash]
+                pending, siblings = pending[clash], siblings[clash]
+        earlier = _earlier_siblings(family_key, node_rank, token, torch.arange(len(token)), int(node_rank.max()) + 1)
+        kept = earlier < 0
+    law = draft_rows.index_select(0, table_row)
+    child, place = (~kept).nonzero(as_tuple=True)
+    law[child, earlier[child, place]] = 0.0  # the earlier siblings' tokens
+    total = law.sum(-1, keepdim=True)
+    if bool((total <= 0).any()):
+        raise ValueError("bank: a node has more children than its draft law has tokens of positive "
+                         "probability, so they cannot be drawn without replacement")
+    return token, (law / total).to(torch.float32)
+
+
+def _earlier_siblings(family_key: torch.Tensor, node_rank: torch.Tensor, token: torch.Tensor, at: torch.Tensor,
+                      places: int) -> torch.Tensor:
+    """int64 ``[len(at), places]``: for the children ``at``, the tokens of their siblings of rank
+    ``0..places-1`` below their own rank (-1 elsewhere, and where not drawn yet)."""
+    _, member = torch.unique(family_key, return_inverse=True)
+    by_family = torch.full((int(member.max()) + 1, places), -1, dtype=torch.int64)
+    low = node_rank < places
+    by_family[member[low], node_rank[low]] = token[low]
+    table = by_family[member[at]]
+    return torch.where(torch.arange(places)[None, :] < node_rank[at, None], table, -1)
 
 
 def _first_member(member: torch.Tensor, groups: int) -> torch.Tensor:
@@ -183,11 +271,13 @@ def _complete(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, token
 
 
 def call_in_groups(function: Any, proposal: TreeProposal, generator: Any, sizes: Iterator[int],
-                   where: str) -> tuple[torch.Tensor, torch.Tensor]:
+                   where: str, strided: Iterator[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass ``proposal``'s rows to ``function`` as consecutive groups of the sizes ``sizes``
     yields (one call per group, one generator throughout), each group cut to its own largest
     tree (``N`` = its rows' most present nodes), as an engine passes a batch of the requests it
-    holds.  Returns ``(emitted [B, N+1]`` padded with -1, ``lengths [B])``."""
+    holds; ``strided`` (when given) says for each call whether its inputs arrive as views of
+    wider buffers (:mod:`specverify.auditing.presentation`).  Returns ``(emitted [B, N+1]``
+    padded with -1, ``lengths [B])``."""
     batch, width = proposal.tree_tokens.shape
     emitted = torch.full((batch, width + 1), -1, dtype=torch.int64)
     lengths = torch.zeros(batch, dtype=torch.int64)
@@ -200,49 +290,33 @@ def call_in_groups(function: Any, proposal: TreeProposal, generator: Any, sizes:
                             proposal.draft_probs[start:stop, :used].contiguous(),
                             proposal.tree_tokens[start:stop, :used].contiguous(),
                             proposal.parents[start:stop, :used].contiguous())
-        out, count, _ = function(part, generator, where=where)
+        if strided is None:
+            out, count, _ = function(part, generator, where=where)
+        else:
+            out, count, _ = function(part, generator, where=where, strided=next(strided))
         emitted[start:stop, : used + 1] = out
         lengths[start:stop] = count
         start = stop
     return emitted, lengths
 
 
-def draft_mixed_trees(bank: MarkovBank, chain: torch.Tensor, states: torch.Tensor, parents: torch.Tensor,
-                      present: torch.Tensor, schemes: Sequence[str], scheme_of_row: torch.Tensor,
-                      generator: torch.Generator) -> Drafted:
-    """:func:`draft_trees` with each row drafted under its own scheme, ``schemes[scheme_of_row[b]]``
-    (one call of a verifier may hold requests drafted in different ways)."""
-    if len(schemes) == 1:
-        return draft_trees(bank, chain, states, parents, present, schemes[0], generator)
-    parts = []
-    for index, scheme in enumerate(schemes):
-        rows = (scheme_of_row == index).nonzero().squeeze(-1)
-        if len(rows):
-            parts.append((rows, draft_trees(bank, chain[rows], states[rows], parents[rows], present[rows], scheme,
-                                            generator)))
-    merged = [torch.empty((len(chain),) + tuple(t.shape[1:]), dtype=t.dtype) for t in parts[0][1].proposal]
-    node_states = torch.empty_like(parents)
-    for rows, drafted in parts:
-        for whole, part in zip(merged, drafted.proposal):
-            whole[rows] = part
-        node_states[rows] = drafted.node_states
-    return Drafted(TreeProposal(*merged), node_states)
-
-
 def sample_tree_steps(function: Any, bank: MarkovBank, *, shapes: Sequence[tuple[int, ...]],
                       scheme: str | Sequence[str], length: int, n: int, batch_rows: int, harness_seed: int,
-                      function_seed: int, where: str, call_rows: Sequence[int] | None = None) -> TreeStepSample:
+                      function_seed: int, where: str, call_rows: Sequence[int] | None = None,
+                      strided: Sequence[bool] | None = None) -> TreeStepSample:
     """``n`` single steps (rows spread over the bank's chains, ``shapes`` and schemes: row ``i``
     has chain ``i mod R``, shape ``(i // R) mod len(shapes)`` and, for several schemes, scheme
     ``(i // (R · len(shapes))) mod len(schemes)``), each completed to ``length`` tokens by target
     sampling.  Rows are drafted ``batch_rows`` at a time; each such batch is one call, or, with
     ``call_rows``, calls of those sizes in turn (:func:`call_in_groups`; the cycle runs on across
-    batches)."""
+    batches), each presented contiguous or strided as ``strided`` says in turn (cycled too)."""
     _check_markov(bank)
     schemes = (scheme,) if isinstance(scheme, str) else tuple(scheme)
     harness = torch.Generator().manual_seed(harness_seed)
     fn_generator = function.generator(function_seed)
     sizes = itertools.cycle(call_rows) if call_rows else None
+    presentations = itertools.cycle(strided) if strided else None
+    buffers: dict[str, torch.Tensor] = {}  # each batch's laws overwrite the previous batch's
     chains, collected, accepted = [], [], []
     done = 0
     while done < n:
@@ -254,11 +328,11 @@ def sample_tree_steps(function: Any, bank: MarkovBank, *, shapes: Sequence[tuple
         parents = padded_parents(shapes, shape_of_row)
         present = present_nodes(shapes, shape_of_row)
         states = bank.prompt_states(chain)
-        drafted = draft_mixed_trees(bank, chain, states, parents, present, schemes, scheme_of_row, harness)
+        drafted = draft_trees(bank, chain, states, parents, present, schemes, harness, scheme_of_row, buffers)
         if sizes is None:
             emitted, lengths, _ = function(drafted.proposal, fn_generator, where=where)
         else:
-            emitted, lengths = call_in_groups(function, drafted.proposal, fn_generator, sizes, where)
+            emitted, lengths = call_in_groups(function, drafted.proposal, fn_generator, sizes, where, presentations)
         width = min(length, emitted.shape[1])
         tokens = torch.zeros(rows, length, dtype=torch.int64)
         tokens[:, :width] = emitted[:, :width].clamp(min=0)
