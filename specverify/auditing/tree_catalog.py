@@ -35,7 +35,8 @@ from specverify.core.tree_rules import (
     validate_tree_inputs,
 )
 
-__all__ = ["TREE_CATALOG", "BuggyTreeRule", "rows_at_a_time", "witness_chain", "witness_rule"]
+__all__ = ["TREE_CATALOG", "BuggyTreeRule", "positions_capped_at", "residual_in_slots", "rows_at_a_time",
+           "small_batch_path_up_to", "target_law_cached_as_top", "witness_chain", "witness_rule"]
 
 
 @dataclass(frozen=True)
@@ -316,53 +317,74 @@ def _depth(parents: torch.Tensor) -> torch.Tensor:
     return depth
 
 
-def positions_capped_at_depth_three(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
-    """A node's target row is found through its position, computed with at most three parent hops:
-    an accepted node at depth d ≥ 4 continues with the law of its ancestor at depth 3."""
-    depth = _depth(parents)
-    ancestor = torch.arange(parents.shape[1]).expand_as(parents).clone()
-    for _ in range(parents.shape[1]):  # climb every node deeper than 3 to its depth-3 ancestor
-        deep = depth.gather(-1, ancestor) > 3
-        ancestor = torch.where(deep, parents.gather(-1, ancestor).clamp(min=0), ancestor)
+def positions_capped_at(cap: int) -> Callable[..., torch.Tensor]:
+    """The rule whose node positions are computed with at most ``cap`` parent hops: an accepted
+    node at depth d > ``cap`` continues with the law of its ancestor at depth ``cap``."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        depth = _depth(parents)
+        ancestor = torch.arange(parents.shape[1]).expand_as(parents).clone()
+        for _ in range(parents.shape[1]):  # climb every node deeper than the cap to its ancestor at the cap
+            deep = depth.gather(-1, ancestor) > cap
+            ancestor = torch.where(deep, parents.gather(-1, ancestor).clamp(min=0), ancestor)
 
-    def capped_row(step: _Step) -> torch.Tensor:
-        rows = torch.arange(step.p.shape[0])
-        return step.p[rows, ancestor[:, step.node] + 1]  # BUG: the depth-3 ancestor's law
+        def capped_row(step: _Step) -> torch.Tensor:
+            rows = torch.arange(step.p.shape[0])
+            return step.p[rows, ancestor[:, step.node] + 1]  # BUG: the capped ancestor's law
 
-    return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, fresh=capped_row)
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, fresh=capped_row)
+
+    return rule
 
 
-def residual_in_three_slots(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
-    """The laws a node's children are tested against live in three per-node slots (p and the
-    residuals after the first and second rejections): the 4th and later children are tested
-    against the third slot, and the final draw after them uses that slot's residual."""
-    slot = {}
+def _module_level(fn: Callable[..., torch.Tensor], name: str, doc: str) -> Callable[..., torch.Tensor]:
+    """``fn`` named as the module attribute it is bound to (so that it pickles by reference into
+    the audit's worker), with its own docstring."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
 
-    def rank(step: _Step) -> torch.Tensor:
-        n = step.node
-        return ((step.parents[:, :n] == step.parents[:, n:n + 1]) & (step.tokens[:, :n] >= 0)).sum(-1)
 
-    def law(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
-        k = rank(step)
-        if "r" not in slot:
-            slot["r"], slot["s"] = step.r.clone(), step.s.clone()
-        tested = (step.parents[:, step.node] == step.current) & (step.tokens[:, step.node] >= 0)
-        third = tested & (k == 2)
-        slot["r"] = torch.where(third[:, None], step.r, slot["r"])
-        slot["s"] = torch.where(third, step.s, slot["s"])
-        late = k >= 3  # BUG: no fourth slot
-        return torch.where(late[:, None], slot["r"], step.r), torch.where(late, slot["s"], step.s)
+positions_capped_at_depth_three = _module_level(positions_capped_at(3), "positions_capped_at_depth_three", """A node's target row is found through its position, computed with at most three parent
+hops: an accepted node at depth d ≥ 4 continues with the law of its ancestor at depth 3.""")
 
-    def accept(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
-        r, s = law(step)
-        x = step.tokens[:, step.node].clamp(min=0)
-        return step.u[:, step.node] * _at(q_row, x) * s < _at(r, x)
 
-    def residual(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
-        r, s = law(step)
-        return (r - s[:, None] * q_row).clamp(min=0)
+def residual_in_slots(slots: int) -> Callable[..., torch.Tensor]:
+    """The rule whose children's test laws live in ``slots`` per-node slots (p and the residuals
+    after the first ``slots − 1`` rejections): children after the ``slots``-th are tested against
+    the last slot, and the final draw after them uses that slot's residual."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        slot = {}
 
-    return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, accept=accept, residual=residual)
+        def law(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
+            n = step.node
+            rank = ((step.parents[:, :n] == step.parents[:, n:n + 1]) & (step.tokens[:, :n] >= 0)).sum(-1)
+            if "r" not in slot:
+                slot["r"], slot["s"] = step.r.clone(), step.s.clone()
+            tested = (step.parents[:, n] == step.current) & (step.tokens[:, n] >= 0)
+            last = tested & (rank == slots - 1)
+            slot["r"] = torch.where(last[:, None], step.r, slot["r"])
+            slot["s"] = torch.where(last, step.s, slot["s"])
+            late = rank >= slots  # BUG: no further slot
+            return torch.where(late[:, None], slot["r"], step.r), torch.where(late, slot["s"], step.s)
+
+        def accept(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
+            r, s = law(step)
+            x = step.tokens[:, step.node].clamp(min=0)
+            return step.u[:, step.node] * _at(q_row, x) * s < _at(r, x)
+
+        def residual(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
+            r, s = law(step)
+            return (r - s[:, None] * q_row).clamp(min=0)
+
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, accept=accept,
+                     residual=residual)
+
+    return rule
+
+
+residual_in_three_slots = _module_level(residual_in_slots(3), "residual_in_three_slots", """The laws a node's children are tested against live in three per-node slots (p and the
+residuals after the first and second rejections): the 4th and later children are tested
+against the third slot, and the final draw after them uses that slot's residual.""")
 
 
 def siblings_assumed_contiguous(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
@@ -378,32 +400,38 @@ def siblings_assumed_contiguous(target_probs, draft_probs, tree_tokens, parents,
     return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, tested=contiguous)
 
 
-CACHED_ENTRIES = 4
-"""Entries of each target law kept by :func:`target_law_cached_as_top_entries`."""
+def target_law_cached_as_top(entries: int) -> Callable[..., torch.Tensor]:
+    """The rule that caches each node's target law as its top ``entries`` entries, renormalised."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        top = target_probs.to(torch.float64).topk(min(entries, target_probs.shape[-1]), dim=-1)
+        cached = torch.zeros_like(target_probs, dtype=torch.float64).scatter_(-1, top.indices, top.values)  # BUG
+        return _walk(cached / cached.sum(-1, keepdim=True), draft_probs, tree_tokens, parents, generator, uniforms)
+
+    return rule
 
 
-def target_law_cached_as_top_entries(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
-    """Each node's target law is cached as its top 4 entries, renormalised (a sparse cache sized
-    for small vocabularies): exact for V ≤ 4, for V ≥ 5 the tokens outside a law's top 4 are
-    never accepted nor drawn."""
-    top = target_probs.to(torch.float64).topk(min(CACHED_ENTRIES, target_probs.shape[-1]), dim=-1)
-    cached = torch.zeros_like(target_probs, dtype=torch.float64).scatter_(-1, top.indices, top.values)  # BUG
-    cached = cached / cached.sum(-1, keepdim=True)
-    return _walk(cached, draft_probs, tree_tokens, parents, generator, uniforms)
+target_law_cached_as_top_entries = _module_level(target_law_cached_as_top(4), "target_law_cached_as_top_entries", """Each node's target law is cached as its top 4 entries, renormalised (a sparse cache sized
+for small vocabularies): exact for V ≤ 4, for V ≥ 5 the tokens outside a law's top 4 are
+never accepted nor drawn.""")
+
+
+def small_batch_path_up_to(rows: int) -> Callable[..., torch.Tensor]:
+    """The rule whose calls of at most ``rows`` rows take a latency path that draws the final
+    token after a rejection from the node's target law p instead of the residual."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        if tree_tokens.shape[0] <= rows:
+            return final_token_from_unreduced_p(target_probs, draft_probs, tree_tokens, parents, generator,
+                                                uniforms=uniforms)  # BUG: on the small-batch path
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms)
+
+    return rule
 
 
 SMALL_BATCH_ROWS = 4
 """Calls of at most this many rows take the separate path of :func:`small_batch_path`."""
 
-
-def small_batch_path(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
-    """Calls of at most 4 rows take a separate latency path whose final token after a rejection is
-    drawn from the node's target law p instead of the residual; larger calls are exact."""
-    if tree_tokens.shape[0] <= SMALL_BATCH_ROWS:
-        return final_token_from_unreduced_p(target_probs, draft_probs, tree_tokens, parents, generator,
-                                            uniforms=uniforms)  # BUG: on the small-batch path
-    return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms)
-
+small_batch_path = _module_level(small_batch_path_up_to(SMALL_BATCH_ROWS), "small_batch_path", """Calls of at most 4 rows take a separate latency path whose final token after a rejection is
+drawn from the node's target law p instead of the residual; larger calls are exact.""")
 
 _ENTRIES = (
     BuggyTreeRule("residual_not_updated", "Each child tested against the parent's unchanged p, the final token "
