@@ -90,7 +90,7 @@ def test_calls_in_groups_give_the_one_call_outputs_and_trim_each_group():
     emitted, lengths = call_in_groups(recording, drafted.proposal, function.generator(0), itertools.cycle([1, 2, 3]),
                                       "groups", itertools.cycle([False, True]))
     assert torch.equal(emitted, whole) and torch.equal(lengths, whole_lengths)
-    assert seen[:3] == [5, 2, 5] and len(seen) == 20  # rows 1-2 hold trees of 1 and 2 nodes: N = 2
+    assert seen[:3] == [5, 2, 5] and len(seen) == 21  # rows 1-2 hold trees of 1 and 2 nodes: N = 2
     seen.clear()
     call_in_groups(recording, drafted.proposal, function.generator(0), itertools.cycle([1]), "rows")
     assert seen[:3] == [5, 1, 2]  # a single row of shape (-1,) is called with N = 1
