@@ -11,13 +11,17 @@ Statistical honesty, as at the sampler level (:mod:`specverify.auditing.sampler`
 statistical check is a level-α test with its Bonferroni share of the audit's α, sized by
 :func:`specverify.core.stats.sample_size_for_tv` to detect a deviation of TV ε (the budget: quick
 0.05, standard 0.02, thorough 0.01) in the law of its cells with power 0.99, cells pooled by
-expected counts only, a sample in a cell of target probability 0 a certain failure.
+expected counts only, a sample in a cell of target probability 0 a certain failure.  The
+production-shape checks below are sized for a multiple of the budget's TV (their ``TV scale``:
+2.5 for the 60-node trees, 10 at V = 32,768), and their plans state the TV they detect.
 
 The battery (in run order), per declared scheme ``s``:
 
 - ``randomness-source`` (contract): all randomness from ``generator``;
 - ``exact-tree-step`` (only for functions taking ``uniforms=``): exact TV of one step on small
-  trees (siblings, depth, branches) for every declared scheme — cannot flake;
+  trees (siblings, depth, branches; a depth-4 chain, a depth-first layout, V = 5) for every
+  declared scheme, and a depth-8 chain, a node with four children and single-row calls — cannot
+  flake (:func:`exact_cases`);
 - ``tree-siblings-s``: three or two children of the root (V = 4), the first 2 completed tokens;
 - ``tree-branches-s``: ragged two-level trees (shapes (-1,-1,0,1,1), (-1,0,0), (-1,-1,1)), 3 tokens;
 - ``tree-deep-s``: depth-3 trees on order-2 targets (chain, ragged, EAGLE-like), 4 tokens;
@@ -27,6 +31,21 @@ The battery (in run order), per declared scheme ``s``:
   ``Σ_t min(p(t), P(t is drafted at the root))`` — the emitted first token follows ``p`` and an
   accepted one was drafted, so no lossless rule can exceed this coupling bound; the message
   compares the mean accepted length with recursive rejection sampling's exact expectation;
+- ``tree-dynamic-deep-s`` (transitions, :class:`TreeTransitionCheck`): EAGLE-2-like dynamic trees
+  of 60 nodes and depth up to 8 (:func:`production_trees`), each in breadth-first, depth-first
+  and interleaved order, rows in calls of 1 to 64 (:data:`CALL_ROWS`), alternately contiguous
+  and strided; V = 4 on close drafts, so paths are accepted deep: each of the first 9 tokens
+  given the token before it;
+- ``tree-dynamic-wide-s``: the same kind of trees with up to ten children per node, V = 12, on
+  unrelated drafts (long sibling loops): the first two tokens jointly;
+
+and once for the whole battery:
+
+- ``tree-small-batches``: the wide trees, rows of every declared scheme mixed, in calls of 1 to
+  4 rows (a tenth of them single-row calls): the first token;
+- ``tree-large-vocabulary`` (token-level identity test, :class:`TreeIdentityCheck`): V = 32,768,
+  small trees breadth- and depth-first, every declared scheme, calls of 1 to 64 rows contiguous
+  and strided: every token of every completed step pooled against the target's law;
 - ``inputs-unchanged`` (contract);
 - ``outputs-unaliased`` (contract): no call overwrote a tensor an earlier call returned.
 

@@ -7,7 +7,11 @@ returning ``emitted [B, N+1]``) and follows the uniform convention of
 (:func:`specverify.core.tree_exact.exact_tree_step_tv`).  The entries aim at the failure classes
 of tree verification in real engines: the residual between siblings, the position a node's
 children are scored at, the bonus node, the accepted path's bookkeeping, duplicates, the sibling
-scheme the verifier assumes, thresholds and the last sibling's fallback.  ``witness`` is a small
+scheme the verifier assumes, thresholds and the last sibling's fallback; and five that are exact
+on small trees and wrong only at production shapes (positions below depth 3, a fourth child,
+depth-first layouts, V ≥ 5, calls of at most 4 rows), built by factories
+(:func:`positions_capped_at`, :func:`residual_in_slots`, :func:`target_law_cached_as_top`,
+:func:`small_batch_path_up_to`) whose other parameters give other bugs of the same classes.  ``witness`` is a small
 case (chain, shape, scheme) on which the entry's exact TV is positive; the self-test
 (``properties/test_tree_catalog_selftest.py``) computes it and checks that the tree audit kills
 every entry.
