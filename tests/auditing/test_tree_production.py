@@ -68,7 +68,7 @@ def test_production_checks_state_their_shapes_and_detectable_tv():
     wide, plan = planned["tree-dynamic-wide-independent"]
     assert wide.parameters["children"] == 10 and wide.parameters["V"] == 12 and plan.detectable_tv <= 0.05 + 1e-9
     small, plan = planned["tree-small-batches"]
-    assert small.parameters["B"] == [1, 2, 3, 4] and len(small.parameters["scheme"]) == 3
+    assert set(small.parameters["B"]) == {1, 2, 3, 4} and len(small.parameters["scheme"]) == 3
     large, plan = planned["tree-large-vocabulary"]
     assert large.parameters["V"] >= 32_768 and plan.detectable_tv <= 0.2 + 1e-9
     assert planned["tree-siblings-independent"][1].detectable_tv <= 0.02 + 1e-9
