@@ -31,7 +31,7 @@ def test_reference_passes_at_quick(reference_report):
     names = [c.name for c in reference_report.checks]
     assert "exact-tree-step" in names and "tree-loop-deterministic" in names and "tree-small-batches" in names
     statistical = [c for c in reference_report.checks if c.alpha is not None]
-    assert len(statistical) == 22
+    assert len(statistical) == 23
     assert all(c.detectable_tv <= 0.05 * c.parameters.get("TV scale", 1.0) + 1e-12 for c in statistical)
 
 
