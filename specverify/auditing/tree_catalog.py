@@ -7,7 +7,11 @@ returning ``emitted [B, N+1]``) and follows the uniform convention of
 (:func:`specverify.core.tree_exact.exact_tree_step_tv`).  The entries aim at the failure classes
 of tree verification in real engines: the residual between siblings, the position a node's
 children are scored at, the bonus node, the accepted path's bookkeeping, duplicates, the sibling
-scheme the verifier assumes, thresholds and the last sibling's fallback.  ``witness`` is a small
+scheme the verifier assumes, thresholds and the last sibling's fallback; and five that are exact
+on small trees and wrong only at production shapes (positions below depth 3, a fourth child,
+depth-first layouts, V ≥ 5, calls of at most 4 rows), built by factories
+(:func:`positions_capped_at`, :func:`residual_in_slots`, :func:`target_law_cached_as_top`,
+:func:`small_batch_path_up_to`) whose other parameters give other bugs of the same classes.  ``witness`` is a small
 case (chain, shape, scheme) on which the entry's exact TV is positive; the self-test
 (``properties/test_tree_catalog_selftest.py``) computes it and checks that the tree audit kills
 every entry.
@@ -35,7 +39,8 @@ from specverify.core.tree_rules import (
     validate_tree_inputs,
 )
 
-__all__ = ["TREE_CATALOG", "BuggyTreeRule", "witness_chain"]
+__all__ = ["TREE_CATALOG", "BuggyTreeRule", "positions_capped_at", "residual_in_slots", "rows_at_a_time",
+           "small_batch_path_up_to", "target_law_cached_as_top", "witness_chain", "witness_rule"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,9 @@ class BuggyTreeRule:
     """One entry: ``name``, the exact mathematical error (``description``), what it is modelled on,
     its ``bug_class``, the rule ``fn``, and a ``witness`` ``(V, order, seed, closeness, parents,
     scheme)``: on :func:`witness_chain` (``random_markov_chain(V, order, seed, closeness=closeness)``)
-    with trees of shape ``parents`` drawn by ``scheme`` the entry's exact TV is positive."""
+    with trees of shape ``parents`` drawn by ``scheme`` the entry's exact TV is positive.  An
+    entry wrong only on calls of few rows has ``rows_per_call``: its witness TV is that of the
+    rule called on that many rows at a time (:func:`witness_rule`)."""
 
     name: str
     description: str
@@ -51,12 +58,33 @@ class BuggyTreeRule:
     bug_class: str
     fn: Callable[..., torch.Tensor]
     witness: tuple[int, int, int, float, tuple[int, ...], str]
+    rows_per_call: int | None = None
 
 
 def witness_chain(entry: BuggyTreeRule) -> MarkovChain:
     """The chain of an entry's witness case."""
     vocab, order, seed, closeness, _, _ = entry.witness
     return random_markov_chain(vocab, order, seed, closeness=closeness)
+
+
+def witness_rule(entry: BuggyTreeRule) -> Callable[..., torch.Tensor]:
+    """The entry's rule as its witness TV is computed: ``fn`` itself, or ``fn`` called on
+    ``rows_per_call`` rows at a time (:func:`rows_at_a_time`)."""
+    return entry.fn if entry.rows_per_call is None else rows_at_a_time(entry.fn, entry.rows_per_call)
+
+
+def rows_at_a_time(fn: Callable[..., torch.Tensor], rows: int) -> Callable[..., torch.Tensor]:
+    """``fn`` (SPEC §3 with ``uniforms=``) applied to consecutive groups of ``rows`` rows, the
+    outputs concatenated: what the rule emits when an engine calls it with small batches."""
+    def grouped(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        parts = []
+        for start in range(0, tree_tokens.shape[0], rows):
+            part = slice(start, start + rows)
+            parts.append(fn(target_probs[part], draft_probs[part], tree_tokens[part], parents[part], generator,
+                            uniforms=None if uniforms is None else uniforms[part]))
+        return torch.cat(parts)
+
+    return grouped
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,6 +131,7 @@ def _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, 
           residual: Callable[[_Step, torch.Tensor], torch.Tensor] = _default_residual,
           fresh: Callable[[_Step], torch.Tensor] = _default_fresh,
           tested_extra: Callable[[_Step], torch.Tensor] | None = None,
+          tested: Callable[[_Step], torch.Tensor] | None = None,
           final: Callable[[_Step, torch.Tensor], torch.Tensor] | None = None,
           emit: Callable[[_Step, torch.Tensor], torch.Tensor] | None = None,
           final_uniform: Callable[[_Step], torch.Tensor] = lambda step: step.u[:, -1]) -> torch.Tensor:
@@ -117,12 +146,15 @@ def _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, 
     p_node = step.r.clone()
     for n in range(positions - 1):
         step.node = n
-        tested = (tree_tokens[:, n] >= 0) & (parents[:, n] == step.current)
+        if tested is None:
+            is_tested = (tree_tokens[:, n] >= 0) & (parents[:, n] == step.current)
+        else:
+            is_tested = (tree_tokens[:, n] >= 0) & tested(step)
         if tested_extra is not None:
-            tested = tested & tested_extra(step)
+            is_tested = is_tested & tested_extra(step)
         row = q_row(step)
-        accepted = tested & accept(step, row)
-        rejected = tested & ~accepted
+        accepted = is_tested & accept(step, row)
+        rejected = is_tested & ~accepted
         updated = residual(step, row)
         total = updated.sum(-1)
         keep = rejected & (total > 0)
@@ -274,6 +306,137 @@ def final_draw_reuses_accept_uniform(target_probs, draft_probs, tree_tokens, par
                  final_uniform=lambda step: step.last_u)  # BUG: reuses a conditioned uniform
 
 
+# ------------------------------------------------------------------------------------------------
+# Production shapes: wrong only beyond small trees (deep paths, many children, depth-first
+# layouts, V > 4, small batches)
+# ------------------------------------------------------------------------------------------------
+
+
+def _depth(parents: torch.Tensor) -> torch.Tensor:
+    """``[B, N]``: each node's depth (1 for a child of the root)."""
+    depth = torch.zeros_like(parents)
+    for n in range(parents.shape[1]):
+        parent = parents[:, n]
+        depth[:, n] = torch.where(parent >= 0, depth.gather(-1, parent.clamp(min=0)[:, None]).squeeze(-1), 0) + 1
+    return depth
+
+
+def positions_capped_at(cap: int) -> Callable[..., torch.Tensor]:
+    """The rule whose node positions are computed with at most ``cap`` parent hops: an accepted
+    node at depth d > ``cap`` continues with the law of its ancestor at depth ``cap``."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        depth = _depth(parents)
+        ancestor = torch.arange(parents.shape[1]).expand_as(parents).clone()
+        for _ in range(parents.shape[1]):  # climb every node deeper than the cap to its ancestor at the cap
+            deep = depth.gather(-1, ancestor) > cap
+            ancestor = torch.where(deep, parents.gather(-1, ancestor).clamp(min=0), ancestor)
+
+        def capped_row(step: _Step) -> torch.Tensor:
+            rows = torch.arange(step.p.shape[0])
+            return step.p[rows, ancestor[:, step.node] + 1]  # BUG: the capped ancestor's law
+
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, fresh=capped_row)
+
+    return rule
+
+
+def _module_level(fn: Callable[..., torch.Tensor], name: str, doc: str) -> Callable[..., torch.Tensor]:
+    """``fn`` named as the module attribute it is bound to (so that it pickles by reference into
+    the audit's worker), with its own docstring."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+positions_capped_at_depth_three = _module_level(positions_capped_at(3), "positions_capped_at_depth_three", """A node's target row is found through its position, computed with at most three parent
+hops: an accepted node at depth d ≥ 4 continues with the law of its ancestor at depth 3.""")
+
+
+def residual_in_slots(slots: int) -> Callable[..., torch.Tensor]:
+    """The rule whose children's test laws live in ``slots`` per-node slots (p and the residuals
+    after the first ``slots − 1`` rejections): children after the ``slots``-th are tested against
+    the last slot, and the final draw after them uses that slot's residual."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        slot = {}
+
+        def law(step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
+            n = step.node
+            rank = ((step.parents[:, :n] == step.parents[:, n:n + 1]) & (step.tokens[:, :n] >= 0)).sum(-1)
+            if "r" not in slot:
+                slot["r"], slot["s"] = step.r.clone(), step.s.clone()
+            tested = (step.parents[:, n] == step.current) & (step.tokens[:, n] >= 0)
+            last = tested & (rank == slots - 1)
+            slot["r"] = torch.where(last[:, None], step.r, slot["r"])
+            slot["s"] = torch.where(last, step.s, slot["s"])
+            late = rank >= slots  # BUG: no further slot
+            return torch.where(late[:, None], slot["r"], step.r), torch.where(late, slot["s"], step.s)
+
+        def accept(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
+            r, s = law(step)
+            x = step.tokens[:, step.node].clamp(min=0)
+            return step.u[:, step.node] * _at(q_row, x) * s < _at(r, x)
+
+        def residual(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
+            r, s = law(step)
+            return (r - s[:, None] * q_row).clamp(min=0)
+
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, accept=accept,
+                     residual=residual)
+
+    return rule
+
+
+residual_in_three_slots = _module_level(residual_in_slots(3), "residual_in_three_slots", """The laws a node's children are tested against live in three per-node slots (p and the
+residuals after the first and second rejections): the 4th and later children are tested
+against the third slot, and the final draw after them uses that slot's residual.""")
+
+
+def siblings_assumed_contiguous(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+    """The children of the current node are taken to be the ``k`` nodes from its first child on
+    (``k`` its number of children), as in a breadth-first layout: in a depth-first layout the
+    first child's descendants are tested as siblings and the later children never."""
+    def contiguous(step: _Step) -> torch.Tensor:
+        is_child = (step.parents == step.current[:, None]) & (step.tokens >= 0)
+        count = is_child.sum(-1)
+        first = is_child.to(torch.int64).argmax(-1)
+        return (count > 0) & (step.node >= first) & (step.node < first + count)  # BUG: siblings adjacent
+
+    return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, tested=contiguous)
+
+
+def target_law_cached_as_top(entries: int) -> Callable[..., torch.Tensor]:
+    """The rule that caches each node's target law as its top ``entries`` entries, renormalised."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        top = target_probs.to(torch.float64).topk(min(entries, target_probs.shape[-1]), dim=-1)
+        cached = torch.zeros_like(target_probs, dtype=torch.float64).scatter_(-1, top.indices, top.values)  # BUG
+        return _walk(cached / cached.sum(-1, keepdim=True), draft_probs, tree_tokens, parents, generator, uniforms)
+
+    return rule
+
+
+target_law_cached_as_top_entries = _module_level(target_law_cached_as_top(4), "target_law_cached_as_top_entries", """Each node's target law is cached as its top 4 entries, renormalised (a sparse cache sized
+for small vocabularies): exact for V ≤ 4, for V ≥ 5 the tokens outside a law's top 4 are
+never accepted nor drawn.""")
+
+
+def small_batch_path_up_to(rows: int) -> Callable[..., torch.Tensor]:
+    """The rule whose calls of at most ``rows`` rows take a latency path that draws the final
+    token after a rejection from the node's target law p instead of the residual."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        if tree_tokens.shape[0] <= rows:
+            return final_token_from_unreduced_p(target_probs, draft_probs, tree_tokens, parents, generator,
+                                                uniforms=uniforms)  # BUG: on the small-batch path
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms)
+
+    return rule
+
+
+SMALL_BATCH_ROWS = 4
+"""Calls of at most this many rows take the separate path of :func:`small_batch_path`."""
+
+small_batch_path = _module_level(small_batch_path_up_to(SMALL_BATCH_ROWS), "small_batch_path", """Calls of at most 4 rows take a separate latency path whose final token after a rejection is
+drawn from the node's target law p instead of the residual; larger calls are exact.""")
+
 _ENTRIES = (
     BuggyTreeRule("residual_not_updated", "Each child tested against the parent's unchanged p, the final token "
                   "drawn from p: min(p, q) is accepted once per sibling, so drafted tokens are over-emitted.",
@@ -324,6 +487,29 @@ _ENTRIES = (
                   "CDF with the rejected child's accept uniform, which is conditioned on u ≥ p(x)/q(x).",
                   "one random number reused for the test and the correction", "randomness",
                   final_draw_reuses_accept_uniform, (4, 0, 2, 0.5, (-1,), "independent")),
+    BuggyTreeRule("positions_capped_at_depth_three", "Node positions computed with at most three parent hops: "
+                  "an accepted node at depth d ≥ 4 continues (its children's tests, the bonus) with the target law "
+                  "of its depth-3 ancestor instead of target_probs[n + 1].",
+                  "a position / depth table sized for shallow trees", "indexing", positions_capped_at_depth_three,
+                  (2, 1, 3, 0.9, (-1, 0, 1, 2), "independent")),
+    BuggyTreeRule("residual_in_three_slots", "A node's test laws live in three slots (p, the residuals after the "
+                  "1st and 2nd rejections): the 4th and later children are tested against the 2nd residual and "
+                  "the final draw after them starts from it, instead of the running residual.",
+                  "a per-node residual buffer of fixed size", "residual", residual_in_three_slots,
+                  (5, 1, 1, 0.0, (-1, -1, -1, -1), "deterministic")),
+    BuggyTreeRule("siblings_assumed_contiguous", "The current node's children are taken to be the k nodes from its "
+                  "first child on (k = its number of children): right in breadth-first layouts; in depth-first ones "
+                  "descendants of the first child are tested as its siblings and later children never.",
+                  "child ranges [first_child, first_child + num_children) of a breadth-first kernel", "indexing",
+                  siblings_assumed_contiguous, (3, 1, 1, 0.0, (-1, 0, -1), "independent")),
+    BuggyTreeRule("target_law_cached_as_top_entries", "Every target row is replaced by its top 4 entries, "
+                  "renormalised: tokens outside a law's top 4 are never accepted nor drawn (exact for V ≤ 4).",
+                  "a sparse top-k cache of the target's probabilities", "vocabulary",
+                  target_law_cached_as_top_entries, (5, 1, 1, 0.0, (-1,), "independent")),
+    BuggyTreeRule("small_batch_path", "Calls of at most 4 rows take a latency path whose final token after a "
+                  "rejection is drawn from the node's target law p instead of the residual; larger calls are exact.",
+                  "a separate small-batch kernel", "batch", small_batch_path, (4, 1, 1, 0.0, (-1,), "independent"),
+                  rows_per_call=SMALL_BATCH_ROWS),
 )
 
 TREE_CATALOG: dict[str, BuggyTreeRule] = {entry.name: entry for entry in _ENTRIES}

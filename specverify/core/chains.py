@@ -250,6 +250,7 @@ class ChainBank:
         self.draft_sampler = TableSampler(draft)
         self._prompt_tensor = torch.from_numpy(self.prompts)
         self._rows_in: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._by_rank: torch.Tensor | None = None
 
     @property
     def num_chains(self) -> int:
@@ -268,6 +269,13 @@ class ChainBank:
         if dtype not in self._rows_in:
             self._rows_in[dtype] = (self.target_rows.to(dtype), self.draft_rows.to(dtype))
         return self._rows_in[dtype]
+
+    def draft_tokens_by_rank(self, ranks: int) -> torch.Tensor:
+        """int64 ``[R·S, ranks]``: per flattened draft row its ``ranks`` most likely tokens in
+        decreasing probability, ties by the lower id (a stable sort, computed once per bank)."""
+        if self._by_rank is None or self._by_rank.shape[1] < min(ranks, self.vocab_size):
+            self._by_rank = torch.sort(-self.draft_rows, dim=-1, stable=True).indices
+        return self._by_rank[:, :ranks]
 
     def initial_state(self, chain: torch.Tensor) -> RowState:
         """Rows of the given chains ``[N]`` before any token is generated."""

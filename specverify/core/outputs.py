@@ -195,7 +195,8 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
     reached[:, 0] = True
     current = torch.full((batch,), -1, dtype=torch.int64)
     law_index = torch.zeros(batch, width + 1, dtype=torch.int64)  # slot j's law: 1 + the node before it
-    for j in range(width):
+    steps = min(width, int(lengths.max()) - 1)  # slots past the longest accepted path check nothing
+    for j in range(steps):
         law_index[:, j] = current + 1
         on_path = j < lengths - 1
         match = present & reached.gather(-1, parents + 1) & (tree_tokens == emitted[:, j:j + 1])
@@ -209,7 +210,7 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
                 "path may precede the correction-or-bonus token")])
         current = torch.where(on_path, match.to(torch.int64).argmax(-1), current)
         reached = torch.where(on_path[:, None], torch.cat([torch.zeros(batch, 1, dtype=torch.bool), match], 1), reached)
-    law_index[:, width] = current + 1
+    law_index[:, steps:] = (current + 1)[:, None]
     if target_probs is not None:
         impossible = zero_probability_tokens(emitted, lengths, target_probs, law_index)
         if impossible is not None:

@@ -104,6 +104,121 @@ def eagle_shape(top_k: int, depth: int, expand: int) -> tuple[int, ...]:
     return tuple(parents)
 
 
+def dynamic_tree_shape(seed: int, *, num_nodes: int = 60, depth: int = 8, top_k: int = 10,
+                       expand: int = 8, concentration: float = 0.3) -> tuple[int, ...]:
+    """An EAGLE-2-like dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster Inference of Language
+    Models with Dynamic Draft Trees", §4.2: expansion, then reranking), breadth-first.
+
+    Every node has a confidence ``c``; its value is the product of the confidences on its path.
+    The children of an expanded node take the ``top_k`` confidences ``Dirichlet(concentration)``
+    sorted in decreasing order (a drafter's top-k probabilities, from ``numpy.random.default_rng(seed)``).
+    Expansion: the root is expanded, then at each of the next ``depth − 1`` levels the ``expand``
+    nodes of largest value.  Reranking: the ``num_nodes`` nodes of largest value are kept (a
+    child's value is below its parent's, so every kept node's parent is kept), breadth-first:
+    by depth, then by the parent's position, then by confidence (sibling rank).  The result has
+    depth ≤ ``depth`` and at most ``top_k`` children per node; how deep and how wide it is
+    depends on the seed, as EAGLE-2's trees depend on the draft's confidence.
+    """
+    for name, value in (("num_nodes", num_nodes), ("depth", depth), ("top_k", top_k), ("expand", expand)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    rng = np.random.default_rng(seed)
+    # candidates: (value, depth, parent candidate, rank); candidate 0.. in creation order
+    candidates: list[tuple[float, int, int, int]] = []
+    frontier = [(-1, 1.0)]  # (candidate id, value) of the nodes expanded at this level
+    for level in range(1, depth + 1):
+        created = []
+        for parent, value in frontier:
+            confidences = np.sort(rng.dirichlet(np.full(top_k, concentration)))[::-1]
+            for rank, confidence in enumerate(confidences):
+                candidates.append((value * float(confidence), level, parent, rank))
+                created.append((len(candidates) - 1, value * float(confidence)))
+        created.sort(key=lambda item: (-item[1], item[0]))
+        frontier = created[:expand]
+    kept = sorted(range(len(candidates)), key=lambda i: (-candidates[i][0], i))[:num_nodes]
+    position: dict[int, int] = {-1: -1}  # candidate id -> node index, parents numbered first
+    shape: list[int] = []
+    for level in range(1, depth + 1):
+        level_nodes = sorted((i for i in kept if candidates[i][1] == level),
+                             key=lambda i: (position[candidates[i][2]], candidates[i][3]))
+        for i in level_nodes:
+            position[i] = len(shape)
+            shape.append(position[candidates[i][2]])
+    return check_shape(shape)
+
+
+def breadth_first_order(parents: Sequence[int]) -> tuple[int, ...]:
+    """The same tree with its nodes renumbered breadth-first (by depth; within a depth by the
+    parent's new index, siblings keeping their relative order)."""
+    return _renumbered(parents, _breadth_first(check_shape(parents)))
+
+
+def depth_first_order(parents: Sequence[int]) -> tuple[int, ...]:
+    """The same tree with its nodes renumbered depth-first (pre-order: a node, then its first
+    child's whole subtree, then its second child's …; siblings keep their relative order).
+    Siblings are then no longer adjacent: SpecInfer-style token trees, still valid SPEC §3 trees."""
+    shape = check_shape(parents)
+    children = children_of(shape)
+    order: list[int] = []
+    stack = list(reversed(children.get(-1, [])))
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children.get(node, [])))
+    return _renumbered(shape, order)
+
+
+def interleaved_order(parents: Sequence[int], seed: int) -> tuple[int, ...]:
+    """The same tree in a random order that SPEC §3 allows (every node after its parent), siblings
+    keeping their relative order: at each step one of the nodes whose parent and earlier siblings
+    are already placed is chosen uniformly (``numpy.random.default_rng(seed)``)."""
+    shape = check_shape(parents)
+    children = children_of(shape)
+    rng = np.random.default_rng(seed)
+    next_child = {-1: 0}
+    order: list[int] = []
+    while len(order) < len(shape):
+        ready = [parent for parent, i in next_child.items() if i < len(children.get(parent, []))]
+        parent = ready[int(rng.integers(len(ready)))]
+        node = children[parent][next_child[parent]]
+        next_child[parent] += 1
+        next_child[node] = 0
+        order.append(node)
+    return _renumbered(shape, order)
+
+
+NODE_ORDERS = ("breadth_first", "depth_first", "interleaved")
+"""The node orders :func:`reorder` produces (SPEC §3 requires only that a node follow its parent)."""
+
+
+def reorder(parents: Sequence[int], order: str, seed: int = 0) -> tuple[int, ...]:
+    """``parents`` renumbered in one of :data:`NODE_ORDERS` (``seed``: for ``interleaved``)."""
+    if order == "breadth_first":
+        return breadth_first_order(parents)
+    if order == "depth_first":
+        return depth_first_order(parents)
+    if order == "interleaved":
+        return interleaved_order(parents, seed)
+    raise ValueError(f"order: expected one of {', '.join(NODE_ORDERS)}, got {order!r}")
+
+
+def _breadth_first(shape: tuple[int, ...]) -> list[int]:
+    children = children_of(shape)
+    order: list[int] = []
+    level = children.get(-1, [])
+    while level:
+        order += level
+        level = [child for node in level for child in children.get(node, [])]
+    return order
+
+
+def _renumbered(shape: tuple[int, ...], order: list[int]) -> tuple[int, ...]:
+    """The shape with old node ``order[i]`` as new node ``i``."""
+    new_index = {old: new for new, old in enumerate(order)}
+    new_index[-1] = -1
+    return check_shape(tuple(new_index[shape[old]] for old in order))
+
+
 def max_children(parents: Sequence[int]) -> int:
     """The largest number of children of one node (the root included)."""
     return max(len(kids) for kids in children_of(check_shape(parents)).values())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from specverify.auditing.runner import audit, load_battery
-from specverify.auditing.tree_catalog import TREE_CATALOG, witness_chain
+from specverify.auditing.tree_catalog import TREE_CATALOG, witness_chain, witness_rule
 from specverify.core import tree_exact
 
 KILL_BUDGET = "quick"
@@ -34,7 +34,7 @@ def _kill_table():
 def test_entry_is_lossy_exactly(name):
     entry = TREE_CATALOG[name]
     *_, shape, scheme = entry.witness
-    tv = tree_exact.exact_tree_step_tv(entry.fn, witness_chain(entry), shape, scheme)
+    tv = tree_exact.exact_tree_step_tv(witness_rule(entry), witness_chain(entry), shape, scheme)
     assert tv > 1e-3, f"{name}: exact TV {tv:.3g} on its witness"
     ROWS[name] = (tv, ROWS.get(name, (0, "", ""))[1], str(entry.witness))
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from specverify.core import exact, rules, tree_exact, tree_rules
 from specverify.core.chains import PositionalChain
 from specverify.testing.tree_strategies import (
+    NODE_ORDERS,
     chain_shape,
     path_chains,
     sibling_schemes,
@@ -58,7 +59,8 @@ def _assume_drawable(chain, shape, scheme) -> None:
 
 
 @settings(max_examples=25, **EXACT_SETTINGS)
-@given(chain=path_chains(st.integers(2, 3), st.integers(0, 1)), shape=tree_shapes(3), scheme=sibling_schemes())
+@given(chain=path_chains(st.integers(2, 3), st.integers(0, 1)), shape=tree_shapes(3, orders=NODE_ORDERS),
+       scheme=sibling_schemes())
 def test_reference_tree_step_is_exact(chain, shape, scheme):
     """One step of the reference rule, integrated exactly, completed by target sampling = target law."""
     _assume_drawable(chain, shape, scheme)

@@ -1,7 +1,10 @@
 """Hypothesis strategies for draft trees (SPEC §3).
 
 - :func:`tree_shapes`: ``parents`` tuples of a kind: ``chain``, ``star``, ``binary``, ``eagle``
-  (top-k expansion of the best nodes, level by level, as EAGLE's dynamic trees) or ``random``.
+  (top-k expansion of the best nodes, level by level), ``dynamic`` (EAGLE-2's expansion and
+  reranking by path confidence, :func:`specverify.core.tree_exact.dynamic_tree_shape`) or
+  ``random``; with ``orders`` renumbered breadth-first, depth-first or interleaved.
+- :func:`node_orders`: one of :data:`specverify.core.tree_exact.NODE_ORDERS`.
 - :func:`sibling_schemes`: one of ``independent``, ``without_replacement``, ``deterministic``.
 - :func:`path_chains`: target/draft pairs keyed by the path (order-``k`` Markov chains), so a
   node's target law depends on its ancestors.
@@ -23,18 +26,21 @@ import torch
 from hypothesis import strategies as st
 
 from specverify.core.tree_exact import (
+    NODE_ORDERS,
     binary_shape,
     chain_shape,
+    dynamic_tree_shape,
     eagle_shape,
+    reorder,
     sibling_law,
     star_shape,
 )
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.strategies import markov_chains
 
-SHAPE_KINDS = ("chain", "star", "binary", "eagle", "random")
-__all__ = ["SHAPE_KINDS", "TreeBatch", "binary_shape", "chain_shape", "eagle_shape", "path_chains", "sibling_schemes",
-           "star_shape", "tree_batches", "tree_shapes"]
+SHAPE_KINDS = ("chain", "star", "binary", "eagle", "dynamic", "random")
+__all__ = ["NODE_ORDERS", "SHAPE_KINDS", "TreeBatch", "binary_shape", "chain_shape", "dynamic_tree_shape", "eagle_shape",
+           "node_orders", "path_chains", "sibling_schemes", "star_shape", "tree_batches", "tree_shapes"]
 
 
 @st.composite
@@ -43,15 +49,20 @@ def _random_shape(draw: st.DrawFn, max_nodes: int) -> tuple[int, ...]:
     return tuple([-1] + [draw(st.integers(-1, n - 1)) for n in range(1, num_nodes)])
 
 
-def tree_shapes(max_nodes: int = 4, kinds: tuple[str, ...] = SHAPE_KINDS) -> st.SearchStrategy[tuple[int, ...]]:
+def tree_shapes(max_nodes: int = 4, kinds: tuple[str, ...] = SHAPE_KINDS,
+                orders: tuple[str, ...] = ("breadth_first",)) -> st.SearchStrategy[tuple[int, ...]]:
     """``parents`` tuples with 1..``max_nodes`` nodes of the given kinds (a parent always precedes
     its children; ``eagle`` shapes are generated with ``top_k``, ``depth``, ``expand`` ≤ 2 and
-    truncated to ``max_nodes``)."""
+    truncated to ``max_nodes``; ``dynamic`` ones with ``num_nodes`` ≤ ``max_nodes``, depth ≤ 8,
+    ``top_k`` ≤ 10), each in one of ``orders`` (:data:`NODE_ORDERS`; the kinds' own numbering is
+    breadth-first except ``random``, which keeps its own)."""
     unknown = set(kinds) - set(SHAPE_KINDS)
     if unknown or not kinds:
         raise ValueError(f"kinds: expected a non-empty subset of {SHAPE_KINDS}, got {kinds!r}")
     if max_nodes < 1:
         raise ValueError(f"max_nodes: expected at least 1, got {max_nodes}")
+    if set(orders) - set(NODE_ORDERS) or not orders:
+        raise ValueError(f"orders: expected a non-empty subset of {NODE_ORDERS}, got {orders!r}")
     sizes = st.integers(1, max_nodes)
     options = []
     if "chain" in kinds:
@@ -63,9 +74,22 @@ def tree_shapes(max_nodes: int = 4, kinds: tuple[str, ...] = SHAPE_KINDS) -> st.
     if "eagle" in kinds:
         options.append(st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 2))
                        .map(lambda args: eagle_shape(*args)[:max_nodes]))
+    if "dynamic" in kinds:
+        options.append(st.builds(lambda seed, n, depth, top_k: dynamic_tree_shape(seed, num_nodes=n, depth=depth,
+                                                                                  top_k=top_k),
+                                 st.integers(0, 2**16), sizes, st.integers(1, 8), st.integers(1, 10)))
     if "random" in kinds:
         options.append(_random_shape(max_nodes))
-    return st.one_of(*options)
+    shapes = st.one_of(*options)
+    if orders == ("breadth_first",):
+        return shapes
+    return st.builds(lambda shape, order, seed: shape if order == "breadth_first" else reorder(shape, order, seed),
+                     shapes, st.sampled_from(orders), st.integers(0, 2**16))
+
+
+def node_orders() -> st.SearchStrategy[str]:
+    """One of :data:`NODE_ORDERS` (shrinks to ``breadth_first``)."""
+    return st.sampled_from(NODE_ORDERS)
 
 
 def sibling_schemes() -> st.SearchStrategy[str]:
