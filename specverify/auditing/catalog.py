@@ -77,6 +77,13 @@ class BuggyRule:
     input_dtypes: tuple[str, ...] | None = None
     strided_only: bool = False
 
+    @property
+    def production_shaped(self) -> bool:
+        """True when the bug cannot show at the toy shapes of the structural checks and the property
+        suite (V ≤ 6, K ≤ 8, two rows, contiguous float32): only the production checks
+        (``exact-large-vocabulary``, ``production-*``) can see it."""
+        return not self.shows_at(vocab_size=6, num_draft=8, batch_size=2)
+
     def shows_at(self, *, vocab_size: int, num_draft: int, batch_size: int = 1, dtype: str = "float32",
                  strided: bool = False) -> bool:
         """Whether the bug can show on a call of this shape (the production-shape fields)."""

@@ -275,6 +275,10 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         looks, look_alphas = plan_looks(check, n, share)
         final_alpha = look_alphas[-1] if looks else share
         detectable = check.detectable_tv(n, alpha=final_alpha, power=POWER)
+        if budget.epsilon is not None:
+            # n was sized (and its bound verified) for the target TV; a bound valid at ε holds for
+            # every TV ≥ ε, so a bisection over a numerically non-monotone bound may land above it.
+            detectable = min(detectable, target_tv(check, budget))
         plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
                           fixed_budget=budget.epsilon is None))
     return plans, share

@@ -36,7 +36,7 @@ def test_no_diagnosis_without_a_failure():
 
 
 def _result(name, verdict, kind="goodness-of-fit", acceptance=None):
-    return SimpleNamespace(name=name, verdict=verdict, kind=kind, acceptance=acceptance)
+    return SimpleNamespace(name=name, verdict=verdict, kind=kind, acceptance=acceptance, parameters={})
 
 
 def test_acceptance_rates_off_the_optimal_rule_are_named():
@@ -52,8 +52,10 @@ def test_contract_and_context_patterns():
     assert "generator" in diagnose(checks)
     loops = [_result("step-K1", "pass"), _result("step-K4", "pass"), _result("decoding-loop-order1", "fail")]
     assert "whole decoding loops" in diagnose(loops)
-    vocabulary = [_result("step-K1", "pass"), _result("large-vocabulary", "fail")]
-    assert "V = 32768" in diagnose(vocabulary)
+    vocabulary = [_result("step-K1", "pass"), _result("production-qwen-K1", "fail")]
+    vocabulary[1].parameters = {"V": 151936, "K": 1, "B": 6, "dtype": "bfloat16", "layout": "strided"}
+    text = diagnose(vocabulary)
+    assert "production shapes only" in text and "V=151936" in text
 
 
 def test_json_and_html_carry_the_diagnosis(tmp_path):

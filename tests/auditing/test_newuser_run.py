@@ -65,7 +65,7 @@ def test_terminal_bar_moves_inside_a_check_with_the_rows_done():
     bar = progress_for(stream)
     assert isinstance(bar, BarProgress)
     log = SimpleNamespace(rows=0)
-    checks = [SimpleNamespace(name="large-vocabulary", parameters={"K": 1, "V": 32768})]
+    checks = [SimpleNamespace(name="production-qwen-K1", parameters={"K": 1, "V": 151936})]
     plans = [SimpleNamespace(n=1000)]
     bar.begin(target="t", level="sampler", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
               checks=checks, plans=plans, log=log)
