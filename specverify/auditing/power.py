@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specverify.auditing.checks import POWER, Plan, SampleBudget
+from specverify.auditing.checks import POWER, Plan, SampleBudget, resolve_budget
 from specverify.auditing.defaults import POWER_CEILING_TV
 from specverify.core.sequential import final_look_alpha
 
@@ -83,16 +83,17 @@ def ceiling_of(level: str) -> float:
 
 def check_ceiling(check: Any, level: str, budget: SampleBudget) -> float:
     """The largest detectable TV a pass may state for ``check``: the level's ceiling, or, for a
-    check sized for its own TV per named budget (``check.target_tvs``: production shapes, whose
-    rows cost a megabyte each), the TV it is sized for under this budget (under a fixed budget,
-    its quick target), when that is larger.  The report states every such check's TV."""
+    check sized for its own TV (``target_tvs`` or a ``tv_scale``: production shapes, whose rows
+    cost a megabyte each), the TV it is sized for under this budget (under a fixed budget, under
+    ``quick``) when that is larger (:func:`~specverify.auditing.runner.target_tv`).  The report
+    states every such check's TV."""
+    from specverify.auditing.runner import target_tv  # the runner imports this module
+
     ceiling = ceiling_of(level)
-    own = getattr(check, "target_tvs", None) or {}
-    if not own:
+    if not (getattr(check, "target_tvs", None) or getattr(check, "tv_scale", 1.0) != 1.0):
         return ceiling
-    promised = own.get(budget.name) if budget.epsilon is not None else None
-    if promised is None:
-        promised = own.get("quick", max(own.values()))
+    named = budget if budget.epsilon is not None else resolve_budget("quick")  # sampler and tree: BUDGETS
+    promised = target_tv(check, named)
     return max(ceiling, float(promised) * 1.01)  # a planner's bisection lands within 1% of its target
 
 

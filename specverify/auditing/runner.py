@@ -285,10 +285,17 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
 
 
 def target_tv(check: Any, budget: SampleBudget) -> float | None:
-    """The TV ``check`` is sized for under a named ``budget``: the budget's ε, or the check's own
-    ``target_tvs[budget.name]`` where it has one (checks whose samples are costly, such as the
-    production-vocabulary checks, state a larger TV per budget; their plan reports the TV they detect)."""
-    return getattr(check, "target_tvs", {}).get(budget.name, budget.epsilon)
+    """The TV ``check`` is sized for under a named ``budget`` (None under a fixed one): the
+    check's own ``target_tvs[budget.name]`` where it has one (the sampler's production checks), else
+    min(1, ``tv_scale`` × the budget's ε) (the tree level's production checks: ``TV scale`` in their
+    parameters), else the budget's ε.  Checks whose rows cost megabytes state a larger TV this way;
+    the report states the TV each one detects."""
+    own = getattr(check, "target_tvs", None) or {}
+    if budget.name in own:
+        return float(own[budget.name])
+    if budget.epsilon is None:
+        return None
+    return min(1.0, float(getattr(check, "tv_scale", 1.0)) * budget.epsilon)
 
 
 def plan_looks(check: Any, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:

@@ -178,11 +178,6 @@ of the budget's TV (standard: 0.05, quick 0.125, thorough 0.025): a sample there
 a small tree's, mostly in calls; their plans state the TV they detect."""
 
 
-def scaled_tv(epsilon: float, scale: float) -> float:
-    """The TV a check sized at ``scale`` × the budget's ``epsilon`` detects (at most 1)."""
-    return min(1.0, scale * epsilon)
-
-
 def _scale_parameter(scale: float) -> dict[str, Any]:
     return {} if scale == 1.0 else {"TV scale": scale}
 
@@ -231,9 +226,6 @@ class TreeLawCheck(ChiSquareCheck):
                            "chains": self.bank.num_chains, "L": self.length, "cells": self.num_cells,
                            "loop": self.loop, **_scale_parameter(self.tv_scale)}
         self.expected_accepted = None if self.loop or not self.acceptance else self._accepted_law()
-
-    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        return super().required_samples(scaled_tv(epsilon, self.tv_scale), alpha=alpha, power=power)
 
     def _accepted_law(self) -> np.ndarray:
         """Law of the accepted path length under recursive rejection sampling, averaged over the
@@ -298,9 +290,6 @@ class TreeTransitionCheck(ChiSquareCheck):
     tv_scale: float = 1.0
     strided: tuple[bool, ...] | None = None
     parameters: dict[str, Any] = field(init=False)
-
-    def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        return super().required_samples(scaled_tv(epsilon, self.tv_scale), alpha=alpha, power=power)
 
     def __post_init__(self) -> None:
         bank = self.bank
@@ -427,7 +416,7 @@ class TreeIdentityCheck(SequentialCheck):
                            **_scale_parameter(self.tv_scale)}
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        tokens = identity_sample_size(self.law, scaled_tv(epsilon, self.tv_scale), alpha=alpha, power=power)
+        tokens = identity_sample_size(self.law, epsilon, alpha=alpha, power=power)
         return math.ceil(tokens / self.length)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:

@@ -153,7 +153,8 @@ def test_draft_equal_to_target_accepts_along_the_drawn_path(data, vocab, shape):
     """q = p at every node (siblings drawn independently): the first child of every reached node is
     accepted, so the step ends at the leaf of the first-child path with its bonus token."""
     levels = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).dirichlet(np.ones(vocab), size=8)
-    chain = PositionalChain(levels[: tree_exact.tree_depth(shape) + 1], levels[: tree_exact.tree_depth(shape)])
+    # tree_batches draws its own tree of up to len(shape) nodes: a chain as deep as any of them.
+    chain = PositionalChain(levels[: len(shape) + 1], levels[: len(shape)])
     batch = data.draw(tree_batches(chain, max_rows=1, max_nodes=len(shape), kinds=("random",),
                                    schemes=st.just("independent")))
     row_shape = tuple(batch.parents[0].tolist())

@@ -112,15 +112,30 @@ def test_the_native_path_is_taken_for_contiguous_cpu_float32_and_bfloat16(dtype,
 def test_the_native_path_is_not_taken_where_it_does_not_apply(monkeypatch):
     p, q, drafts, u, num_draft = random_case(derive_seed("native-not-taken"), 4, 3, 300, torch.float32, True)
     calls = Calls(monkeypatch)
-    for dtype in (torch.float64, torch.float16):
-        rejection_sample(p.to(dtype), q.to(dtype), drafts, uniforms=u, num_draft=num_draft)
+    rejection_sample(p.to(torch.float64), q.to(torch.float64), drafts, uniforms=u, num_draft=num_draft)
     rejection_sample(p, q.to(torch.bfloat16), drafts, uniforms=u, num_draft=num_draft)  # mixed dtypes
-    strided = torch.cat([p, p], dim=-1)[..., :300]
-    rejection_sample(strided, q, drafts, uniforms=u, num_draft=num_draft)
-    greedy_verify(strided, drafts, num_draft=num_draft)
     monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
     rejection_sample(p, q, drafts, uniforms=u, num_draft=num_draft)
     assert calls.taken == 0
+
+
+@needs_compiler
+def test_strided_views_and_float16_take_the_native_path(monkeypatch):
+    """Engines pass views of wider buffers and fp16 laws: copied contiguous / widened to float32
+    (exactly) before the kernel, with the torch path's outputs (fp16 laws whose rows sum off 1 by
+    more than float32's tolerance are flagged by the kernel's screen and run the torch code)."""
+    p, q, drafts, u, num_draft = random_case(derive_seed("native-views"), 4, 3, 300, torch.float32, True)
+    strided = torch.cat([p, p], dim=-1)[..., :300]
+    calls = Calls(monkeypatch)
+    native = rejection_sample(strided, q, drafts, uniforms=u, num_draft=num_draft)
+    half = rejection_sample(p.half(), q.half(), drafts, uniforms=u, num_draft=num_draft)
+    greedy_verify(strided, drafts, num_draft=num_draft)
+    assert calls.taken >= 2
+    monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
+    torch_path = rejection_sample(strided, q, drafts, uniforms=u, num_draft=num_draft)
+    torch_half = rejection_sample(p.half(), q.half(), drafts, uniforms=u, num_draft=num_draft)
+    assert all(torch.equal(a, b) for a, b in zip(native, torch_path))
+    assert all(torch.equal(a, b) for a, b in zip(half, torch_half))
 
 
 # --------------------------------------------------------------------------------------------
