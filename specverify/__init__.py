@@ -4,15 +4,10 @@
 ``AssertionError`` unless no loss was detected.  The package is grouped by purpose:
 ``specverify.core`` (rules, exact laws, statistics), ``specverify.testing`` (strategies, harness,
 pytest plugin), ``specverify.auditing`` (checks, levels, catalog, reports), ``specverify.cli`` and
-``specverify.hf`` (Hugging Face adapters and models).  The module paths of version 0.1
-(``specverify.rules``, ``specverify.battery``, ...) still import, see :mod:`specverify._moved`.
+``specverify.hf`` (Hugging Face adapters and models); docs/ARCHITECTURE.md maps every module.
 """
 
 __version__ = "0.2.0"
-
-from specverify import _moved  # noqa: E402
-
-_moved.install()
 
 _LAZY = ("audit", "assert_lossless", "AuditReport")
 
