@@ -87,10 +87,10 @@ def check_ceiling(check: Any, level: str, budget: SampleBudget) -> float:
     cost a megabyte each), the TV it is sized for under this budget (under a fixed budget, under
     ``quick``) when that is larger (:func:`~specverify.auditing.runner.target_tv`).  The report
     states every such check's TV."""
-    from specverify.auditing.runner import target_tv  # the runner imports this module
+    from specverify.auditing.runner import sized_for_own_tv, target_tv  # the runner imports this module
 
     ceiling = ceiling_of(level)
-    if not (getattr(check, "target_tvs", None) or getattr(check, "tv_scale", 1.0) != 1.0):
+    if not sized_for_own_tv(check):
         return ceiling
     named = budget if budget.epsilon is not None else resolve_budget("quick")  # sampler and tree: BUDGETS
     promised = target_tv(check, named)

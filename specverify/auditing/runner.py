@@ -275,13 +275,20 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         looks, look_alphas = plan_looks(check, n, share)
         final_alpha = look_alphas[-1] if looks else share
         detectable = check.detectable_tv(n, alpha=final_alpha, power=POWER)
-        if budget.epsilon is not None:
-            # n was sized (and its bound verified) for the target TV; a bound valid at ε holds for
-            # every TV ≥ ε, so a bisection over a numerically non-monotone bound may land above it.
+        if budget.epsilon is not None and sized_for_own_tv(check):
+            # n was sized (and its bound verified) for the literal target TV; a bound valid at ε
+            # holds for every TV ≥ ε, so a bisection over the identity test's numerically
+            # non-monotone bound may land above it.
             detectable = min(detectable, target_tv(check, budget))
         plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
                           fixed_budget=budget.epsilon is None))
     return plans, share
+
+
+def sized_for_own_tv(check: Any) -> bool:
+    """Whether ``check`` states its own TV per named budget (``target_tvs``, or a ``tv_scale`` ≠ 1)
+    and its ``required_samples`` takes that TV literally (the production-shape checks)."""
+    return bool(getattr(check, "target_tvs", None)) or getattr(check, "tv_scale", 1.0) != 1.0
 
 
 def target_tv(check: Any, budget: SampleBudget) -> float | None:
