@@ -17,8 +17,8 @@ Which TV a run must reach:
 - a fixed budget (N samples per check) asks for no TV, so it must reach the level's ceiling
   :data:`~specverify.auditing.defaults.POWER_CEILING_TV` (TV 0.25 at every level: a quarter of
   the output law's mass moved; the quick budget of every level reaches it);
-- a check sized for its own TV per named budget (``target_tvs``: the production-shape checks,
-  whose rows cost a megabyte each) must reach that TV instead where it is larger
+- a check sized for its own TV per named budget (``target_tvs`` or ``tv_scale``: the
+  production-shape checks, whose rows cost a megabyte each) must reach that TV instead where it is larger
   (:func:`check_ceiling`), and the verdict names it with its TV.
 
 An underpowered run still runs every check, because a gross loss can show at any n: a failure
@@ -81,14 +81,32 @@ def ceiling_of(level: str) -> float:
     return POWER_CEILING_TV.get(level, 0.25)
 
 
+def sized_for_own_tv(check: Any) -> bool:
+    """Whether ``check`` states its own TV per named budget (``target_tvs``, or a ``tv_scale`` ≠ 1)
+    and its ``required_samples`` takes that TV literally (the production-shape checks)."""
+    return bool(getattr(check, "target_tvs", None)) or getattr(check, "tv_scale", 1.0) != 1.0
+
+
+def target_tv(check: Any, budget: SampleBudget) -> float | None:
+    """The TV ``check`` is sized for under a named ``budget`` (None under a fixed one): the
+    check's own ``target_tvs[budget.name]`` where it has one (the sampler's production checks), else
+    min(1, ``tv_scale`` × the budget's ε) (the tree level's production checks: ``TV scale`` in their
+    parameters), else the budget's ε.  Checks whose rows cost megabytes state a larger TV this way;
+    the report states the TV each one detects."""
+    own = getattr(check, "target_tvs", None) or {}
+    if budget.name in own:
+        return float(own[budget.name])
+    if budget.epsilon is None:
+        return None
+    return min(1.0, float(getattr(check, "tv_scale", 1.0)) * budget.epsilon)
+
+
 def check_ceiling(check: Any, level: str, budget: SampleBudget) -> float:
     """The largest detectable TV a pass may state for ``check``: the level's ceiling, or, for a
     check sized for its own TV (``target_tvs`` or a ``tv_scale``: production shapes, whose rows
     cost a megabyte each), the TV it is sized for under this budget (under a fixed budget, under
-    ``quick``) when that is larger (:func:`~specverify.auditing.runner.target_tv`).  The report
+    ``quick``) when that is larger (:func:`target_tv`).  The report
     states every such check's TV."""
-    from specverify.auditing.runner import sized_for_own_tv, target_tv  # the runner imports this module
-
     ceiling = ceiling_of(level)
     if not sized_for_own_tv(check):
         return ceiling

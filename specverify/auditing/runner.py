@@ -49,7 +49,7 @@ from specverify.core import stats
 from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
 from specverify.auditing.minimal_case import MinimalCase
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
-from specverify.auditing.power import PowerShortfall, power_shortfall
+from specverify.auditing.power import PowerShortfall, power_shortfall, sized_for_own_tv, target_tv
 from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
 from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
@@ -283,26 +283,6 @@ def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed:
         plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
                           fixed_budget=budget.epsilon is None))
     return plans, share
-
-
-def sized_for_own_tv(check: Any) -> bool:
-    """Whether ``check`` states its own TV per named budget (``target_tvs``, or a ``tv_scale`` ≠ 1)
-    and its ``required_samples`` takes that TV literally (the production-shape checks)."""
-    return bool(getattr(check, "target_tvs", None)) or getattr(check, "tv_scale", 1.0) != 1.0
-
-
-def target_tv(check: Any, budget: SampleBudget) -> float | None:
-    """The TV ``check`` is sized for under a named ``budget`` (None under a fixed one): the
-    check's own ``target_tvs[budget.name]`` where it has one (the sampler's production checks), else
-    min(1, ``tv_scale`` × the budget's ε) (the tree level's production checks: ``TV scale`` in their
-    parameters), else the budget's ε.  Checks whose rows cost megabytes state a larger TV this way;
-    the report states the TV each one detects."""
-    own = getattr(check, "target_tvs", None) or {}
-    if budget.name in own:
-        return float(own[budget.name])
-    if budget.epsilon is None:
-        return None
-    return min(1.0, float(getattr(check, "tv_scale", 1.0)) * budget.epsilon)
 
 
 def plan_looks(check: Any, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:

@@ -47,6 +47,9 @@ STORED_EXACT_TV: dict[str, float | None] = {
     "greedy_acceptance_when_sampling": 0.06, "counts_every_passing_test": 0.36, "global_torch_rng": None,
     "reseeded_every_call": None, "typical_acceptance": 0.32,
 }
+""":func:`exact_tv` of every entry, rounded to 6 decimals and stored so that ``--list`` is instant
+(the integration takes ~10 s of CPU); ``tests/cli/test_newuser_cli.py`` recomputes them."""
+
 PRODUCTION_EXACT_TV: dict[str, float | None] = {
     "vocabulary_tile_drops_high_ids": 0.128464, "partial_last_tile_dropped": 0.011581,
     "half_precision_cdf_at_large_vocab": 0.000229, "bonus_library_top_k": 0.005356,
@@ -57,9 +60,6 @@ PRODUCTION_EXACT_TV: dict[str, float | None] = {
 ``exact-large-vocabulary`` check integrates (its largest case; tests/auditing/test_audit.py
 recomputes them); None for the entries it cannot integrate one row at a time (a row block of
 256 rows; reads through a padded view), which the production step checks catch."""
-
-""":func:`exact_tv` of every entry, rounded to 6 decimals and stored so that ``--list`` is instant
-(the integration takes ~10 s of CPU); ``tests/cli/test_listing.py`` recomputes them."""
 
 
 @functools.lru_cache(maxsize=None)
