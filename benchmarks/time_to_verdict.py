@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def catalog_names() -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from specverify.auditing.catalog import CATALOG
+    from specverify.auditing.sampler.catalog import CATALOG
 
     return sorted(CATALOG)
 

@@ -23,7 +23,7 @@ def without_uniforms(rule: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def __getattr__(name: str) -> Callable[..., Any]:
-    from specverify.auditing.catalog import CATALOG
+    from specverify.auditing.sampler.catalog import CATALOG
 
     if name not in CATALOG:
         raise AttributeError(f"no catalog entry {name!r}; known: {', '.join(sorted(CATALOG))}")

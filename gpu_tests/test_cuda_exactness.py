@@ -31,7 +31,7 @@ import reference.decoder
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
 from specverify.core import exact, rules, stats
 from specverify.hf import packaged as models
-from specverify.auditing.catalog import CATALOG
+from specverify.auditing.sampler.catalog import CATALOG
 from specverify.core.chains import PositionalChain
 from specverify.core.rules import VerifyResult
 from specverify.core.seeding import derive_seed

@@ -1,5 +1,5 @@
 """Print the per-call cost of process isolation: the same calls of the reference rule through
-:class:`specverify.auditing.guarded.GuardedFunction` with ``isolation="process"`` and ``"none"``.
+:class:`specverify.auditing.isolation.guarded.GuardedFunction` with ``isolation="process"`` and ``"none"``.
 
     PYTHONPATH=. python3 scripts/isolation_overhead.py [--calls 200]
 
@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from specverify.auditing.guarded import GuardedFunction
-from specverify.auditing.sampler import positional_family_bank
+from specverify.auditing.isolation.guarded import GuardedFunction
+from specverify.auditing.sampler.battery import positional_family_bank
 from specverify.testing.harness import Tables, propose
 
 

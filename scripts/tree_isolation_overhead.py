@@ -1,5 +1,5 @@
 """Print the per-call cost of process isolation at the tree level: the same calls of the reference
-``verify_tree`` through :class:`specverify.auditing.guarded.GuardedTreeFunction` with
+``verify_tree`` through :class:`specverify.auditing.isolation.guarded.GuardedTreeFunction` with
 ``isolation="process"`` and ``"none"`` (alternating, twice each).
 
     PYTHONPATH=. python3 scripts/tree_isolation_overhead.py [--calls 20]
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from specverify.auditing.guarded import GuardedTreeFunction
-from specverify.auditing.tree import BRANCH_SHAPES, tree_bank
+from specverify.auditing.isolation.guarded import GuardedTreeFunction
+from specverify.auditing.tree.battery import BRANCH_SHAPES, tree_bank
 from specverify.testing.tree_harness import DEFAULT_TREE_ROWS, draft_trees, padded_parents, present_nodes
 
 

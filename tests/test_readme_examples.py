@@ -79,7 +79,7 @@ def make_project(root: Path) -> None:
     (root / "my_engine").mkdir(parents=True)
     (root / "my_engine" / "__init__.py").write_text("")
     (root / "my_engine" / "sampling.py").write_text(textwrap.dedent("""
-        from specverify.auditing.catalog import CATALOG
+        from specverify.auditing.sampler.catalog import CATALOG
         from specverify.core.rules import verify
 
 

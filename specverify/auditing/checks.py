@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from specverify.auditing.faults import Fault, FaultKind, call_with_deadline
+from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
 from specverify.core import rounding, stats
 
 POWER = 0.99
@@ -193,7 +193,7 @@ class Check:
 
     Subclasses (dataclasses) set ``name``, ``description``, ``parameters`` (JSON-able; part of the
     check's seed) and the class attribute ``kind``, and implement ``run(session, plan)``, which
-    returns :meth:`report` (or raises a :class:`~specverify.auditing.faults.Fault` that the audit
+    returns :meth:`report` (or raises a :class:`~specverify.auditing.isolation.faults.Fault` that the audit
     turns into a result with :meth:`from_fault`).  ``statistical`` checks take a share of α and a
     sample size: the audit calls ``required_samples`` (named budgets) and ``detectable_tv`` (every
     budget) to plan them; the others get ``Plan(n=0, alpha=None)``.

@@ -4,9 +4,9 @@ reads them; :mod:`specverify.auditing.runner` re-exports every name)."""
 from __future__ import annotations
 
 LEVELS: dict[str, str] = {
-    "sampler": "specverify.auditing.sampler:SamplerBattery",
-    "decoder": "specverify.auditing.decoder:DecoderBattery",
-    "tree": "specverify.auditing.tree:TreeBattery",
+    "sampler": "specverify.auditing.sampler.battery:SamplerBattery",
+    "decoder": "specverify.auditing.decoder.battery:DecoderBattery",
+    "tree": "specverify.auditing.tree.battery:TreeBattery",
     "endpoint": "specverify.auditing.endpoint.battery:EndpointBattery",
 }
 """Audit level -> ``module:class`` of its battery (instantiated without arguments)."""

@@ -43,7 +43,7 @@ runs them after the first failure."""
 
 
 def is_production_shape(name: str) -> bool:
-    """The checks at production shapes (:mod:`specverify.auditing.sampler_production`)."""
+    """The checks at production shapes (:mod:`specverify.auditing.sampler.production`)."""
     return name == "exact-large-vocabulary" or name.startswith("production-")
 
 

@@ -85,14 +85,14 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
     if spec in builtins:
         return _load_from_module(*builtins[spec].split(":"), spec=spec)
     if spec.startswith("catalog:") and level == "tree":
-        from specverify.auditing.tree_catalog import TREE_CATALOG
+        from specverify.auditing.tree.catalog import TREE_CATALOG
 
         name = spec.split(":", 1)[1]
         if name not in TREE_CATALOG:
             raise LoadError(f"target: no tree catalog entry {name!r}; known: {', '.join(sorted(TREE_CATALOG))}")
         return TREE_CATALOG[name].fn
     if spec.startswith("catalog:"):
-        from specverify.auditing.catalog import CATALOG
+        from specverify.auditing.sampler.catalog import CATALOG
 
         name = catalog_key(spec.split(":", 1)[1])
         if name not in CATALOG:
@@ -112,7 +112,7 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
 
 
 def catalog_key(name: str) -> str:
-    """The :data:`~specverify.auditing.catalog.CATALOG` key of a catalog name written with hyphens or underscores."""
+    """The :data:`~specverify.auditing.sampler.catalog.CATALOG` key of a catalog name written with hyphens or underscores."""
     return name.strip().replace("-", "_")
 
 

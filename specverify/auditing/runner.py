@@ -30,7 +30,7 @@ Family-wise α: split evenly over the statistical checks (Bonferroni), so a corr
 fails the whole audit with probability at most α whatever the dependence between checks.
 
 Levels are pluggable: :data:`LEVELS` maps a level name to the ``module:class`` of its battery
-(see :class:`specverify.auditing.sampler.Battery`).
+(see :class:`specverify.auditing.sampler.battery.Battery`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from specverify.auditing.minimal_case import MinimalCase
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
 from specverify.auditing.power import PowerShortfall, power_shortfall, sized_for_own_tv, target_tv
 from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
-from specverify.auditing.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
+from specverify.auditing.isolation.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
-from specverify.auditing.captured import captured_warnings
-from specverify.auditing.isolation import check_isolation, preserved_process_state
+from specverify.auditing.isolation.captured import captured_warnings
+from specverify.auditing.isolation.process import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
 from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
@@ -322,7 +322,7 @@ def audit(
     ``checks``: run only the checks with these names (α is then split over the statistical ones
     among them); default all.  ``isolation``: ``"process"`` runs the function in a worker
     process that is killed at a deadline and restarted after it ends abnormally
-    (:mod:`specverify.auditing.isolation`); ``"none"`` calls it in this process, restoring the
+    (:mod:`specverify.auditing.isolation.process`); ``"none"`` calls it in this process, restoring the
     torch default dtype, thread count and numpy error state afterwards.  A callable that cannot
     be sent to a worker (a lambda, a closure) runs in-process, with a note in the report.
     A Ctrl-C stops the audit at once with a partial report (exit 2 unless a check had failed).
@@ -439,7 +439,7 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
                   seed: int) -> tuple[MinimalCase | None, str]:
     """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks
     (never an error of the audit: a fault of the function here only means no case is shown)."""
-    from specverify.auditing.faults import Fault
+    from specverify.auditing.isolation.faults import Fault
     from specverify.auditing.minimal_case import find_minimal_case
 
     if function is None or (hasattr(function, "stop_reason") and function.stop_reason() is not None):

@@ -3,9 +3,9 @@
 Exit status: 0 no loss detected, 1 loss detected (or contract violated), 2 could not audit (or
 underpowered: the budget cannot detect the level's ceiling TV, unless ``--allow-underpowered``).
 
-For CI: ``--junit-xml PATH`` writes one test case per check (:mod:`specverify.auditing.report_junit`),
+For CI: ``--junit-xml PATH`` writes one test case per check (:mod:`specverify.auditing.reports.junit_xml`),
 and under GitHub Actions (``GITHUB_ACTIONS=true``) the findings are also printed as workflow
-annotations (:mod:`specverify.auditing.report_github`).  When stdout and stderr are the same pipe
+annotations (:mod:`specverify.auditing.reports.github_annotations`).  When stdout and stderr are the same pipe
 or file (``2>&1 | tee log``), the per-check progress lines are the table, so it is not printed again.
 """
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from specverify.auditing.progress import progress_for
-    from specverify.auditing.report_terminal import format_report, verdict_line
+    from specverify.auditing.reports.terminal import format_report, verdict_line
 
     if args.list:
         from specverify.cli.listing import listing
@@ -162,23 +162,23 @@ def _run(args: argparse.Namespace) -> int:
     table = not (getattr(progress, "per_check", False) and same_destination(sys.stdout, sys.stderr))
     print(verdict_line(report) if args.quiet else format_report(report, table=table))
     if os.environ.get("GITHUB_ACTIONS") == "true":
-        from specverify.auditing.report_github import annotations
+        from specverify.auditing.reports.github_annotations import annotations
 
         print("\n".join(annotations(report)))
     if args.junit_xml:
-        from specverify.auditing.report_junit import write_junit
+        from specverify.auditing.reports.junit_xml import write_junit
 
         write_junit(report, args.junit_xml)
         if not args.quiet:
             print(f"wrote JUnit XML report to {args.junit_xml}", file=sys.stderr)
     if args.json:
-        from specverify.auditing.report_json import write_json
+        from specverify.auditing.reports.json_file import write_json
 
         write_json(report, args.json)
         if not args.quiet:
             print(f"wrote JSON report to {args.json}", file=sys.stderr)
     if args.html:
-        from specverify.auditing.report_html import write_html
+        from specverify.auditing.reports.html_page import write_html
 
         write_html(report, args.html)
         if not args.quiet:

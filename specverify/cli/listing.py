@@ -67,7 +67,7 @@ def exact_tv(name: str) -> float | None:
     """Exact one-step TV of catalog entry ``name`` on :data:`EXAMPLE` (None if not integrable)."""
     import numpy as np
 
-    from specverify.auditing.catalog import CATALOG
+    from specverify.auditing.sampler.catalog import CATALOG
     from specverify.core import exact
     from specverify.core.chains import PositionalChain
 
@@ -85,7 +85,7 @@ def _first_sentence(text: str, limit: int = 100) -> str:
 
 def listing() -> str:
     """The text ``specverify audit --list`` prints."""
-    from specverify.auditing.catalog import CATALOG
+    from specverify.auditing.sampler.catalog import CATALOG
     from specverify.auditing.loading import BUILTINS
 
     lines = ["Built-in targets (specverify audit NAME [--level LEVEL]):"]

@@ -5,7 +5,7 @@ only, ``impl(target_probs, draft_probs, draft_tokens, generator)``, with the sam
 :mod:`specverify.testing.harness`: it proposes drafts from the draft law along each row's path of
 a bank of toy chains (:mod:`specverify.core.chains`), reads the target law along the same path,
 calls the implementation on large float32 batches, validates every output with
-:func:`specverify.auditing.faults.validate_emitted`, completes what it emitted by target sampling
+:func:`specverify.auditing.isolation.faults.validate_emitted`, completes what it emitted by target sampling
 (:func:`~specverify.testing.harness.sample_steps`) or runs whole decoding loops
 (:func:`~specverify.testing.harness.sample_runs`), and compares the counts with the exact target
 laws of the harness (:func:`~specverify.testing.harness.positional_window_law`,
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from specverify.properties import budget
-from specverify.auditing.faults import validate_emitted
+from specverify.auditing.isolation.faults import validate_emitted
 from specverify.core import exact, stats
 from specverify.core.chains import MarkovBank, MarkovChain, PositionalBank, PositionalChain
 from specverify.core.seeding import derive_seed
@@ -70,7 +70,7 @@ def call_impl(
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``impl(target_probs, draft_probs, draft_tokens, generator)`` (SPEC §1 signature only); the
-    output validated by :func:`specverify.auditing.faults.validate_emitted`, which raises ``Fault``
+    output validated by :func:`specverify.auditing.isolation.faults.validate_emitted`, which raises ``Fault``
     naming the first malformed row.  Returns ``(emitted [B, K+1], lengths [B])`` on the CPU."""
     result = impl(target_probs, draft_probs, draft_tokens, generator)
     return validate_emitted(result, draft_tokens, target_probs.shape[-1])

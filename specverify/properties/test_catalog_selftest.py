@@ -1,6 +1,6 @@
 """Self-test: the property suite catches every entry of the known-bug catalog.
 
-For each entry of ``specverify.auditing.catalog.CATALOG`` that can show at the suite's toy shapes
+For each entry of ``specverify.auditing.sampler.catalog.CATALOG`` that can show at the suite's toy shapes
 (``not BuggyRule.production_shaped``; the production-shape entries — vocabulary tiles, K > 8,
 row blocks, dtypes, strides — are killed by the audit's production checks, tests/auditing):
 
@@ -41,8 +41,8 @@ import torch
 
 from specverify.properties import budget
 from specverify.core import exact
-from specverify.auditing.catalog import CATALOG, BuggyRule
-from specverify.auditing.faults import Fault
+from specverify.auditing.sampler.catalog import CATALOG, BuggyRule
+from specverify.auditing.isolation.faults import Fault
 from specverify.core.seeding import derive_seed
 from specverify.properties.test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
 from specverify.properties.sampled_checks import (

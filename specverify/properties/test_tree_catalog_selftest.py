@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from specverify.auditing.runner import audit, load_battery
-from specverify.auditing.tree_catalog import TREE_CATALOG, witness_chain, witness_rule
+from specverify.auditing.tree.catalog import TREE_CATALOG, witness_chain, witness_rule
 from specverify.core import tree_exact
 
 KILL_BUDGET = "quick"

@@ -6,7 +6,7 @@ a chain for each row, samples the draft tokens from the draft law q
 along each row's path, reads the target law p along the same path (so the target at position i
 depends on the draft tokens before i for context-dependent chains), calls the function on large
 batches (rows are independent requests), validates each output, and extends what the function
-emitted with target samples.  The statistical checks in :mod:`specverify.auditing.sampler` then compare
+emitted with target samples.  The statistical checks in :mod:`specverify.auditing.sampler.battery` then compare
 the collected tokens with the target's exact law.
 
 Completion (why checking a single step is enough).  Speculative decoding is lossless when the
@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from specverify.auditing.guarded import CallLog, GuardedFunction  # noqa: F401 - re-exported
+from specverify.auditing.isolation.guarded import CallLog, GuardedFunction  # noqa: F401 - re-exported
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank, RowState
 
 DEFAULT_BATCH_ROWS = 4096
@@ -90,7 +90,7 @@ def complete(bank: ChainBank, state: RowState, emitted: torch.Tensor, lengths: t
 # --------------------------------------------------------------------------------------------
 
 
-# GuardedFunction and CallLog live in specverify.auditing.guarded (worker-process isolation); the
+# GuardedFunction and CallLog live in specverify.auditing.isolation.guarded (worker-process isolation); the
 # names are re-exported here for the harness's callers.
 
 

@@ -5,10 +5,10 @@ The harness holds R toy language models (order-``k`` Markov chains as tables, a
 (rows of one call hold different shapes: ragged trees padded with absent nodes), drafts every
 node's token from the draft law at its parent's path under the sibling scheme (independent,
 without replacement, deterministic top-k), reads the target law at every node's path, calls the
-function (a :class:`specverify.auditing.guarded.GuardedTreeFunction`, which validates each output
+function (a :class:`specverify.auditing.isolation.guarded.GuardedTreeFunction`, which validates each output
 against SPEC §3 with :func:`specverify.core.outputs.validate_tree_emitted`: the accepted tokens
 must be a root-to-node path of the row's tree) on large batches, and extends what was emitted by target sampling.  The
-checks in :mod:`specverify.auditing.tree` then compare the collected tokens with the target's
+checks in :mod:`specverify.auditing.tree.battery` then compare the collected tokens with the target's
 exact law (Leviathan et al. 2023 Theorem 1 step by step, as in :mod:`specverify.testing.harness`).
 
 All harness randomness comes from its own generator; the function gets its own.
@@ -276,7 +276,7 @@ def call_in_groups(function: Any, proposal: TreeProposal, generator: Any, sizes:
     yields (one call per group, one generator throughout), each group cut to its own largest
     tree (``N`` = its rows' most present nodes), as an engine passes a batch of the requests it
     holds; ``strided`` (when given) says for each call whether its inputs arrive as views of
-    wider buffers (:mod:`specverify.auditing.presentation`).  Returns ``(emitted [B, N+1]``
+    wider buffers (:mod:`specverify.auditing.isolation.presentation`).  Returns ``(emitted [B, N+1]``
     padded with -1, ``lengths [B])``."""
     batch, width = proposal.tree_tokens.shape
     emitted = torch.full((batch, width + 1), -1, dtype=torch.int64)

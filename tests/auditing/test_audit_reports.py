@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from specverify.auditing import report_html
+from specverify.auditing.reports import html_page
 from specverify.auditing.runner import audit
-from specverify.auditing.report_html import render_html, write_html
-from specverify.auditing.report_json import SCHEMA, deterministic_view, report_to_dict, write_json
-from specverify.auditing.report_terminal import format_report
+from specverify.auditing.reports.html_page import render_html, write_html
+from specverify.auditing.reports.json_file import SCHEMA, deterministic_view, report_to_dict, write_json
+from specverify.auditing.reports.terminal import format_report
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 VECTORIZED = f"{EXAMPLES / 'vectorized_verify.py'}:verify"
@@ -74,6 +74,6 @@ def test_html_is_self_contained_with_plots(buggy_report, tmp_path):
 
 
 def test_html_without_matplotlib_says_so(buggy_report, monkeypatch):
-    monkeypatch.setattr(report_html, "_matplotlib", lambda: None)
+    monkeypatch.setattr(html_page, "_matplotlib", lambda: None)
     page = render_html(buggy_report)
     assert "<img" not in page and "matplotlib is not installed" in page

@@ -1,4 +1,4 @@
-"""Tests of specverify.auditing.catalog: every entry is well formed, and every bug is real.
+"""Tests of specverify.auditing.sampler.catalog: every entry is well formed, and every bug is real.
 
 "Real" is shown three ways, all exact (no sampling):
 - hand examples with injected uniforms where the entry emits something the reference does not
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specverify.auditing.catalog import CATALOG, COARSE_UNIFORM_STEP, BuggyRule
+from specverify.auditing.sampler.catalog import CATALOG, COARSE_UNIFORM_STEP, BuggyRule
 from specverify.core.chains import PositionalChain
 from specverify.auditing.loading import load_target
 from specverify.core.rules import verify

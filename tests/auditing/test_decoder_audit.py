@@ -27,8 +27,8 @@ from reference.drafters import ModelDrafter
 from specverify.core import stats
 from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
 from specverify.auditing.checks import Plan
-from specverify.auditing.catalog import CATALOG
-from specverify.auditing.decoder import (
+from specverify.auditing.sampler.catalog import CATALOG
+from specverify.auditing.decoder.battery import (
     DECODER_BUDGETS,
     FILTER_STRATA,
     MIN_EXPECTED,
@@ -42,7 +42,7 @@ from specverify.auditing.decoder import (
     sequence_index,
     validate_new_tokens,
 )
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 from specverify.core.processing import process_logits
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specverify.auditing.guarded import GuardedFunction
-from specverify.auditing.sampler import positional_family_bank
+from specverify.auditing.isolation.guarded import GuardedFunction
+from specverify.auditing.sampler.battery import positional_family_bank
 from specverify.core.rules import verify as reference
 from specverify.testing.harness import propose
 

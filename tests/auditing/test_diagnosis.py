@@ -1,5 +1,5 @@
 """The diagnosis reads where the loss is from the pattern of verdicts, on catalog entries whose bug
-class is known (specverify.auditing.catalog), and stays silent for a lossless rule."""
+class is known (specverify.auditing.sampler.catalog), and stays silent for a lossless rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 import specverify
-from specverify.auditing.catalog import CATALOG
+from specverify.auditing.sampler.catalog import CATALOG
 from specverify.auditing.diagnosis import acceptance_deviations, diagnose
 
 PATTERN = ["exact-step", "step-K1", "bonus-position", "correction-position", "disjoint-supports"]
@@ -59,8 +59,8 @@ def test_contract_and_context_patterns():
 
 
 def test_json_and_html_carry_the_diagnosis(tmp_path):
-    from specverify.auditing.report_html import render_html
-    from specverify.auditing.report_json import report_to_dict
+    from specverify.auditing.reports.html_page import render_html
+    from specverify.auditing.reports.json_file import report_to_dict
 
     report = specverify.audit("catalog:bonus_from_draft", budget=2000, checks=["bonus-position", "correction-position"])
     assert report_to_dict(report)["diagnosis"] == report.diagnosis != ""

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
 
-from specverify.auditing.catalog import CATALOG
+from specverify.auditing.sampler.catalog import CATALOG
 from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
 from scipy.stats import binom
 

@@ -15,7 +15,7 @@ from specverify.auditing.endpoint.battery import PROMPTS, EndpointBattery, Endpo
 from specverify.auditing.endpoint.bursts import BURST_SETTINGS, CoBatching, burst_rows, co_batching
 from specverify.auditing.endpoint.client import Completion, parse_choices
 from specverify.auditing.endpoint.context_law import context_cells, stratified_fit
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.runner import audit
 from specverify.core.seeding import derive_seed
 

@@ -44,7 +44,7 @@ def test_float32_rounding_claimed_as_float64_is_a_loss():
 
 
 def test_a_bug_in_float32_is_still_a_loss():
-    from specverify.auditing.catalog import CATALOG  # noqa: F401 - the catalog's bugs compute in float64
+    from specverify.auditing.sampler.catalog import CATALOG  # noqa: F401 - the catalog's bugs compute in float64
 
     def bonus_from_draft_float32(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
         from tests.auditing.precision_rules import float32_rule

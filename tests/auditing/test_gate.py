@@ -21,10 +21,10 @@ from specverify.auditing.diagnosis import LOCATING_CHECKS
 from specverify.auditing.loading import load_target
 from specverify.auditing.power import power_shortfall
 from specverify.auditing.progress import LineProgress
-from specverify.auditing.report_github import annotations
-from specverify.auditing.report_json import report_to_dict
-from specverify.auditing.report_junit import junit_tree
-from specverify.auditing.report_terminal import format_report
+from specverify.auditing.reports.github_annotations import annotations
+from specverify.auditing.reports.json_file import report_to_dict
+from specverify.auditing.reports.junit_xml import junit_tree
+from specverify.auditing.reports.terminal import format_report
 from specverify.auditing.runner import _verdict, load_battery, plan_checks
 from specverify.auditing.signatures import SPEC_SIGNATURES
 
@@ -244,7 +244,7 @@ def test_junit_has_one_case_per_check_and_a_verdict(tmp_path):
     assert cases == ["step-K1", "inputs-unchanged", "verdict"]
     assert root.find("testsuite").get("errors") == "1"  # underpowered is an error of the verdict
     path = tmp_path / "out.xml"
-    from specverify.auditing.report_junit import write_junit
+    from specverify.auditing.reports.junit_xml import write_junit
 
     ElementTree.parse(write_junit(report, path))
 

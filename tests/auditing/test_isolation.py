@@ -178,7 +178,7 @@ def test_an_internal_error_of_the_audit_is_exit_2_not_1(monkeypatch, capsys):
 
 
 def test_the_decoder_level_runs_in_a_worker_that_builds_its_own_models():
-    from specverify.auditing.decoder import DecoderModels
+    from specverify.auditing.decoder.battery import DecoderModels
 
     report = audit(f"{HOSTILE / 'decoder_trains_target.py'}:generate", level="decoder", budget=20,
                    checks=["greedy-identity", "models-unchanged"])

@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 
 import specverify
-from specverify.auditing.captured import captured_warnings
-from specverify.auditing.report_html import deviation_order, readable_label, render_html
-from specverify.auditing.report_terminal import footer, format_report
+from specverify.auditing.isolation.captured import captured_warnings
+from specverify.auditing.reports.html_page import deviation_order, readable_label, render_html
+from specverify.auditing.reports.terminal import footer, format_report
 
 
 def test_footer_says_what_its_rows_and_the_tables_samples_are():
@@ -31,10 +31,10 @@ def test_bars_are_sorted_by_standardised_deviation_and_labels_are_short():
 
 
 def test_acceptance_plot_includes_step_k1_in_a_colour_of_its_own(monkeypatch):
-    from specverify.auditing import report_html
+    from specverify.auditing.reports import html_page
 
     seen = []
-    monkeypatch.setattr(report_html, "acceptance_figure", lambda checks, tools: seen.extend(checks) or "data:,")
+    monkeypatch.setattr(html_page, "acceptance_figure", lambda checks, tools: seen.extend(checks) or "data:,")
     report = specverify.audit("reference", budget=200, checks=["step-K1", "step-K2", "step-K4"])
     render_html(report)
     assert [c.name for c in seen] == ["step-K1", "step-K2", "step-K4"]

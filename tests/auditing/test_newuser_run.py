@@ -193,7 +193,7 @@ def make_project(root: Path) -> None:
     (root / "my_engine").mkdir()
     (root / "my_engine" / "__init__.py").write_text("")
     (root / "my_engine" / "sampling.py").write_text(textwrap.dedent("""
-        from specverify.auditing.catalog import CATALOG
+        from specverify.auditing.sampler.catalog import CATALOG
 
         def verify_lossy(target_probs, draft_probs, draft_tokens, generator):
             return CATALOG["bonus_from_draft"].fn(target_probs, draft_probs, draft_tokens, generator)
@@ -296,7 +296,7 @@ def test_a_contract_violation_is_reported_once_per_audit():
     text = report.explain()
     assert text.count("returned dtype torch.float32") == 1  # said once: the headline summary is the finding
     assert "returned shape (3,)" in findings[0].message  # every violation of the output at once
-    from specverify.auditing.report_terminal import format_report
+    from specverify.auditing.reports.terminal import format_report
 
     assert format_report(report).count("returned dtype torch.float32") == 1
 

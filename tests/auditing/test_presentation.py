@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specverify.auditing.faults import Fault
-from specverify.auditing.guarded import GuardedFunction, GuardedTreeFunction
-from specverify.auditing.presentation import STRIDE_PAD, decoy_value, presented
-from specverify.auditing.sampler import positional_family_bank
+from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.isolation.guarded import GuardedFunction, GuardedTreeFunction
+from specverify.auditing.isolation.presentation import STRIDE_PAD, decoy_value, presented
+from specverify.auditing.sampler.battery import positional_family_bank
 from specverify.core.rules import verify as reference
 from specverify.core.tree_rules import verify_tree
 from specverify.testing.harness import propose

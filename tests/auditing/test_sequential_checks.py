@@ -20,7 +20,7 @@ import specverify
 from specverify.auditing.checks import Plan, Verdict
 from specverify.auditing.defaults import FAIL_FAST_SKIP
 from specverify.auditing.runner import plan_looks
-from specverify.auditing.sampler import SamplerBattery
+from specverify.auditing.sampler.battery import SamplerBattery
 from specverify.core import rules, stats
 from specverify.core.seeding import derive_seed
 

@@ -1,4 +1,4 @@
-"""The tree audit level (specverify.auditing.tree): the reference passes, the catalog fails,
+"""The tree audit level (specverify.auditing.tree.battery): the reference passes, the catalog fails,
 faults and contract violations are reported, the CLI and the built-ins work."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import specverify
 from specverify.auditing.loading import load_target
 from specverify.auditing.runner import audit
-from specverify.auditing.tree_catalog import TREE_CATALOG
+from specverify.auditing.tree.catalog import TREE_CATALOG
 from specverify.core import tree_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,9 +96,9 @@ def test_raising_function_cannot_be_audited():
 
 
 def test_assert_lossless_and_reports_render(reference_report, tmp_path):
-    from specverify.auditing import report_html, report_json, report_terminal
+    from specverify.auditing.reports import html_page, json_file, terminal
 
-    for module in (report_terminal, report_json, report_html):
+    for module in (terminal, json_file, html_page):
         assert module is not None
     with pytest.raises(AssertionError, match="exact-tree-step"):
         specverify.assert_lossless(TREE_CATALOG["bonus_from_parent"].fn, level="tree", budget="quick",
@@ -120,7 +120,7 @@ def test_cli_tree_level(tmp_path):
 
 
 def test_tree_svg_draws_every_node():
-    from specverify.auditing.report_tree import tree_svg
+    from specverify.auditing.reports.tree_drawings import tree_svg
 
     drawing = tree_svg((-1, -1, 0, 1, 1))
     assert drawing.count("<circle") == 6 and drawing.count("<line") == 5

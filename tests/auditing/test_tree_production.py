@@ -13,7 +13,7 @@ import pytest
 
 from specverify.auditing.checks import resolve_budget
 from specverify.auditing.runner import audit, load_battery, plan_checks
-from specverify.auditing.tree_catalog import (
+from specverify.auditing.tree.catalog import (
     TREE_CATALOG,
     positions_capped_at,
     residual_in_slots,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specverify.auditing.catalog import CATALOG
+from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli import main
 from specverify.cli.listing import PRODUCTION_EXACT_TV, STORED_EXACT_TV, exact_tv
 

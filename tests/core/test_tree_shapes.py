@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specverify.auditing.tree import PRODUCTION_SEEDS, production_trees
+from specverify.auditing.tree.battery import PRODUCTION_SEEDS, production_trees
 from specverify.core import tree_exact
 from specverify.core.tree_exact import (
     NODE_ORDERS,

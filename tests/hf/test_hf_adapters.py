@@ -35,7 +35,7 @@ from transformers.generation.logits_process import (  # noqa: E402
 
 from specverify.hf import generate_adapter as hf_generate, sampler_adapter as hf_sampler  # noqa: E402
 from specverify.auditing.runner import EXIT_FAIL, EXIT_PASS, audit  # noqa: E402
-from specverify.auditing.decoder import FILTER_STRATA, GREEDY_CASES, TEMPERATURE_STRATA, DecoderModels  # noqa: E402
+from specverify.auditing.decoder.battery import FILTER_STRATA, GREEDY_CASES, TEMPERATURE_STRATA, DecoderModels  # noqa: E402
 from specverify.auditing.loading import load_target  # noqa: E402
 from specverify.core.processing import process_logits  # noqa: E402
 from specverify.core.rules import rejection_sample  # noqa: E402
@@ -141,7 +141,7 @@ def test_sampler_audit_of_transformers_small_budget():
     0.13–0.2 with power 0.99); the production-shape checks (1000 rows give them no power at
     V = 151,936) run in the slow quick/standard audits below."""
     from specverify.auditing.diagnosis import is_production_shape
-    from specverify.auditing.sampler import SamplerBattery
+    from specverify.auditing.sampler.battery import SamplerBattery
     from specverify.core.rules import verify as reference
 
     battery = SamplerBattery()

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specverify.core import exact, stats
-from specverify.auditing.sampler import markov_family_bank, positional_family_bank, step_laws
-from specverify.auditing.faults import (
+from specverify.auditing.sampler.battery import markov_family_bank, positional_family_bank, step_laws
+from specverify.auditing.isolation.faults import (
     Fault,
     call_with_deadline,
     preserved_global_rng,

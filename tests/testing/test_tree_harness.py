@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import specverify.testing.tree_harness as harness
-from specverify.auditing.guarded import GuardedTreeFunction
-from specverify.auditing.tree import tree_bank
+from specverify.auditing.isolation.guarded import GuardedTreeFunction
+from specverify.auditing.tree.battery import tree_bank
 from specverify.core import stats, tree_exact
 from specverify.core.tree_rules import greedy_verify_tree
 from specverify.testing.tree_harness import (

@@ -1,9 +1,5 @@
-"""Endpoint level of the audit (SPEC §4): a running OpenAI-compatible completions server.
+"""The endpoint level of the audit (SPEC §4): a running OpenAI-compatible completions server.
 
-``specverify audit --level endpoint http://HOST:PORT/v1 --baseline http://HOST:PORT/v1``;
-see :mod:`specverify.auditing.endpoint.battery`.
+``specverify audit --level endpoint http://HOST:PORT/v1 --baseline http://HOST:PORT/v1``; the
+battery is :class:`specverify.auditing.endpoint.battery.EndpointBattery`.
 """
-
-from specverify.auditing.endpoint.battery import ENDPOINT_BUDGETS, EndpointBattery
-
-__all__ = ["ENDPOINT_BUDGETS", "EndpointBattery"]

@@ -90,9 +90,9 @@ from specverify.auditing.endpoint.checks import (
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.context_law import ContextLawCheck
 from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.loading import LoadError
-from specverify.auditing.sampler import SampleBudget, resolve_budget
+from specverify.auditing.sampler.battery import SampleBudget, resolve_budget
 
 ENDPOINT_BUDGETS: dict[str, float] = {"quick": 0.1, "standard": 0.05, "thorough": 0.025}
 GREEDY_TOKENS: dict[str, int] = {"quick": 24, "standard": 48, "thorough": 96}

@@ -64,7 +64,7 @@ from specverify.auditing.endpoint.checks import NEUTRAL_PROCESSING, PIT_BINS, Pr
 from specverify.auditing.endpoint.client import Completion
 from specverify.auditing.endpoint.greedy import curl_command, tolerance
 from specverify.auditing.endpoint.pit import pit_value, processed_law, uniform_bins
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
 

@@ -1,8 +1,8 @@
 """The endpoint level's checks (see :mod:`specverify.auditing.endpoint.battery` for the battery).
 
-Each check has the :class:`specverify.auditing.sampler.Check` shape: ``run(session, plan)``
-returns a :class:`~specverify.auditing.sampler.CheckResult` or raises a
-:class:`~specverify.auditing.faults.Fault` (the server failed: "could not audit").
+Each check has the :class:`specverify.auditing.sampler.battery.Check` shape: ``run(session, plan)``
+returns a :class:`~specverify.auditing.sampler.battery.CheckResult` or raises a
+:class:`~specverify.auditing.isolation.faults.Fault` (the server failed: "could not audit").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from specverify.auditing.endpoint.greedy import (
     upper_quantile,
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.checks import (
     Check,
     CheckKind,

@@ -8,7 +8,7 @@ backoff: connection errors (refused, reset, a server closing the connection) and
 The connection pool is bounded by ``concurrency``; :meth:`EndpointClient.complete_many` sends at
 most that many requests at once.
 
-Everything that goes wrong becomes a :class:`~specverify.auditing.faults.Fault` whose message
+Everything that goes wrong becomes a :class:`~specverify.auditing.isolation.faults.Fault` whose message
 names the server, the request and the fix: the audit turns it into "could not audit" (exit 2).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 
 RETRIED_STATUSES = (429, 502, 503, 504)
 DEFAULT_RETRIES = 3

@@ -63,7 +63,7 @@ from specverify.auditing.checks import (
 from specverify.auditing.endpoint.checks import NEUTRAL_PROCESSING, Prompt, request_seed
 from specverify.auditing.endpoint.greedy import tolerance
 from specverify.auditing.endpoint.pit import processed_law
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 from specverify.core import stats
 
 CONTEXT_TOKENS = 2

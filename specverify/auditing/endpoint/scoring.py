@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from specverify.auditing.endpoint.client import Completion, EndpointClient
-from specverify.auditing.faults import Fault
+from specverify.auditing.isolation.faults import Fault
 
 PROBE_TOKENS = 6
 

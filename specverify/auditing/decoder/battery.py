@@ -87,8 +87,8 @@ from specverify.auditing.checks import (
     goodness_of_fit_result,
     resolve_budget,
 )
-from specverify.auditing.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
-from specverify.auditing.guarded import GuardedGenerate
+from specverify.auditing.isolation.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
+from specverify.auditing.isolation.guarded import GuardedGenerate
 from specverify.core.seeding import derive_seed
 
 DECODER_BUDGETS: dict[str, float] = {"quick": 0.25, "standard": 0.1, "thorough": 0.05}

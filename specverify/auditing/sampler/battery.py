@@ -14,7 +14,7 @@ The sampler battery (:class:`SamplerBattery`, in run order):
   ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8);
 - ``exact-large-vocabulary`` (functions taking ``uniforms=``) and ``production-*``: production shapes
   (V up to 151,936, K up to 16, batches of 1,024, bf16/fp16, strided views;
-  :mod:`specverify.auditing.sampler_production`);
+  :mod:`specverify.auditing.sampler.production`);
 - ``decoding-loop-order1/2`` (goodness of fit): whole decoding loops, continuous batching and K
   changing per call, the first L = 3 / 4 tokens of every sequence jointly;
 - ``acceptance-rate`` (exact one-sided binomial): P(output = draft) ≤ Σ min(p, q);
@@ -60,7 +60,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     result_from_fault,
     skipped_result,
 )
-from specverify.auditing.faults import (
+from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
     probe_randomness,
@@ -560,8 +560,8 @@ class SamplerBattery:
                 (("random positional", positional_family_bank("exact-random", "random", 3, 2, 1), 2),
                  ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
                  ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
-        from specverify.auditing.sampler_coverage import contract_checks, coverage_checks, late_checks
-        from specverify.auditing.sampler_production import exact_production_check, production_checks
+        from specverify.auditing.sampler.coverage import contract_checks, coverage_checks, late_checks
+        from specverify.auditing.sampler.production import exact_production_check, production_checks
 
         if accepts_uniforms(session.raw):
             checks.append(exact_production_check())

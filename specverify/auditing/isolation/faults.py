@@ -27,7 +27,7 @@ kind                meaning                                                     
 ==================  ===================================================================  ====
 
 An ``exception`` also covers a worker process that ended abnormally (an exit call, a signal, a
-lost pipe; :mod:`specverify.auditing.isolation` names which).  The first three make the audit
+lost pipe; :mod:`specverify.auditing.isolation.process` names which).  The first three make the audit
 "could not audit" (there is no output to judge); ``impossible`` fails the check as a loss (the
 tokens are well formed, and impossible under the law: a kernel that mixes requests or ignores the
 target's zeros, not a broken adapter); the last three are

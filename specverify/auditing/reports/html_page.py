@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from specverify.auditing.runner import AuditReport
-from specverify.auditing.report_tree import tree_sections
+from specverify.auditing.reports.tree_drawings import tree_sections
 from specverify.auditing.checks import CheckResult
 
 MAX_BARS = 40

@@ -1,6 +1,6 @@
-"""The worker process's main loop (``python -m specverify.auditing.worker FD``).
+"""The worker process's main loop (``python -m specverify.auditing.isolation.worker FD``).
 
-It receives pickled requests on the socket ``FD`` from :class:`specverify.auditing.isolation.WorkerProcess`
+It receives pickled requests on the socket ``FD`` from :class:`specverify.auditing.isolation.process.WorkerProcess`
 and answers each one; it never raises out of a request (every exception of the function, even
 ``KeyboardInterrupt`` and ``SystemExit``, is an answer).  Requests:
 
@@ -75,14 +75,14 @@ class Worker:
                           for p in inspect.signature(self.fn).parameters.values()]
         except (TypeError, ValueError):
             parameters = []
-        from specverify.auditing.guarded import AliasWatch
+        from specverify.auditing.isolation.guarded import AliasWatch
 
         self.alias_watch = AliasWatch()
         if self.level == "decoder":
-            from specverify.auditing.decoder import DecoderModels
+            from specverify.auditing.decoder.battery import DecoderModels
 
             self.models = DecoderModels(self.device)
-        from specverify.auditing.guarded import DECLARED_ATTRIBUTES
+        from specverify.auditing.isolation.guarded import DECLARED_ATTRIBUTES
 
         info: dict[str, Any] = {"parameters": parameters, "declared": {}}
         for name in DECLARED_ATTRIBUTES:
@@ -97,7 +97,7 @@ class Worker:
     def _generator(self, handle: Any) -> Any:
         import torch
 
-        from specverify.auditing.faults import seed_global_rng
+        from specverify.auditing.isolation.faults import seed_global_rng
 
         if handle.key not in self.generators:
             seed_global_rng(handle.global_seed)
@@ -105,8 +105,8 @@ class Worker:
         return self.generators[handle.key]
 
     def steps(self, request: dict[str, Any]) -> tuple:
-        from specverify.auditing.faults import Fault
-        from specverify.auditing.guarded import checked_emitted, exception_message
+        from specverify.auditing.isolation.faults import Fault
+        from specverify.auditing.isolation.guarded import checked_emitted, exception_message
 
         target, draft, tokens, output = self._views(request)
         vocab = target.shape[-1]
@@ -139,8 +139,8 @@ class Worker:
     def _views(self, request: dict[str, Any]) -> list[Any]:
         import torch
 
-        from specverify.auditing.isolation import SharedBuffer
-        from specverify.auditing.presentation import view_of
+        from specverify.auditing.isolation.process import SharedBuffer
+        from specverify.auditing.isolation.presentation import view_of
 
         path, size = request["buffer"]
         if self.buffer is None or self.buffer.path != path:
@@ -155,8 +155,8 @@ class Worker:
     def tree(self, request: dict[str, Any]) -> tuple:
         """One SPEC §3 call on the four input tensors of the shared buffer; the validated output
         goes into its fifth tensor."""
-        from specverify.auditing.faults import Fault, validate_tree_emitted
-        from specverify.auditing.guarded import exception_message
+        from specverify.auditing.isolation.faults import Fault, validate_tree_emitted
+        from specverify.auditing.isolation.guarded import exception_message
 
         *inputs, output = self._views(request)
         tree_tokens, parents = inputs[2].clone(), inputs[3].clone()
@@ -205,12 +205,12 @@ class Worker:
     def generate(self, request: dict[str, Any]) -> tuple:
         import torch
 
-        from specverify.auditing.faults import (
+        from specverify.auditing.isolation.faults import (
             Fault,
             seed_global_rng,
             validate_new_tokens,
         )
-        from specverify.auditing.guarded import exception_message
+        from specverify.auditing.isolation.guarded import exception_message
 
         seed_global_rng(request["global_seed"])
         models = self.models

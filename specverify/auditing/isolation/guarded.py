@@ -4,8 +4,8 @@
 call.  Each call gets a deadline judged against the function's measured speed
 (:class:`CallSpeed`), exception capture, output validation, input-mutation and output-aliasing
 detection; with ``isolation="process"`` the call runs in a worker
-(:mod:`specverify.auditing.isolation`) that is killed at the deadline and restarted after any
-abnormal end.  Everything that goes wrong becomes a :class:`~specverify.auditing.faults.Fault`.
+(:mod:`specverify.auditing.isolation.process`) that is killed at the deadline and restarted after any
+abnormal end.  Everything that goes wrong becomes a :class:`~specverify.auditing.isolation.faults.Fault`.
 
 Call plan and speed.  Which rows go into which call is the caller's (the harness's batches, a
 check's group sizes) and nothing else: the partition, like every draw, is a function of the seed,
@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from specverify.auditing.faults import (
+from specverify.auditing.isolation.faults import (
     Fault,
     call_with_deadline,
     mutated_arguments,
     validate_emitted,
 )
-from specverify.auditing.isolation import (
+from specverify.auditing.isolation.process import (
     START_TIMEOUT_S,
     CapturedStream,
     LoadFailed,
@@ -51,7 +51,7 @@ from specverify.auditing.isolation import (
     layout,
     worker_target,
 )
-from specverify.auditing.presentation import decoy_value, fill_storage, presented, storage_shape
+from specverify.auditing.isolation.presentation import decoy_value, fill_storage, presented, storage_shape
 from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0
@@ -379,7 +379,7 @@ class GuardedFunction(_Session):
                     strided: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One call per group of consecutive rows (``sizes`` sum to the proposal's rows), all with
         ``generator``: how engines call a sampler with one row, small batches or ragged ones.
-        ``strided``: the inputs arrive as views of wider buffers (:mod:`specverify.auditing.presentation`).
+        ``strided``: the inputs arrive as views of wider buffers (:mod:`specverify.auditing.isolation.presentation`).
 
         The output is validated against SPEC §1 (a broken layout is a ``malformed`` fault) and
         against the law: tokens no lossless rule emits (a non-draft token in an accepted slot, a
@@ -525,7 +525,7 @@ class RawProxy:
 
 class GuardedGenerate(_Session):
     """The SPEC §2 function of an audit, called with the tiny models of
-    :class:`specverify.auditing.decoder.DecoderModels`: in a worker, which builds the same models
+    :class:`specverify.auditing.decoder.battery.DecoderModels`: in a worker, which builds the same models
     itself (deterministic construction) and checks after every call that their parameters and
     ``input_ids`` are unchanged (restoring the models when they changed); in-process, on the
     parent's models."""
@@ -537,7 +537,7 @@ class GuardedGenerate(_Session):
         super().__init__(fn, timeout_s=timeout_s, device=str(models.device), isolation=isolation)
 
     def __call__(self, stratum: Any, max_new_tokens: int, seed: int, *, where: str) -> torch.Tensor:
-        from specverify.auditing.faults import validate_new_tokens
+        from specverify.auditing.isolation.faults import validate_new_tokens
 
         setting, prompt = stratum
         what = f"generate (in {where})"
@@ -603,8 +603,8 @@ class GuardedTreeFunction(_Session):
         """One call on the whole proposal; returns ``(emitted, lengths, last_node)`` (SPEC §3
         validated: the accepted tokens are a root-to-node path of each row's tree, else an
         ``impossible`` fault, as is a token of target probability 0).  ``strided``: the inputs
-        arrive as views of wider buffers (:mod:`specverify.auditing.presentation`)."""
-        from specverify.auditing.faults import validate_tree_emitted
+        arrive as views of wider buffers (:mod:`specverify.auditing.isolation.presentation`)."""
+        from specverify.auditing.isolation.faults import validate_tree_emitted
 
         batch, nodes = proposal.tree_tokens.shape
         vocab = proposal.target_probs.shape[-1]

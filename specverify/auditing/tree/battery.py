@@ -7,7 +7,7 @@ sibling scheme the function declares (``fn.draft_schemes``; all three without it
 target along every path, and validates every output (the accepted tokens must be a root-to-node
 path of the row's tree).
 
-Statistical honesty, as at the sampler level (:mod:`specverify.auditing.sampler`): every
+Statistical honesty, as at the sampler level (:mod:`specverify.auditing.sampler.battery`): every
 statistical check is a level-α test with its Bonferroni share of the audit's α, sized by
 :func:`specverify.core.stats.sample_size_for_tv` to detect a deviation of TV ε (the budget: quick
 0.05, standard 0.02, thorough 0.01) in the law of its cells with power 0.99, cells pooled by
@@ -48,7 +48,7 @@ and once for the whole battery:
 - ``inputs-unchanged`` (contract);
 - ``outputs-unaliased`` (contract): no call overwrote a tensor an earlier call returned.
 
-The function runs in a worker process (:class:`specverify.auditing.guarded.GuardedTreeFunction`,
+The function runs in a worker process (:class:`specverify.auditing.isolation.guarded.GuardedTreeFunction`,
 ``isolation="process"``, the default of :func:`specverify.audit`) or in the audit's own.
 """
 
@@ -84,17 +84,17 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
-from specverify.auditing.faults import (
+from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
     probe_randomness,
     seed_global_rng,
     validate_tree_emitted,
 )
-from specverify.auditing.guarded import GuardedTreeFunction
-from specverify.auditing.sampler import prefix_cell_counts, prefix_cells
-from specverify.auditing.sampler_coverage import contract_checks
-from specverify.auditing.tree_catalog import rows_at_a_time
+from specverify.auditing.isolation.guarded import GuardedTreeFunction
+from specverify.auditing.sampler.battery import prefix_cell_counts, prefix_cells
+from specverify.auditing.sampler.coverage import contract_checks
+from specverify.auditing.tree.catalog import rows_at_a_time
 from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
 from specverify.core.rules import accepts_uniforms
@@ -528,7 +528,7 @@ class ExactTreeCheck(Check):
     """Exact integration over the uniforms (:mod:`specverify.core.tree_exact`) of one step on
     small trees for every declared scheme; only for functions taking ``uniforms=``.  A case with
     a row count calls the function on that many rows at a time
-    (:func:`specverify.auditing.tree_catalog.rows_at_a_time`)."""
+    (:func:`specverify.auditing.tree.catalog.rows_at_a_time`)."""
 
     name: str
     description: str
@@ -624,7 +624,7 @@ B ≤ 4, 22 % at B ≤ 8)."""
 
 SOME_STRIDED = (False, False, False, True)
 """Every fourth call of ``tree-large-vocabulary`` gets its inputs as strided views of wider buffers
-(:mod:`specverify.auditing.presentation`: a decoy law in the padding), the others contiguous
+(:mod:`specverify.auditing.isolation.presentation`: a decoy law in the padding), the others contiguous
 tensors (4 and the 11 call sizes are coprime: every size is met both ways).  The 60-node checks
 pass contiguous tensors: a strided view sends the reference rule to its torch walk, 25 ms a call."""
 

@@ -6,7 +6,7 @@ The audit runs third-party code.  With ``isolation="process"`` (the default of
 harness, the statistics and the verdict stay in the parent, which the function cannot reach:
 
 - **Spawned, not forked.**  The worker is a fresh interpreter (``python -m
-  specverify.auditing.worker``) started in its own session (a terminal's Ctrl-C reaches only the
+  specverify.auditing.isolation.worker``) started in its own session (a terminal's Ctrl-C reaches only the
   parent), in a scratch temporary working directory (files it deletes or writes there are not the
   user's), with its stdout and stderr on pipes that the parent drains into capped buffers (the
   first :data:`CAPTURE_BYTES` of each are kept and shown in the report, the rest only counted).
@@ -20,7 +20,7 @@ harness, the statistics and the verdict stay in the parent, which the function c
   the output into it at once, before the next call could overwrite a buffer the function reuses.
   Only small headers are pickled over the control socket.
 - **Deadlines by killing.**  The parent waits for each reply for at most the call's deadline
-  (see :class:`specverify.auditing.guarded.CallSpeed`); past it the worker's process group is
+  (see :class:`specverify.auditing.isolation.guarded.CallSpeed`); past it the worker's process group is
   killed (``SIGKILL``), whatever the function did to its signals, and a fresh worker is started
   for the next call.
 - **Every abnormal end is a Fault** of a kind that makes the audit "could not audit" (exit 2):
@@ -65,7 +65,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from specverify.auditing.faults import Fault
+import specverify
+from specverify.auditing.isolation.faults import Fault
 
 ISOLATION_MODES = ("process", "none")
 
@@ -323,11 +324,11 @@ class WorkerProcess:
         self.scratch = tempfile.mkdtemp(prefix="specverify-worker-")
         parent_end, child_end = socket.socketpair()
         environment = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(specverify.__file__).resolve().parents[1])
         environment["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p])
         environment["PYTHONUNBUFFERED"] = "1"
         self.process = subprocess.Popen(
-            [sys.executable, "-u", "-m", "specverify.auditing.worker", str(child_end.fileno())],
+            [sys.executable, "-u", "-m", "specverify.auditing.isolation.worker", str(child_end.fileno())],
             pass_fds=(child_end.fileno(),), cwd=self.scratch, env=environment, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         child_end.close()

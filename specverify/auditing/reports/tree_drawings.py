@@ -1,6 +1,6 @@
 """Drawings of the draft trees of failing tree checks, as inline SVG for the HTML report.
 
-A tree check (:mod:`specverify.auditing.tree`) records the shapes it drafted (``parameters["shapes"]``
+A tree check (:mod:`specverify.auditing.tree.battery`) records the shapes it drafted (``parameters["shapes"]``
 or ``["shape"]``, SPEC §3 ``parents`` lists).  For each failing one the report shows every shape:
 the root (the context's last token) at the top, node ``n`` labelled with its index, children left
 to right in index order (the order in which a verifier tests siblings).

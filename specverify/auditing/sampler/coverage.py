@@ -7,8 +7,8 @@ separately; small batches (2–64 rows) often take another kernel; continuous ba
 every size, and a long-running server calls the same object millions of times.  A bug confined
 to one of these paths passes every large-batch check, so each gets its own goodness-of-fit check
 (:class:`GroupedStepCheck`): the harness draws the rows as for
-:class:`specverify.auditing.sampler.StepLawCheck` and calls the function once per group of
-consecutive rows (:meth:`specverify.auditing.guarded.GuardedFunction.call_groups`), group
+:class:`specverify.auditing.sampler.battery.StepLawCheck` and calls the function once per group of
+consecutive rows (:meth:`specverify.auditing.isolation.guarded.GuardedFunction.call_groups`), group
 sizes following the check's pattern, one generator throughout.  The law tested, the cells and the
 sample size are those of a StepLawCheck (:func:`specverify.core.stats.sample_size_for_tv` at
 the check's Bonferroni share of α, power ``POWER``), so each detects a TV of ε in its cells.
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specverify.auditing.sampler import (
+from specverify.auditing.sampler.battery import (
     CheckResult,
     Plan,
     StepLawCheck,
@@ -50,7 +50,7 @@ from specverify.auditing.sampler import (
     skipped_result,
 )
 from specverify.auditing.checks import CallLogCheck, Tally, Verdict
-from specverify.auditing.faults import FaultKind
+from specverify.auditing.isolation.faults import FaultKind
 from specverify.core.seeding import derive_seed
 from specverify.core.chains import ChainBank, PositionalBank
 from specverify.testing.harness import StepSample, complete, propose
@@ -104,7 +104,7 @@ def sample_steps_in_groups(function: Any, bank: ChainBank, *, num_draft: int, wi
 
 @dataclass
 class GroupedStepCheck(StepLawCheck):
-    """A :class:`~specverify.auditing.sampler.StepLawCheck` whose rows reach the function in
+    """A :class:`~specverify.auditing.sampler.battery.StepLawCheck` whose rows reach the function in
     groups of the sizes in ``pattern`` (cycled), one call per group."""
 
     pattern: tuple[int, ...] = (1,)

@@ -4,7 +4,7 @@
 The battery's other checks run at toy shapes (V ≤ 8, K ≤ 8, contiguous float32), where a
 vocabulary tile, a partial last tile, a half-precision CDF, a K-specialised kernel, a row block or
 a stride bug cannot show.  Every check here states its shape (V, K, B, dtype, layout) in its
-parameters, and draws its laws from :mod:`specverify.auditing.production_laws` (exact in every
+parameters, and draws its laws from :mod:`specverify.auditing.sampler.production_laws` (exact in every
 input dtype, a third of the mass on the vocabulary's boundary ids).
 
 - :class:`ExactFinalDrawCheck` (functions taking ``uniforms=``): the exact law of the correction
@@ -49,8 +49,8 @@ from specverify.auditing.checks import (
     look_fields,
     level_phrase,
 )
-from specverify.auditing.faults import Fault
-from specverify.auditing import production_laws as laws
+from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.sampler import production_laws as laws
 from specverify.core import identity, outputs, rounding
 from specverify.core.chains import PositionalBank
 from specverify.core.exact_final import FinalDrawCase, integrate_final_draw, weighted_branches
@@ -174,7 +174,7 @@ def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
     ``uniforms=`` (generator withheld) on the case's laws in ``dtype`` and ``shape``'s layout, in
     chunks within MAX_INPUT_ELEMENTS; outputs validated for their layout only (a wrong accepted
     prefix is mass on a wrong tuple, which the integrator counts)."""
-    from specverify.auditing.presentation import decoy_value, presented
+    from specverify.auditing.isolation.presentation import decoy_value, presented
 
     case = shape.case
     torch_dtype = getattr(torch, dtype)
@@ -255,7 +255,7 @@ def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tole
 
 @functools.lru_cache(maxsize=None)
 def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
-    """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.production_laws.step_family`)."""
+    """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.sampler.production_laws.step_family`)."""
     return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))
 
 
