@@ -846,14 +846,17 @@ def _power_of_design(design: IdentityDesign, epsilon: float, alpha: float, goal:
 
     enough = math.log(max(1e-300, 1.0 - SUBSAMPLE_OVERFLOW - goal)) if goal > 0 else -math.inf
 
-    def log_miss(eta: float) -> float:  # off-support mass η leaves Σ_{p>0}|q − p| ≥ 2ε − η
-        return _log_miss(design, threshold, max(0.0, rho_min * n_p * (2.0 * epsilon - eta)), enough + n_p * eta)
+    def log_miss(low: float, high: float) -> float:
+        """The cell low ≤ η ≤ high of off-support mass η, which leaves Σ_{p>0}|q − p| ≥ 2ε − high; its
+        term e^{−n'·low}·miss is below the goal once log miss ≤ log(goal room) + n'·low."""
+        return _log_miss(design, threshold, max(0.0, rho_min * n_p * (2.0 * epsilon - high)), enough + n_p * low)
 
     if design.zero_ids.size == 0:
-        miss = math.exp(log_miss(0.0))
+        miss = math.exp(log_miss(0.0, 0.0))
     else:
         grid = np.linspace(0.0, 2.0 * epsilon, 41)
-        miss = max(math.exp(-n_p * grid[i] + log_miss(float(grid[i + 1]))) for i in range(grid.size - 1))
+        miss = max(math.exp(-n_p * grid[i] + log_miss(float(grid[i]), float(grid[i + 1])))
+                   for i in range(grid.size - 1))
         miss = max(miss, math.exp(-2.0 * n_p * epsilon))
     return max(0.0, 1.0 - SUBSAMPLE_OVERFLOW - miss)
 

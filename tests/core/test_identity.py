@@ -331,6 +331,30 @@ def test_planner_inverse_and_comparison() -> None:
         identity_sample_size(p, 0.1, alpha=ALPHA, power=1.0)
 
 
+@pytest.mark.parametrize("support", [1, 50, 2_000])
+def test_planner_on_a_law_with_many_zeros(support: int) -> None:
+    """A top-k-truncated law (V = 151,936, ``support`` tokens of positive probability).  The early-stopping
+    search of the zeros part once judged each η-cell [η_i, η_i+1] against a goal loosened by e^{n'(η_i+1 − η_i)}:
+    at n' ε / 20 ≳ 5 every cell stopped at the trivial bound, the power bound was 0 at every n and the
+    sample-size search doubled n until the Poisson windows no longer fitted in memory (MemoryError after
+    ~6 min at V = 151,936, support 50, ε = 0.2)."""
+    p = np.zeros(151_936)
+    rng = np.random.default_rng(support)
+    p[rng.choice(p.size, support, replace=False)] = rng.dirichlet(np.ones(support))
+    start = time.perf_counter()
+    n = identity_sample_size(p, 0.2, alpha=ALPHA, power=POWER)
+    seconds = time.perf_counter() - start
+    print(f"support {support} of V = {p.size}: n = {n} for TV 0.2 in {seconds:.2f} s")
+    assert identity_power(p, n, 0.2, alpha=ALPHA) >= POWER  # the full search agrees with the early-stopping one
+    design = identity_design(p, n)
+    assert identity._power_of_design(design, 0.2, ALPHA, goal=POWER) >= POWER
+    assert n < 20_000 and seconds < 30.0
+    impossible = np.zeros(p.size)  # the zeros part: one sample on a token of probability 0 rejects
+    impossible[np.flatnonzero(p)[0]] = n - 1
+    impossible[np.flatnonzero(p == 0)[0]] = 1
+    assert identity_test(impossible.astype(np.int64), p, seed=0).pvalue < ALPHA
+
+
 @pytest.mark.parametrize("vocab_size, n", [(32_768, 200_000), (131_072, 500_000), (262_144, 1_000_000)])
 def test_one_test_takes_well_under_a_second(vocab_size: int, n: int) -> None:
     p = zipf(vocab_size)

@@ -375,6 +375,8 @@ class ProductionStepCheck(SequentialCheck):
         results = []
         for r in range(bank.num_chains):
             for j in range(k + 1):
+                if not counts[r, j].any():  # a chain no row was given yet (tiny fixed budgets): no evidence, p = 1
+                    continue
                 test = identity.identity_test(counts[r, j], bank.target[r, j],
                                               seed=derive_seed(plan.seed, "identity", r, j, look or 0) % (2**32))
                 results.append((test.pvalue, r, j, test))
