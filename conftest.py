@@ -1,4 +1,5 @@
-"""Root conftest: the Hypothesis profile, torch threads per xdist worker, and the CUDA skip for `gpu` tests.
+"""Root conftest: the Hypothesis profile, torch threads per xdist worker, the CUDA skip for `gpu`
+tests, and the skip of a path torch cannot run under a forced kernel set on this CPU.
 
 The default run (`pytest`, see pyproject's addopts) excludes `slow`; `pytest -m gpu` selects the
 GPU tests, which skip with a reason where CUDA is absent so that the run still exits 0.
@@ -14,6 +15,7 @@ import os
 import pytest
 
 from specverify.engines.environment import prepare_engine_import
+from specverify.testing.kernel_sets import forced_kernel_set, is_kernel_set_limitation
 from specverify.testing.profiles import load_profile
 
 # Loaded here too so that a plain checkout (PYTHONPATH=.) gets the options; when the package is
@@ -55,3 +57,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Under a forced ``ATEN_CPU_CAPABILITY``, a kernel torch refuses to run on this CPU skips the
+    test with torch's reason (:mod:`specverify.testing.kernel_sets`); every other error fails."""
+    try:
+        return (yield)
+    except RuntimeError as error:
+        if not is_kernel_set_limitation(error):
+            raise
+        pytest.skip(f"ATEN_CPU_CAPABILITY={forced_kernel_set()}: torch cannot run this path on this CPU "
+                    f"({str(error).splitlines()[0]})")

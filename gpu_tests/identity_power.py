@@ -35,6 +35,7 @@ from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
 from specverify.core.rules import VerifyResult
 from specverify.hf import divergence
+from specverify.testing.kernel_sets import kernel_set_limitation
 
 GAMMA = 4
 
@@ -183,6 +184,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
+    limitation = kernel_set_limitation(dtype)
+    if limitation is not None:
+        print(json.dumps({"unsupported": f"ATEN_CPU_CAPABILITY={picked}: torch cannot run {args.dtype} attention "
+                                         f"and matmul with these kernels on this CPU ({limitation})"}))
+        return
     pair = packaged.load_model_pair(args.target, dtype=dtype)
     float32_target = None if dtype in divergence.EXACT_DTYPES else packaged.load_causal_lm(pair.target_spec)
     result = identity_power(pair.target, pair.tokenizer, prompts=POWER_PROMPTS[: args.prompts],
