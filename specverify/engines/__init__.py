@@ -42,6 +42,10 @@ TRITON_CHECKS: tuple[str, ...] = ("randomness-source", "step-K2", "correction-po
                                   "decoding-loop-order1", "acceptance-rate", "inputs-unchanged")
 # Samples per statistical check on an interpreted Triton path (TV 0.105-0.135 detectable at power 0.99).
 TRITON_SAMPLES = 2000
+CI_SHARE_S = 720
+"""CI's time share for the engine audits on 2 cores (``pytest -m "engines and not slow" -n 2``): the
+plans with ``in_ci`` took ~1,060 CPU-s together, one thread each, at their last measurement
+(docs/engine-findings.md)."""
 # Interpreted kernels run one program at a time (~10-40 ms each): a call of 512 rows can take
 # minutes on a loaded machine, so the per-call deadline is raised for them.
 TRITON_TIMEOUT_S = 1800.0
@@ -53,7 +57,10 @@ class AuditPlan:
 
     ``budget``: ``quick`` or samples per check; ``checks``: None for the whole battery;
     ``interpreted``: its kernels are Triton run by the interpreter; ``runs_interpreted``: False
-    when the interpreter cannot run it at all (the reason in ``note``)."""
+    when the interpreter cannot run it at all (the reason in ``note``); ``in_ci``: within CI's time
+    share for engine audits (:data:`CI_SHARE_S`); the others run with ``pytest -m engines``, CI's
+    ``-m "engines and not slow"`` leaves them out, and each is covered in CI by a target of the same
+    engine path that is in it (named in ``note``)."""
 
     target: str
     engine: str
@@ -64,32 +71,41 @@ class AuditPlan:
     interpreted: bool
     note: str = ""
     runs_interpreted: bool = True
+    in_ci: bool = True
 
 
 AUDIT_PLANS: tuple[AuditPlan, ...] = (
-    AuditPlan("lmdeploy", "lmdeploy", "sampler", "torch, random, draft probabilities", "quick", None, False),
+    AuditPlan("lmdeploy", "lmdeploy", "sampler", "torch, random, draft probabilities", "quick", None, False,
+              "random rows in CI through lmdeploy-mixed", in_ci=False),
     AuditPlan("lmdeploy-one-hot", "lmdeploy", "sampler", "torch, random, draft_probs=None", "quick", None, False),
-    AuditPlan("lmdeploy-greedy", "lmdeploy", "sampler", "torch, forward_greedy", "quick", None, False),
+    AuditPlan("lmdeploy-greedy", "lmdeploy", "sampler", "torch, forward_greedy", "quick", None, False,
+              "greedy rows in CI through lmdeploy-mixed", in_ci=False),
     AuditPlan("lmdeploy-mixed", "lmdeploy", "sampler", "torch, mixed greedy/random batch", "quick", None, False),
     AuditPlan("sglang", "sglang", "sampler", "torch, block-wise rejection, draft logits", "quick", None, False),
     AuditPlan("sglang-one-hot", "sglang", "sampler", "torch, block-wise rejection, one-hot draft", "quick", None,
               False),
     AuditPlan("sglang-greedy", "sglang", "sampler", "torch, DFlash greedy rule", "quick", None, False),
     AuditPlan("sglang-chain-triton", "sglang", "sampler", "Triton, chain sampler (coins as tensors)", TRITON_SAMPLES,
-              ("exact-step",) + TRITON_CHECKS, True, "exact check: the kernel takes its coins as tensors"),
+              ("exact-step",) + TRITON_CHECKS, True,
+              "exact check: the kernel takes its coins as tensors; 864 s interpreted: the same kernel with block "
+              "verification in CI through sglang-chain-block-triton", in_ci=False),
     AuditPlan("sglang-chain-block-triton", "sglang", "sampler", "Triton, chain sampler, block verification",
               TRITON_SAMPLES, TRITON_CHECKS, True),
     AuditPlan("sglang-triton-one-hot", "sglang", "sampler", "Triton, block-wise rejection, one-hot draft",
-              TRITON_SAMPLES, TRITON_CHECKS, True),
+              TRITON_SAMPLES, TRITON_CHECKS, True,
+              "504 s interpreted: the block-wise one-hot rule in CI through its torch path, sglang-one-hot",
+              in_ci=False),
     AuditPlan("sglang-triton", "sglang", "sampler", "Triton, block-wise rejection, draft logits", "quick", None, True,
               "GPU only: its residual kernel calls libdevice.log1p, which Triton 3.9's interpreter lacks", False),
     AuditPlan("sglang-tree-greedy-triton", "sglang", "tree", "Triton, greedy tree verification", TRITON_SAMPLES,
               None, True),
-    AuditPlan("vllm", "vllm", "sampler", "Triton, random, draft probabilities", TRITON_SAMPLES, TRITON_CHECKS, True),
+    AuditPlan("vllm", "vllm", "sampler", "Triton, random, draft probabilities", TRITON_SAMPLES, TRITON_CHECKS, True,
+              "random rows with draft probabilities in CI through vllm-mixed", in_ci=False),
     AuditPlan("vllm-no-draft-probs", "vllm", "sampler", "Triton, random, draft_probs=None", TRITON_SAMPLES,
               TRITON_CHECKS, True),
     AuditPlan("vllm-greedy", "vllm", "sampler", "Triton, all greedy", "quick", TRITON_CHECKS, True,
-              "one light kernel program per request: the Triton checks at the quick budget"),
+              "one light kernel program per request: the Triton checks at the quick budget; 309 s: greedy rows in "
+              "CI through vllm-mixed", in_ci=False),
     AuditPlan("vllm-mixed", "vllm", "sampler", "Triton, mixed greedy/random batch", TRITON_SAMPLES, TRITON_CHECKS,
               True),
 )

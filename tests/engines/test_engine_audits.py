@@ -3,7 +3,8 @@
 
 Torch paths take the whole quick battery; Triton paths, run by Triton's interpreter without a GPU,
 take the exact check where the kernel takes its coins as tensors and otherwise the stated subset at
-the stated sample count (the report gives each check's detectable TV).  A target whose engine is not
+the stated sample count (the report gives each check's detectable TV).  Plans outside CI's time
+share (``in_ci=False``) are also marked ``slow``: CI runs ``-m "engines and not slow"``.  A target whose engine is not
 installed skips with the install command; with CUDA the Triton targets run the compiled kernels."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from specverify.engines.environment import INSTALL_HINTS, installed_version
 pytestmark = pytest.mark.engines
 
 
-@pytest.mark.parametrize("plan", AUDIT_PLANS, ids=[plan.target for plan in AUDIT_PLANS])
+@pytest.mark.parametrize("plan", [pytest.param(plan, id=plan.target, marks=() if plan.in_ci else pytest.mark.slow)
+                                  for plan in AUDIT_PLANS])
 def test_engine_target_passes_its_audit(plan):
     version = installed_version(plan.engine)
     if version is None:
