@@ -32,12 +32,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
 from specverify.core import rounding, stats
+from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
 
 POWER = 0.99
 """Power every statistical check is sized for (β = 0.01)."""
@@ -178,6 +179,10 @@ class CheckResult:
     rejected, or the last); ``level`` is that look's share of ``alpha``."""
     num_looks: int = 0
     level: float | None = None
+    production_shape: bool = False
+    """The check ran at production shapes (:attr:`Check.production_shape`)."""
+    sized_for_own_tv: bool = False
+    """The check was sized for its own TV, not the budget's ε (:attr:`Check.sized_for_own_tv`)."""
 
     def __post_init__(self) -> None:
         # Results built from plain strings ("fail", "goodness-of-fit") get the enums, so that every
@@ -189,14 +194,14 @@ class CheckResult:
 
 
 class Check:
-    """Base of every check: identity, planning hooks and the one way to report.
+    """Base of every check: identity, its own plan, and the one way to report.
 
     Subclasses (dataclasses) set ``name``, ``description``, ``parameters`` (JSON-able; part of the
     check's seed) and the class attribute ``kind``, and implement ``run(session, plan)``, which
     returns :meth:`report` (or raises a :class:`~specverify.auditing.isolation.faults.Fault` that the audit
-    turns into a result with :meth:`from_fault`).  ``statistical`` checks take a share of α and a
-    sample size: the audit calls ``required_samples`` (named budgets) and ``detectable_tv`` (every
-    budget) to plan them; the others get ``Plan(n=0, alpha=None)``.
+    turns into a result with :meth:`from_fault`).  A check plans itself (:meth:`plan`):
+    ``statistical`` checks take a share of α and a sample size from their ``required_samples``
+    (named budgets) and ``detectable_tv`` (every budget); the others get ``Plan(n=0, alpha=None)``.
     """
 
     name: str
@@ -207,6 +212,9 @@ class Check:
     sequential: ClassVar[bool] = False
     """Sequential checks are tested at the looks of their plan (:class:`SequentialCheck`); the
     other statistical checks once, at their whole α share."""
+    production_shape: ClassVar[bool] = False
+    """The check runs at the shapes engines serve (:mod:`specverify.auditing.sampler.production`):
+    the diagnosis tells a loss there alone from one at the toy shapes."""
     num_cells: int = 0
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
@@ -214,6 +222,47 @@ class Check:
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         raise NotImplementedError(f"{type(self).__name__} is not a statistical check")
+
+    def target_tv(self, budget: SampleBudget) -> float | None:
+        """The TV this check is sized to detect under ``budget``: a named budget's ε; None under a
+        fixed budget (N samples per check), where the check states the TV it then detects.  Checks
+        whose rows cost megabytes (production shapes) state a larger TV of their own
+        (:attr:`sized_for_own_tv`), which the report names."""
+        return budget.epsilon
+
+    @property
+    def sized_for_own_tv(self) -> bool:
+        """Whether :meth:`target_tv` is this check's own TV rather than the budget's ε."""
+        return False
+
+    def sizing_level(self, share: float) -> float:
+        """The level the final test runs at, for sizing: the whole α share for a check tested once."""
+        return share
+
+    def looks(self, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The looks at which the check is tested and their levels: none (one test at ``share``)."""
+        return (), ()
+
+    def plan(self, budget: SampleBudget, share: float | None, seed: int) -> Plan:
+        """This check's :class:`Plan` under ``budget`` at α share ``share`` (None: no statistical check).
+
+        Named budgets: n = ``required_samples`` (target TV ε, the :meth:`sizing_level`, POWER);
+        fixed budgets: n = N.  The detectable TV is the smallest TV whose power at n is verified at
+        the final level: ``detectable_tv``'s search, or ε itself when smaller, since n was sized to
+        detect ε at a level no larger than the final one (a power bound at ε holds for every TV
+        ≥ ε: the plan promises ε whatever the shape of the bound that ``detectable_tv`` inverts).
+        """
+        if not self.statistical or share is None:
+            return Plan(0, 0, None, None, seed)
+        target = self.target_tv(budget)
+        n = int(budget.samples) if target is None else self.required_samples(
+            target, alpha=self.sizing_level(share), power=POWER)
+        looks, look_alphas = self.looks(n, share)
+        final_level = look_alphas[-1] if looks else share
+        detectable = self.detectable_tv(n, alpha=final_level, power=POWER)
+        if target is not None and final_level >= self.sizing_level(share):
+            detectable = min(detectable, target)
+        return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None)
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         raise NotImplementedError
@@ -229,26 +278,39 @@ class Check:
         return result_from_fault(self, plan, fault)
 
 
-class Battery(Protocol):
-    """The checks of one audit level: ``open_session`` wraps the function under audit (guards,
-    call log), ``checks`` lists the checks to run, in order, against that session.  A level whose
-    named budgets mean other TVs may also define ``resolve_budget(budget) -> SampleBudget``
-    (the audit uses it instead of :func:`resolve_budget`)."""
+class Battery:
+    """The checks of one audit level: :meth:`open_session` wraps the function under audit (guards,
+    call log), :meth:`checks` lists the checks to run, in order, against that session.  A level
+    may override the two hooks: :meth:`resolve_budget` (its named budgets mean other TVs) and
+    :meth:`load_target` (targets that are not Python, such as the endpoint level's base URL)."""
 
-    level: str
+    level: ClassVar[str]
 
-    def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float) -> Any: ...
+    def open_session(self, fn: Any, *, device: str, timeout_s: float, isolation: str = "worker") -> Any:
+        raise NotImplementedError
 
-    def checks(self, session: Any) -> list[Check]: ...
+    def checks(self, session: Any) -> list[Check]:
+        raise NotImplementedError
+
+    def resolve_budget(self, budget: str | int | SampleBudget) -> SampleBudget:
+        """The :class:`SampleBudget` of ``budget`` at this level (:func:`resolve_budget`)."""
+        return resolve_budget(budget)
+
+    def load_target(self, spec: str) -> Any | None:
+        """What a target string means at this level when it is not Python (the endpoint's URL), or
+        None: a Python target, which the session loads (in its worker)."""
+        return None
 
 
-def check_report(check: Any, plan: Plan, verdict: Verdict | str, message: str, **measured: Any) -> CheckResult:
+def check_report(check: Check, plan: Plan, verdict: Verdict | str, message: str, **measured: Any) -> CheckResult:
     """The one place a :class:`CheckResult` is built: the identity of ``check`` (its ``name``,
     ``description``, ``kind``, ``parameters``, ``num_cells``), its ``plan`` (``n_required``, α share,
     detectable TV), the verdict and message, and whatever the check measured (``n``, ``pvalue``,
     ``observed``, ...; a measured ``parameters`` or ``num_cells`` replaces the check's own)."""
-    fields: dict[str, Any] = {"n_required": plan.n_required, "num_cells": getattr(check, "num_cells", 0),
-                              "alpha": plan.alpha, "detectable_tv": plan.detectable_tv}
+    fields: dict[str, Any] = {"n_required": plan.n_required, "num_cells": check.num_cells,
+                              "alpha": plan.alpha, "detectable_tv": plan.detectable_tv,
+                              "production_shape": check.production_shape,
+                              "sized_for_own_tv": check.sized_for_own_tv}
     fields.update(measured)
     parameters = fields.pop("parameters", check.parameters)
     return CheckResult(check.name, check.description, check.kind, dict(parameters), verdict, message, **fields)
@@ -393,6 +455,18 @@ class SequentialCheck(Check):
 
     statistical: ClassVar[bool] = True
     sequential: ClassVar[bool] = True
+
+    def sizing_level(self, share: float) -> float:
+        """The final look's level (the share less what the earlier looks spend)."""
+        return final_look_alpha(share)
+
+    def looks(self, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The default group-sequential design of :mod:`specverify.core.sequential` (looks at n/16,
+        n/8, n/4, n/2, n; spending α t³), or none (one test at the whole share) below one sample a look."""
+        if n < len(DEFAULT_LOOKS):
+            return (), ()
+        design = SequentialPlan(n, share)
+        return design.looks, design.alphas
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         raise NotImplementedError

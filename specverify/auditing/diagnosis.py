@@ -42,11 +42,6 @@ the residual where (p − q)+ = p, the exact law of one row alone), each cheap: 
 runs them after the first failure."""
 
 
-def is_production_shape(name: str) -> bool:
-    """The checks at production shapes (:mod:`specverify.auditing.sampler.production`)."""
-    return name == "exact-large-vocabulary" or name.startswith("production-")
-
-
 def _shape(checks: Sequence[Any], name: str) -> str:
     """"V=…, K=…, B=…, dtype, layout" of a production check's parameters (its cases for the exact one)."""
     check = next(c for c in checks if c.name == name)
@@ -127,7 +122,7 @@ def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_e
 
     acceptance = acceptance_deviations(checks)
     statistical_lossy = lossy - {"exact-step"}
-    production = {n for n in statistical_lossy if is_production_shape(n)}
+    production = {c.name for c in failed if c.production_shape and c.name in statistical_lossy}
     toy_shapes = statistical_lossy - production
     if production and not toy_shapes:
         shapes = "; ".join(f"{n} ({_shape(checks, n)})" for n in sorted(production))

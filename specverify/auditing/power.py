@@ -17,7 +17,7 @@ Which TV a run must reach:
 - a fixed budget (N samples per check) asks for no TV, so it must reach the level's ceiling
   :data:`~specverify.auditing.defaults.POWER_CEILING_TV` (TV 0.25 at every level: a quarter of
   the output law's mass moved; the quick budget of every level reaches it);
-- a check sized for its own TV per named budget (``target_tvs`` or ``tv_scale``: the
+- a check sized for its own TV per named budget (:attr:`Check.sized_for_own_tv`: the
   production-shape checks, whose rows cost a megabyte each) must reach that TV instead where it is larger
   (:func:`check_ceiling`), and the verdict names it with its TV.
 
@@ -32,11 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from specverify.auditing.checks import POWER, Plan, SampleBudget, resolve_budget
+from specverify.auditing.checks import POWER, Check, Plan, SampleBudget, resolve_budget
 from specverify.auditing.defaults import POWER_CEILING_TV
-from specverify.core.sequential import final_look_alpha
 
 
 @dataclass(frozen=True)
@@ -81,41 +79,21 @@ def ceiling_of(level: str) -> float:
     return POWER_CEILING_TV.get(level, 0.25)
 
 
-def sized_for_own_tv(check: Any) -> bool:
-    """Whether ``check`` states its own TV per named budget (``target_tvs``, or a ``tv_scale`` ≠ 1)
-    and its ``required_samples`` takes that TV literally (the production-shape checks)."""
-    return bool(getattr(check, "target_tvs", None)) or getattr(check, "tv_scale", 1.0) != 1.0
-
-
-def target_tv(check: Any, budget: SampleBudget) -> float | None:
-    """The TV ``check`` is sized for under a named ``budget`` (None under a fixed one): the
-    check's own ``target_tvs[budget.name]`` where it has one (the sampler's production checks), else
-    min(1, ``tv_scale`` × the budget's ε) (the tree level's production checks: ``TV scale`` in their
-    parameters), else the budget's ε.  Checks whose rows cost megabytes state a larger TV this way;
-    the report states the TV each one detects."""
-    own = getattr(check, "target_tvs", None) or {}
-    if budget.name in own:
-        return float(own[budget.name])
-    if budget.epsilon is None:
-        return None
-    return min(1.0, float(getattr(check, "tv_scale", 1.0)) * budget.epsilon)
-
-
-def check_ceiling(check: Any, level: str, budget: SampleBudget) -> float:
+def check_ceiling(check: Check, level: str, budget: SampleBudget) -> float:
     """The largest detectable TV a pass may state for ``check``: the level's ceiling, or, for a
-    check sized for its own TV (``target_tvs`` or a ``tv_scale``: production shapes, whose rows
-    cost a megabyte each), the TV it is sized for under this budget (under a fixed budget, under
-    ``quick``) when that is larger (:func:`target_tv`).  The report
-    states every such check's TV."""
+    check sized for its own TV (:attr:`Check.sized_for_own_tv`: production shapes, whose rows cost
+    a megabyte each), the TV it is sized for under this budget (under a fixed budget, under
+    ``quick``) when that is larger.  A plan never states more than the TV its n was sized for
+    (:meth:`Check.plan`); the report states every such check's TV."""
     ceiling = ceiling_of(level)
-    if not sized_for_own_tv(check):
+    if not check.sized_for_own_tv:
         return ceiling
     named = budget if budget.epsilon is not None else resolve_budget("quick")  # sampler and tree: BUDGETS
-    promised = target_tv(check, named)
-    return max(ceiling, float(promised) * 1.01)  # a planner's bisection lands within 1% of its target
+    promised = check.target_tv(named)
+    return ceiling if promised is None else max(ceiling, promised)
 
 
-def power_shortfall(checks: Sequence[Any], plans: Sequence[Plan], level: str, budget: SampleBudget,
+def power_shortfall(checks: Sequence[Check], plans: Sequence[Plan], level: str, budget: SampleBudget,
                     share: float | None) -> PowerShortfall | None:
     """The worst statistical check of the plan when its detectable TV exceeds the level's
     ceiling (None when every check reaches it).  ``needed``: the largest n any statistical check
@@ -134,7 +112,7 @@ def power_shortfall(checks: Sequence[Any], plans: Sequence[Plan], level: str, bu
     return PowerShortfall(level, budget.name, ceiling, worst_check.name, worst, needed)
 
 
-def _needed(check: Any, plan: Plan, ceiling: float) -> int | None:
+def _needed(check: Check, plan: Plan, ceiling: float) -> int | None:
     """The smallest n at which ``check`` detects TV ``ceiling`` at its final-look level: its own
     ``required_samples``, or, where that cannot size the ceiling (a binomial check whose bound
     leaves less than the ceiling to exceed), the first n whose detectable TV is within it (doubling,
@@ -167,7 +145,7 @@ def _detectable(plan: Plan) -> float:
     return float("inf") if plan.detectable_tv is None else float(plan.detectable_tv)
 
 
-def _final_alpha(check: Any, plan: Plan) -> float:
+def _final_alpha(check: Check, plan: Plan) -> float:
     if plan.look_alphas:
         return plan.look_alphas[-1]
-    return final_look_alpha(plan.alpha) if getattr(check, "sequential", False) else plan.alpha
+    return check.sizing_level(plan.alpha)

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specverify.core import stats
-from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
+from specverify.auditing.checks import POWER, Battery, Check, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
 from specverify.auditing.minimal_case import MinimalCase
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
-from specverify.auditing.power import PowerShortfall, power_shortfall, sized_for_own_tv, target_tv
+from specverify.auditing.power import PowerShortfall, power_shortfall
 from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
 from specverify.auditing.isolation.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
@@ -57,7 +57,6 @@ from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.process import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
 from specverify.core.seeding import derive_seed
-from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
 from specverify.auditing.defaults import (  # LEVELS is the registry of levels; all re-exported here
     BUDGET_ENV,
     DEFAULT_ALPHA,
@@ -212,7 +211,7 @@ def target_name(fn: Callable[..., Any] | str) -> str:
     return replay.target_name(fn)
 
 
-def load_battery(level: str, **options: Any) -> Any:
+def load_battery(level: str, **options: Any) -> Battery:
     """Instantiate the battery of ``level`` from :data:`LEVELS` (``options``: the level's own
     keyword arguments, e.g. the endpoint level's ``baseline``)."""
     if level not in LEVELS:
@@ -248,52 +247,17 @@ def select_checks(available: Sequence[Any], names: Sequence[str] | None, omitted
     return [c for c in available if c.name in names]
 
 
-def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed: int, level: str) -> tuple[list[Plan], float | None]:
-    """Each check's :class:`Plan` and the Bonferroni share α / m of the m statistical checks.
+def plan_checks(checks: Sequence[Check], budget: SampleBudget, alpha: float, seed: int,
+                level: str) -> tuple[list[Plan], float | None]:
+    """Each check's own :meth:`Check.plan` at the Bonferroni share α / m of the m statistical checks.
 
-    Named budgets: n = the smallest sample size at which the check detects TV ε with power POWER
-    at the level its final test runs at (``check.required_samples``): the whole share for checks
-    tested once, the final look's level for sequential ones (:func:`plan_looks`); ε is the budget's,
-    or the check's own TV for that budget (:func:`target_tv`).  Fixed budgets:
-    n = N and the check reports the TV it can then detect.  Seeds: ``derive_seed(level, name,
-    parameters, base=seed)``.
-    """
+    Seeds: ``derive_seed(level, name, parameters, base=seed)``."""
     statistical = [c for c in checks if c.statistical]
     share = stats.bonferroni(alpha, len(statistical)) if statistical else None
-    plans = []
-    for check in checks:
-        seed_of_check = derive_seed(level, check.name, sorted((str(k), str(v)) for k, v in check.parameters.items()),
-                                    base=seed)
-        if not check.statistical:
-            plans.append(Plan(0, 0, None, None, seed_of_check))
-            continue
-        final_alpha = final_look_alpha(share) if getattr(check, "sequential", False) else share
-        if budget.epsilon is not None:
-            n = check.required_samples(target_tv(check, budget), alpha=final_alpha, power=POWER)
-        else:
-            n = int(budget.samples)
-        looks, look_alphas = plan_looks(check, n, share)
-        final_alpha = look_alphas[-1] if looks else share
-        detectable = check.detectable_tv(n, alpha=final_alpha, power=POWER)
-        if budget.epsilon is not None and sized_for_own_tv(check):
-            # n was sized (and its bound verified) for the literal target TV; a bound valid at ε
-            # holds for every TV ≥ ε, so a bisection over the identity test's numerically
-            # non-monotone bound may land above it.
-            detectable = min(detectable, target_tv(check, budget))
-        plans.append(Plan(n, n, share, detectable, seed_of_check, looks, look_alphas,
-                          fixed_budget=budget.epsilon is None))
-    return plans, share
-
-
-def plan_looks(check: Any, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """The looks and their levels for ``check`` with final size ``n`` and level ``share``: the
-    default group-sequential design of :mod:`specverify.core.sequential` (looks at n/16, n/8, n/4,
-    n/2, n; spending α t³) for sequential checks with at least one sample per look; none (a
-    single test at the whole share) otherwise."""
-    if not getattr(check, "sequential", False) or n < len(DEFAULT_LOOKS):
-        return (), ()
-    design = SequentialPlan(n, share)
-    return design.looks, design.alphas
+    return [check.plan(budget, share, derive_seed(level, check.name,
+                                                  sorted((str(k), str(v)) for k, v in check.parameters.items()),
+                                                  base=seed))
+            for check in checks], share
 
 
 def audit(
@@ -338,7 +302,7 @@ def audit(
     if budget is None:
         budget = os.environ.get(BUDGET_ENV, "").strip() or DEFAULT_BUDGET
     battery = load_battery(level, **level_options)
-    sample_budget = getattr(battery, "resolve_budget", resolve_budget)(budget)  # a level may size its own named budgets
+    sample_budget = battery.resolve_budget(budget)
     _check_arguments(alpha, timeout_s, device)
     check_isolation(isolation)
     if fail_fast is None:
@@ -356,8 +320,9 @@ def audit(
     minimal: tuple[MinimalCase | None, str] = (None, "")
     with preserved_process_state():
         try:
-            if isinstance(fn, str) and hasattr(battery, "load_target"):  # not Python (the endpoint's URL)
-                fn = battery.load_target(fn)
+            resolved = battery.load_target(fn) if isinstance(fn, str) else None
+            if resolved is not None:  # not Python (the endpoint's URL)
+                fn = resolved
             elif isinstance(fn, str) and isolation == "none":
                 fn = load_target(fn, level)
             session = battery.open_session(fn, device=device, timeout_s=timeout_s, isolation=isolation)
@@ -576,8 +541,7 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
     if shortfall is not None and not allow_underpowered:
         return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
                                             f"{shortfall.fix()}{skipped}"), detectable
-    own = [r for r in statistical if epsilon is not None and r.detectable_tv is not None
-           and r.detectable_tv > epsilon * (1 + 1e-9)]
+    own = [r for r in statistical if epsilon is not None and r.sized_for_own_tv and r.detectable_tv is not None]
     if own:  # checks sized for their own TV under this budget (production shapes: costly rows)
         at_budget = max((r.detectable_tv for r in statistical if r not in own and r.detectable_tv is not None),
                         default=epsilon)

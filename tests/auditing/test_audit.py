@@ -9,7 +9,7 @@ import torch
 
 import specverify
 from specverify.core import stats
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, assert_lossless, audit, plan_checks, target_tv
+from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, assert_lossless, audit, plan_checks
 from specverify.auditing.sampler.battery import POWER, SamplerBattery, resolve_budget
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli.listing import PRODUCTION_EXACT_TV
@@ -81,8 +81,8 @@ def test_named_budgets_size_every_check_for_their_tv(budget, epsilon):
         final = plan.look_alphas[-1]
         assert final == pytest.approx(share * 7 / 8) and sum(plan.look_alphas) == pytest.approx(share)
         # The production-shape checks are sized for their own TV per budget (check.target_tvs).
-        tv = target_tv(check, resolve_budget(budget))
-        assert tv == (check.target_tvs[budget] if check.name.startswith("production-") else epsilon)
+        tv = check.target_tv(resolve_budget(budget))
+        assert tv == (check.target_tvs[budget] if check.sized_for_own_tv else epsilon)
         assert plan.looks[-1] == plan.n == plan.n_required == check.required_samples(tv, alpha=final, power=POWER)
         assert plan.detectable_tv <= tv
         if check.kind == "goodness-of-fit" and not check.name.startswith("production-"):  # n: the power calculation's minimum: used/minimum = 1.0

@@ -19,7 +19,6 @@ import pytest
 import specverify
 from specverify.auditing.checks import Plan, Verdict
 from specverify.auditing.defaults import FAIL_FAST_SKIP
-from specverify.auditing.runner import plan_looks
 from specverify.auditing.sampler.battery import SamplerBattery
 from specverify.core import rules, stats
 from specverify.core.seeding import derive_seed
@@ -95,7 +94,7 @@ def sequential_false_positives(runs_per_check: int, base_seed: int) -> dict[str,
     counts = {}
     for name in CALIBRATED_CHECKS:
         check = checks[name]
-        looks, alphas = plan_looks(check, CALIBRATION_N, CALIBRATION_LEVEL)
+        looks, alphas = check.looks(CALIBRATION_N, CALIBRATION_LEVEL)
         by_look = [0] * len(looks)
         for run in range(runs_per_check):
             seed = derive_seed("sequential-calibration", name, run, base=base_seed)

@@ -140,13 +140,12 @@ def test_sampler_audit_of_transformers_small_budget():
     """Default-run audit of the toy-shaped checks (1000 samples per check: each detects TV ≈
     0.13–0.2 with power 0.99); the production-shape checks (1000 rows give them no power at
     V = 151,936) run in the slow quick/standard audits below."""
-    from specverify.auditing.diagnosis import is_production_shape
     from specverify.auditing.sampler.battery import SamplerBattery
     from specverify.core.rules import verify as reference
 
     battery = SamplerBattery()
     toy = [c.name for c in battery.checks(battery.open_session(reference, device="cpu", timeout_s=10))
-           if not is_production_shape(c.name)]
+           if not c.production_shape]
     report = audit("hf-transformers", level="sampler", budget=1000, checks=toy)
     assert report.exit_code == EXIT_PASS, report.explain()
 

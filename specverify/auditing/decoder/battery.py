@@ -75,6 +75,7 @@ import torch
 
 from specverify.core import stats
 from specverify.auditing.checks import (
+    Battery,
     Check,
     CheckKind,
     CheckResult,
@@ -532,7 +533,7 @@ def resolve_decoder_budget(budget: str | int | SampleBudget) -> SampleBudget:
     return resolve_budget(budget)
 
 
-class DecoderBattery:
+class DecoderBattery(Battery):
     """SPEC §2 battery (see the module docstring)."""
 
     level = "decoder"

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from specverify.auditing.checks import Battery
 from specverify.auditing.endpoint.bursts import BurstPitCheck, ChoicePairsCheck, SeedReproducibilityCheck
 from specverify.auditing.endpoint.checks import (
     NEUTRAL_PROCESSING,
@@ -203,7 +204,7 @@ def serves_choices(client: EndpointClient) -> bool | str:
     return True
 
 
-class EndpointBattery:
+class EndpointBattery(Battery):
     """SPEC §4 battery (module docstring).  ``baseline``: the baseline's base URL (None: the
     candidate's own logprobs stand for the target's law); ``model``: the ``model`` field (default:
     the first id of the candidate's ``GET /models``); ``concurrency``: requests in flight at once

@@ -514,7 +514,7 @@ class RandomnessSourceCheck(Check):
 # --------------------------------------------------------------------------------------------
 
 
-class SamplerBattery:
+class SamplerBattery(Battery):
     """SPEC §1 battery: one verification step, and whole decoding loops, driven by the harness."""
 
     level = "sampler"

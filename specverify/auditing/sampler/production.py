@@ -219,6 +219,7 @@ class ExactFinalDrawCheck(Check):
     description: str
     shapes: tuple[ExactShape, ...]
     kind: ClassVar[CheckKind] = CheckKind.EXACT
+    production_shape: ClassVar[bool] = True
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = 0
 
@@ -311,11 +312,21 @@ class ProductionStepCheck(SequentialCheck):
     strided: bool = False
     batch_rows: int | None = None
     target_tvs: dict[str, float] = field(default_factory=dict)
-    """The TV the check is sized for under each named budget (read by the planner,
-    :func:`specverify.auditing.runner.target_tv`); a budget not listed sizes it for the budget's ε."""
+    """The TV the check is sized for under each named budget (:meth:`target_tv`); a budget not
+    listed sizes it for the budget's ε."""
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+    production_shape: ClassVar[bool] = True
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
+
+    def target_tv(self, budget: SampleBudget) -> float | None:
+        if budget.name in self.target_tvs:
+            return float(self.target_tvs[budget.name])
+        return budget.epsilon
+
+    @property
+    def sized_for_own_tv(self) -> bool:
+        return bool(self.target_tvs)
 
     def __post_init__(self) -> None:
         bank = self.bank

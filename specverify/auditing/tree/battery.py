@@ -64,12 +64,14 @@ import numpy as np
 import torch
 
 from specverify.auditing.checks import (
+    Battery,
     Check,
     CheckKind,
     CheckResult,
     ChiSquareCheck,
     InputsUnchangedCheck,
     Plan,
+    SampleBudget,
     SequentialCheck,
     Tally,
     Verdict,
@@ -182,6 +184,20 @@ def _scale_parameter(scale: float) -> dict[str, Any]:
     return {} if scale == 1.0 else {"TV scale": scale}
 
 
+class ScaledTvCheck(Check):
+    """A tree check sized for ``tv_scale`` × the budget's ε (at most 1): the production-shape
+    checks, whose rows cost megabytes, state the larger TV (``TV scale`` in their parameters)."""
+
+    tv_scale: float
+
+    def target_tv(self, budget: SampleBudget) -> float | None:
+        return None if budget.epsilon is None else min(1.0, self.tv_scale * budget.epsilon)
+
+    @property
+    def sized_for_own_tv(self) -> bool:
+        return self.tv_scale != 1.0
+
+
 PRODUCTION_SEEDS = (0, 1, 2, 3)
 """The EAGLE-2-like trees of a production-shape check: :func:`tree_exact.dynamic_tree_shape` of these seeds."""
 
@@ -197,7 +213,7 @@ def production_trees(*, top_k: int, concentration: float, expand: int,
 
 
 @dataclass
-class TreeLawCheck(ChiSquareCheck):
+class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
     """One tree step per row (or whole loops), the first ``length`` completed tokens jointly
     (cells: chain × V^length) against the target's exact law.  ``call_rows``: the rows go to the
     function in calls of these sizes in turn (default: one call per harness batch).  The law of
@@ -267,7 +283,7 @@ class TreeLawCheck(ChiSquareCheck):
 
 
 @dataclass
-class TreeTransitionCheck(ChiSquareCheck):
+class TreeTransitionCheck(ScaledTvCheck, ChiSquareCheck):
     """One tree step per row on large trees, completed to ``length`` tokens; every position's
     token given the state before it (blocks: chain × position × the last ``order`` tokens)
     against the target's law there (:func:`specverify.core.transitions.transition_goodness_of_fit`).
@@ -381,7 +397,7 @@ def large_vocabulary_bank(name: str, vocab_size: int) -> MarkovBank:
 
 
 @dataclass
-class TreeIdentityCheck(SequentialCheck):
+class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
     """Tree steps at a large vocabulary, every completed token of every step pooled, against the
     target's law by the token-level identity test (:func:`specverify.core.identity.identity_test`).
 
@@ -667,7 +683,7 @@ def exact_cases(schemes: tuple[str, ...]) -> tuple[tuple[str, Any, tuple[int, ..
     return tuple(cases)
 
 
-class TreeBattery:
+class TreeBattery(Battery):
     """SPEC §3 battery: tree steps and whole tree decoding loops, per declared sibling scheme."""
 
     level = "tree"
