@@ -39,9 +39,9 @@ import numpy as np
 from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
 from specverify.core import rounding, stats
 from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
+from specverify.core.stats import monte_carlo_draws
 
-POWER = 0.99
-"""Power every statistical check is sized for (β = 0.01)."""
+POWER = stats.POWER
 
 BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
 """Named budgets: the TV deviation every statistical check detects with power ≥ POWER."""
@@ -337,19 +337,6 @@ def _top_deviations(counts: np.ndarray, expected: np.ndarray, labels: tuple[str,
     frequency = counts / max(1, counts.sum())
     order = np.argsort(-np.abs(frequency - expected), kind="stable")[:limit]
     return "; ".join(f"{labels[i]}: observed {frequency[i]:.4f} vs expected {expected[i]:.4f}" for i in order)
-
-
-MAX_MONTE_CARLO_DRAWS = 1_000_000
-"""A Monte-Carlo p-value draws at most this many tables: a look whose level is below
-1/(1 + MAX_MONTE_CARLO_DRAWS) cannot reject on a Monte-Carlo p-value (its level is then unused,
-never spent on an invalid rejection).  Only tiny early looks fall back to Monte Carlo."""
-
-
-def monte_carlo_draws(level: float) -> int:
-    """Monte-Carlo draws for a test at ``level``: enough that its smallest p-value 1/(1 + draws)
-    lies below the level (twice 1/level, at least ``stats.DEFAULT_MONTE_CARLO_DRAWS``), capped at
-    :data:`MAX_MONTE_CARLO_DRAWS`.  With fewer, the check could not fail."""
-    return min(MAX_MONTE_CARLO_DRAWS, max(stats.DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
 
 
 def level_of(plan: Plan, level: float | None) -> float:

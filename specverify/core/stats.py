@@ -50,10 +50,28 @@ __all__ = [
     "power_at",
     "sample_size_for_tv",
     "two_sample_test",
+    "POWER",
+    "monte_carlo_draws",
 ]
 
 DEFAULT_MONTE_CARLO_DRAWS = 9_999
 """Default number of Monte-Carlo draws; the smallest attainable p-value is 1/(1 + draws) = 1e-4."""
+
+POWER = 0.99
+"""The power every statistical test of the project is sized for: a deviation of the stated TV is
+missed with probability at most 0.01 (the audit's checks, the property suite, the benchmarks)."""
+
+MAX_MONTE_CARLO_DRAWS = 1_000_000
+"""A Monte-Carlo p-value draws at most this many tables: a test whose level is below
+1/(1 + MAX_MONTE_CARLO_DRAWS) cannot reject on a Monte-Carlo p-value (its level is then unused,
+never spent on an invalid rejection).  Only tiny early looks of sequential checks fall back to it."""
+
+
+def monte_carlo_draws(level: float) -> int:
+    """Monte-Carlo draws for a test at ``level``: enough that its smallest p-value 1/(1 + draws)
+    lies below the level (twice 1/level, at least :data:`DEFAULT_MONTE_CARLO_DRAWS`), capped at
+    :data:`MAX_MONTE_CARLO_DRAWS`.  With fewer, the test could not reject."""
+    return min(MAX_MONTE_CARLO_DRAWS, max(DEFAULT_MONTE_CARLO_DRAWS, math.ceil(2.0 / level)))
 
 EXACT_MAX_OUTCOMES = 100_000
 """Enumerate the multinomial exactly when it has at most this many outcomes C(n + k − 1, k − 1)."""

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specverify.core.stats import bonferroni, detectable_tv, sample_size_for_tv
+from specverify.core.stats import POWER, bonferroni, detectable_tv, sample_size_for_tv
 
-POWER = 0.99
-"""Probability with which every check detects a deviation of :data:`DETECTABLE_TV`."""
 
 DETECTABLE_TV = 0.03
 """Total-variation deviation of the tested law that every statistical check detects with

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specverify.core.stats import monte_carlo_draws
 from specverify.properties import budget
 from specverify.auditing.isolation.faults import validate_emitted
 from specverify.core import exact, stats
@@ -98,11 +99,6 @@ def _array_key(*arrays: np.ndarray) -> str:
         digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
         digest.update(str(array.shape).encode())
     return digest.hexdigest()
-
-
-def _monte_carlo_draws(alpha: float) -> int:
-    """Monte-Carlo draws whose smallest p-value ``1/(1 + draws)`` lies below ``alpha / 2``."""
-    return math.ceil(2.0 / alpha)
 
 
 def law_array(law: dict[tuple[int, ...], float], vocab_size: int, width: int) -> np.ndarray:
@@ -339,7 +335,7 @@ def run_step_check(
     results = tuple(
         stats.goodness_of_fit(
             counts[r], step_target_law(case, r), seed=derive_seed("monte-carlo", seed, r),
-            monte_carlo_draws=_monte_carlo_draws(per_chain_alpha),
+            monte_carlo_draws=monte_carlo_draws(per_chain_alpha),
         )
         for r in range(len(case.chains))
     )
@@ -356,7 +352,7 @@ def run_loop_check(
     n = n or budget.sample_size(case.num_cells, alpha=alpha)
     counts = sample_loop(impl, case, n, seed)
     result = stats.goodness_of_fit(
-        counts, loop_target_law(case), seed=derive_seed("monte-carlo", seed), monte_carlo_draws=_monte_carlo_draws(alpha)
+        counts, loop_target_law(case), seed=derive_seed("monte-carlo", seed), monte_carlo_draws=monte_carlo_draws(alpha)
     )
     detectable = budget.detectable_at(n, case.num_cells, alpha=alpha)
     return CheckOutcome(name, result.pvalue, alpha, n, case.num_cells, detectable, (result,))

@@ -47,13 +47,12 @@ from specverify.core import exact
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
-from specverify.core.stats import binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
+from specverify.core.stats import POWER, binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
 from specverify.hf.tiny_models import continuation_distribution, continuation_laws, tiny_target_and_draft
 
 VOCAB = 8
 LENGTH = 3  # continuation length: 512 cells, and up to 3 target passes per sample
 PROMPTS = ((1, 2, 3, 4, 1, 2), (5, 6))  # the first has an n-gram to look up, the second none at first
-POWER = 0.99
 FAST_TV = 0.08
 SLOW_TV = 0.05
 BUG_TV = 0.15  # the broken-decoder demonstrations reject with fewer samples (power grows with n)
