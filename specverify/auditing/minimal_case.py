@@ -228,7 +228,9 @@ def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
 def case_rows(rows_per_s: float | None, seconds_left: float) -> int:
     """Rows of one candidate call: :data:`MINIMAL_ROWS`, or the whole thousands the function
     evaluates in half of ``seconds_left`` at ``rows_per_s`` (None: not measured yet, the full
-    size); 0 when that is below :data:`MIN_ROWS` (no case is attempted)."""
+    size); 0 when that is below :data:`MIN_ROWS` or no time is left (no case is attempted)."""
+    if seconds_left <= 0:
+        return 0
     if rows_per_s is None:
         return MINIMAL_ROWS
     rows = min(MINIMAL_ROWS, int(rows_per_s * seconds_left / 2) // 1000 * 1000)
@@ -276,6 +278,9 @@ def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function:
                 return best, ""
     if calls == 0 and not stopped:
         return None, "no failing check has a step small enough to print (a minimal case needs (2K+1)·V ≤ 160)"
+    if stopped and calls == 0:
+        return None, (f"the post-verdict deadline came before a call of {rows:,} rows could end (the failing checks' "
+                      "cells are the evidence)")
     if stopped:
         return None, (f"the post-verdict deadline ended the search after {calls} call(s) of {rows:,} rows, none "
                       "reproducing the loss (the failing checks' cells are the evidence)")

@@ -101,8 +101,8 @@ class PostVerdict:
 
     def announcement(self, following: str) -> str:
         """The line said when the verdict is in: what follows (``following``) and the budget."""
-        return (f"the verdict is in after {self.verdict_s:.0f} s; {following}; everything after the verdict "
-                f"takes at most {self.budget_s:.0f} s (the post-verdict budget: {self.basis()})")
+        return (f"the verdict is in after {self.verdict_s:.0f} s; {following}; the steps after the verdict have "
+                f"{self.budget_s:.0f} s in all (the post-verdict budget: {self.basis()})")
 
     def basis(self) -> str:
         """How the budget was set, in words."""

@@ -462,18 +462,22 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
     case, note = None, ""
     log = getattr(function, "log", None)
     rows_per_s = log.rows / log.function_seconds if log is not None and log.rows and log.function_seconds > 0 else None
-    left = post.seconds_left()
+    startup_s = function.startup_s() if hasattr(function, "startup_s") else 0.0
+    left = post.seconds_left() - startup_s
     rows = case_rows(rows_per_s, left)
     if function is None or (hasattr(function, "stop_reason") and function.stop_reason() is not None):
         note = "the function can no longer be called"
+    elif rows == 0 and rows_per_s is not None and left > 0:
+        note = (f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; a case needs "
+                f"{MIN_ROWS:,} rows ≈ {MIN_ROWS / rows_per_s:.1f} s a call, more than half the {left:.1f} s left of "
+                f"the post-verdict budget ({post.basis()})")
     elif rows == 0:
-        note = (f"skipped: the function evaluates {rows_per_s:,.0f} rows/s; a case needs {MIN_ROWS:,} rows ≈ "
-                f"{MIN_ROWS / rows_per_s:.1f} s a call, more than half the {left:.1f} s left of the post-verdict "
-                f"budget ({post.basis()})")
+        restart = f" once the worker process is started again ({startup_s:.1f} s the last time)" if startup_s else ""
+        note = f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}"
     else:
         if hasattr(progress, "note"):
             progress.note(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
-                          f"deadline in {left:.0f} s")
+                          f"deadline in {post.seconds_left():.0f} s")
         failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
         function.cut_off_at(post.deadline())
         try:

@@ -234,6 +234,7 @@ class _Session:
         self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
         self.target: WorkerTarget | None = None
         self.cutoff: float | None = None
+        self.start_s = 0.0  # seconds the last worker start took (loading the target included)
         if self.isolation == "process":
             target = worker_target(fn)
             if isinstance(target, str):
@@ -272,10 +273,19 @@ class _Session:
             self.worker.kill()
         self.life_calls = self.life_rows = 0
         start_timeout_s, _ = self._within_cutoff(max(START_TIMEOUT_S, self.timeout_s), "starting the worker process")
+        began = time.perf_counter()
         self.worker = WorkerProcess(self.target, level=self.level, device=str(self.device),
                                     start_timeout_s=start_timeout_s, stdout=self.stdout, stderr=self.stderr)
         self.info = self.worker.load()
+        self.start_s = time.perf_counter() - began
         return self.worker
+
+    def startup_s(self) -> float:
+        """Seconds the next call first spends starting a worker: 0 in-process or while one runs,
+        else what the last start took."""
+        if self.isolation == "none" or (self.worker is not None and self.worker.alive()):
+            return 0.0
+        return self.start_s
 
     def cut_off_at(self, moment: float | None) -> None:
         """Start no call after ``moment`` (a ``time.perf_counter()`` reading; None: no cutoff) and
