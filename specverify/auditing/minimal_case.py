@@ -266,7 +266,8 @@ def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function:
                 proposal = Proposal(p.unsqueeze(0).repeat(rows, 1, 1), q.unsqueeze(0).repeat(rows, 1, 1),
                                     torch.tensor([list(drafts)]).repeat(rows, 1))
                 try:
-                    emitted = function(proposal, function.generator(case_seed), where=f"minimal case of {check.name}")[0]
+                    emitted = function(proposal, function.generator(case_seed),
+                                       where=f"minimal case of {check.name}")[0]
                 except CutOff:
                     stopped = True
                     break

@@ -19,7 +19,7 @@ the rows evaluated so far inside a check from the session's call log.  Two are p
 
 ``end(total_s=…)`` comes at the audit's true end, after the steps that follow its verdict (the
 locating checks, a minimal failing case, the worker's shutdown, :mod:`specverify.auditing.post_verdict`,
-each announced by a ``note`` line with its bound), so ``audit finished in X`` is the report's
+each announced by an ``after_verdict`` line with its bound), so ``audit finished in X`` is the report's
 ``total_s``, on the audit's clock from its start.
 
 The expected time (:func:`expected_seconds`) is a cost model of the harness driving the
@@ -155,6 +155,10 @@ class _Tracker:
         """A line about the plan (a power shortfall, checks left out), written after the header."""
         self.write(f"specverify: {text}\n")
 
+    def after_verdict(self, text: str) -> None:
+        """A line on what follows the verdict and its time bound (:mod:`specverify.auditing.post_verdict`)."""
+        self.write(f"specverify: {text}\n")
+
     def replanned(self, index: int) -> str | None:
         """After check ``index`` finished: the re-timed plan at the function's measured speed
         (:func:`measured_estimate`) as a line, when it is first known or the projected total has
@@ -264,6 +268,10 @@ class LineProgress(_Tracker):
         with self._lock:
             super().write(text)
             self._last_line_at = time.perf_counter()
+
+    def after_verdict(self, text: str) -> None:
+        if self.per_check:  # else the plan, the measured speed and the end only
+            super().after_verdict(text)
 
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.heartbeat_s / 4)):

@@ -475,8 +475,8 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
         restart = f" once the worker process is started again ({startup_s:.1f} s the last time)" if startup_s else ""
         note = f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}"
     else:
-        if hasattr(progress, "note"):
-            progress.note(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
+        if hasattr(progress, "after_verdict"):
+            progress.after_verdict(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
                           f"deadline in {post.seconds_left():.0f} s")
         failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
         function.cut_off_at(post.deadline())
@@ -616,8 +616,8 @@ def _open_locating(post: PostVerdict, function: Any, progress: Progress | None, 
     post.open()
     if hasattr(function, "cut_off_at"):
         function.cut_off_at(post.locating_deadline())
-    if hasattr(progress, "note"):
-        progress.note(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
+    if hasattr(progress, "after_verdict"):
+        progress.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
                                         f"{post.locating_deadline() - post.verdict_at:.0f} s"))
 
 
