@@ -16,16 +16,21 @@ calls (:meth:`specverify.auditing.isolation.guarded._Session.cut_off_at`: no cal
 a running one is stopped at it), and the minimal case is sized to the function's measured speed
 (:func:`specverify.auditing.minimal_case.case_rows`).  The shutdown is bounded on its own
 (:data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`).  So an audit ends within
-``t_verdict + budget + SHUTDOWN_BOUND_S`` = ``1.5 t_verdict + 15 s`` at most (beyond a check
-that calls no function, e.g. the in-process exact integration, which keeps its own deadline).
+``t_verdict + budget + SHUTDOWN_BOUND_S`` = ``max(t_verdict + 15 s, 1.5 t_verdict + 5 s)``.  One
+exception: with ``isolation="none"`` the exact check's direct calls (``uniforms=``) are not
+guarded one by one, so a slow function's exact check after the verdict is bounded only by its
+integration deadline (10 × the per-call timeout); in a worker (the default) they are cut off too.
 
 Why these numbers.  ``SHARE = 0.5``: the explanation is worth at most half again the wait for the
 verdict, so a slow function (a few hundred rows/s: minutes for the 6 × 20,000 rows of a full
-minimal-case search) never holds a finished verdict for longer than the checks took to reach it.
-``FLOOR_S = 10 s``: at the reference implementation's speed every post-verdict step ends within
-3 s on this project's 2-core CPU (the three locating checks and the case after the quick audit of
-``examples/buggy_bonus.py``: 2.3 s and 0.5 s at a load of 9), so the floor never cuts a fast
-function's steps, whose reports then stay the same on every machine.
+minimal-case search) never holds a finished verdict for long: at ~500 rows/s
+(``tests/auditing/hostile/lossy_slow_per_row.py``, three checks, in-process) the audit took
+173.6 s without the budget and 23.6 s with it.  ``FLOOR_S = 10 s``: at the speed of the
+reference implementation the post-verdict steps fit in it on this project's 2-core CPU (after the
+quick audit of ``examples/buggy_bonus.py`` in a worker: the three locating checks 2.3 s and the
+case 3.0 s at a load of 9; 3.7 s and 4.8 s at a load of 15, when the verdict itself took 69 s and
+the budget was 35 s), so the budget does not cut a fast function's steps and its reports stay the
+same from machine to machine.
 
 Every duration is read from one clock (``time.perf_counter``) against the audit's start; the
 report's ``timings`` carries :meth:`PostVerdict.timings`.

@@ -495,18 +495,16 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
 
 
 def _shut_down(function: Any, post: PostVerdict) -> None:
-    """Close the session's function (a worker: asked to stop, killed after a grace, bounded by
-    :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`) and record the time it took."""
+    """Close the session's function and record the time a worker's shutdown took (asked to stop,
+    killed after a grace: bounded by :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`)."""
     from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S
 
     if not hasattr(function, "close"):
         return
     begun = time.perf_counter()
     function.close()
-    if post.verdict_at is not None:
-        in_worker = getattr(function, "isolation", None) == "process"
-        post.record("shutdown", time.perf_counter() - begun,
-                    f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s" if in_worker else "nothing to stop")
+    if post.verdict_at is not None and getattr(function, "isolation", None) == "process":
+        post.record("shutdown", time.perf_counter() - begun, f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
 
 
 def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], plans: Sequence[Plan],

@@ -52,7 +52,7 @@ def test_a_lossy_slow_sampler_gets_its_verdict_and_the_audit_ends_within_its_bud
     assert report.timings["total_s"] <= post["verdict_s"] + post["budget_s"] + SHUTDOWN_BOUND_S, post
     assert wall_s <= report.timings["total_s"] + 2.0  # the figure "audit finished in" says is the end
     steps = {step["step"]: step for step in post["steps"]}
-    assert set(steps) == {"locating checks", "minimal case", "shutdown"}, steps
+    assert set(steps) == {"locating checks", "minimal case"}, steps  # in-process: no worker to shut down
     cut = [c for c in report.checks if c.message.startswith(LOCATING_CUT_SKIP)]
     assert cut and all("--no-fail-fast" in c.message for c in cut), [c.message for c in report.checks]
     assert "not run" in steps["locating checks"]["outcome"]
@@ -100,12 +100,22 @@ def test_a_call_past_the_cutoff_is_refused_and_a_running_one_is_stopped():
     function(_proposal(2), function.generator(3), where="no cutoff")
 
 
-def test_a_hung_worker_is_killed_at_shutdown_within_the_bound():
-    """A worker that cannot answer the request to stop (frozen here with SIGSTOP, as a function
-    holding its main thread would leave it) is killed after the grace: about 1 s (2.0 s before the
-    bound), and never longer than SHUTDOWN_BOUND_S."""
-    function = GuardedFunction("reference", timeout_s=60, isolation="process")
-    function(_proposal(4), function.generator(0), where="a call")
+def test_in_a_worker_the_cutoff_kills_the_call_and_a_hung_worker_is_killed_at_shutdown():
+    """A call running at the cutoff is stopped by killing the worker, with no loss counted against
+    the function, and the next call starts another.  At shutdown, a worker that cannot answer the
+    request to stop (frozen here with SIGSTOP, as a function holding its main thread would leave
+    it) is killed after the grace: about 1 s (2.0 s before the bound), never over SHUTDOWN_BOUND_S."""
+    function = GuardedFunction(LOSSY_SLOW, timeout_s=60, isolation="process")
+    function(_proposal(2), function.generator(0), where="warm-up")
+    function.cut_off_at(time.perf_counter() + 0.3)
+    began = time.perf_counter()
+    with pytest.raises(CutOff):
+        function(_proposal(5_000), function.generator(1), where="10 s of rows")
+    assert time.perf_counter() - began < 0.3 + 3.0  # the cutoff, then the kill and the reap
+    assert function.log.losses == [] and not function.worker.alive() and function.startup_s() > 0
+    function.cut_off_at(None)
+    function(_proposal(2), function.generator(2), where="after the cutoff")
+    assert function.log.restarts == 1
     worker = function.worker
     os.kill(worker.process.pid, signal.SIGSTOP)
     began = time.perf_counter()
