@@ -38,10 +38,10 @@ def _proposal(rows: int) -> Proposal:
 def test_a_lossy_slow_sampler_gets_its_verdict_and_the_audit_ends_within_its_budget(monkeypatch):
     """buggy_bonus at 2 ms a row (~500 rows/s): bonus-position fails at its first look; after it,
     the two locating checks take ~33 s and each minimal-case call of 20,000 rows 40 s.  Without the
-    budget this audit took 173.6 s ("audit finished in 34 s" printed at 48 s; in-process, verdict at
-    14 s, load 13 on 2 cores); with it, 23.6 s with the default floor of 10 s: it ends by the
-    verdict + the budget + the shutdown bound.  The floor is lowered to 2 s to keep
-    the test short (the default's bound is the same formula with 10 s)."""
+    budget this audit took 173.6 s (in-process, load 13 on 2 cores), its progress saying "audit
+    finished in 34 s" when the checks ended, two minutes before the end; with it, 23.6 s (the
+    verdict at 14.3 s, the default floor of 10 s): it ends by the verdict + the budget + the
+    shutdown bound.  The floor is lowered to 2 s to keep the test short (the same formula)."""
     monkeypatch.setattr(post_verdict, "FLOOR_S", 2.0)
     began = time.perf_counter()
     report = specverify.audit(LOSSY_SLOW, budget="quick", checks=LOCATING, isolation="none")
