@@ -34,6 +34,10 @@ budgets (N samples per check) run every check, which the diagnosis needs."""
 FAIL_FAST_SKIP = "not run: the audit stopped at the first failing check"
 """How a check skipped by fail-fast begins its message (the diagnosis and the reports read it)."""
 
+LOCATING_CUT_SKIP = "not run: the locating checks' share of the post-verdict time was spent"
+"""How a locating check begins its message when fail-fast ran it after the first failure but its
+share of the post-verdict budget (:mod:`specverify.auditing.post_verdict`) ran out first."""
+
 
 def default_fail_fast(budget_name: str) -> bool:
     """Whether an audit with the budget named ``budget_name`` stops at its first failing check by default."""

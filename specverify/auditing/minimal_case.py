@@ -14,7 +14,12 @@ padding ``-1`` takes the rest.  The case reproduces when the observed share of o
 token) is more than :data:`REPRODUCE_Z` binomial standard errors from that law.
 
 Candidates: the worst cell of the failing check (its chain and tokens) first, then the draft paths
-the harness draws most often (a beam over q), at most :data:`MAX_CANDIDATES` calls in all.  The
+the harness draws most often (a beam over q), at most :data:`MAX_CANDIDATES` calls in all, within
+the audit's post-verdict budget (:mod:`specverify.auditing.post_verdict`): a call has
+:data:`MINIMAL_ROWS` rows, or as many (in thousands) as the function evaluates in half the time
+left at its measured rows/s (:func:`case_rows`), and none below :data:`MIN_ROWS`; a candidate is
+not called when its expected time exceeds the time left, and a call still running at the
+deadline is stopped.  The
 case is evidence for the reader, not a further test: the audit's verdict is the checks'.  A
 correct modified-rejection rule reproduces a case with probability below 1e-6 (6 standard
 errors over every cell of every candidate); a lossless rule that is *not* modified rejection
@@ -27,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 import textwrap
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +45,10 @@ MINIMAL_ROWS = 20_000
 
 REPRODUCE_Z = 6.0
 """Standard errors between the observed share and the law for a case to count as reproduced."""
+
+MIN_ROWS = 1_000
+"""The fewest rows a case is looked for with: 6 standard errors of a share are then ≤ 0.095 (≤ 0.048
+for a share near 0.07), so a gross loss still shows; below it no case is attempted."""
 
 MAX_CANDIDATES = 6
 """Calls of the function spent looking for a case."""
@@ -215,34 +225,67 @@ def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
     return chain, preferred
 
 
-def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function: Any, seed: int) -> tuple[MinimalCase | None, str]:
+def case_rows(rows_per_s: float | None, seconds_left: float) -> int:
+    """Rows of one candidate call: :data:`MINIMAL_ROWS`, or the whole thousands the function
+    evaluates in half of ``seconds_left`` at ``rows_per_s`` (None: not measured yet, the full
+    size); 0 when that is below :data:`MIN_ROWS` or no time is left (no case is attempted)."""
+    if seconds_left <= 0:
+        return 0
+    if rows_per_s is None:
+        return MINIMAL_ROWS
+    rows = min(MINIMAL_ROWS, int(rows_per_s * seconds_left / 2) // 1000 * 1000)
+    return rows if rows >= MIN_ROWS else 0
+
+
+def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function: Any, seed: int, *,
+                      rows: int = MINIMAL_ROWS, rows_per_s: float | None = None,
+                      deadline: float | None = None) -> tuple[MinimalCase | None, str]:
     """The first reproducing case over the failing ``(check, result)`` pairs, calling the guarded
-    ``function`` at most :data:`MAX_CANDIDATES` times; else ``None`` and why."""
+    ``function`` at most :data:`MAX_CANDIDATES` times on ``rows`` copies of a step; else ``None``
+    and why.  ``deadline`` (a ``time.perf_counter()`` reading): no candidate starts whose expected
+    time at ``rows_per_s`` runs past it, and the function is cut off there (the caller sets the
+    cutoff, :meth:`specverify.auditing.isolation.guarded._Session.cut_off_at`)."""
+    from specverify.auditing.isolation.faults import CutOff
     from specverify.core.seeding import derive_seed
     from specverify.testing.harness import Proposal
 
-    calls, best = 0, None
+    calls, best, stopped = 0, None, False
     for check, result in failing:
         for bank, chain, k, preferred in _sources(check, result)[:2]:
             if (2 * k + 1) * bank.vocab_size > MAX_PRINTED_ENTRIES or k < 1:
                 continue
             for drafts in candidate_paths(bank, chain, k, preferred, limit=3):
-                if calls >= MAX_CANDIDATES:
+                if calls >= MAX_CANDIDATES or stopped:
                     break
-                calls += 1
+                expected_s = rows / rows_per_s if rows_per_s else 0.0
+                if deadline is not None and time.perf_counter() + expected_s > deadline:
+                    stopped = True
+                    break
                 case_seed = derive_seed(seed, "minimal-case", check.name, chain, list(drafts)) % 1_000_000
                 p, q = _path_laws(bank, chain, drafts)
-                proposal = Proposal(p.unsqueeze(0).repeat(MINIMAL_ROWS, 1, 1), q.unsqueeze(0).repeat(MINIMAL_ROWS, 1, 1),
-                                    torch.tensor([list(drafts)]).repeat(MINIMAL_ROWS, 1))
-                emitted = function(proposal, function.generator(case_seed), where=f"minimal case of {check.name}")[0]
+                proposal = Proposal(p.unsqueeze(0).repeat(rows, 1, 1), q.unsqueeze(0).repeat(rows, 1, 1),
+                                    torch.tensor([list(drafts)]).repeat(rows, 1))
+                try:
+                    emitted = function(proposal, function.generator(case_seed),
+                                       where=f"minimal case of {check.name}")[0]
+                except CutOff:
+                    stopped = True
+                    break
+                calls += 1
                 case = _judge(target, check.name, chain, p, q, drafts, emitted, case_seed)
                 if best is None or case.z > best.z:
                     best = case
             if best is not None and best.z >= REPRODUCE_Z:
                 return best, ""
-    if calls == 0:
+    if calls == 0 and not stopped:
         return None, "no failing check has a step small enough to print (a minimal case needs (2K+1)·V ≤ 160)"
-    return None, (f"no single step with fixed drafts reproduced the loss in {calls} call(s) of {MINIMAL_ROWS:,} rows "
+    if stopped and calls == 0:
+        return None, (f"the post-verdict deadline came before a call of {rows:,} rows could end (the failing checks' "
+                      "cells are the evidence)")
+    if stopped:
+        return None, (f"the post-verdict deadline ended the search after {calls} call(s) of {rows:,} rows, none "
+                      "reproducing the loss (the failing checks' cells are the evidence)")
+    return None, (f"no single step with fixed drafts reproduced the loss in {calls} call(s) of {rows:,} rows "
                   "(it shows only over drafted or mixed rows: the failing checks' cells are the evidence)")
 
 

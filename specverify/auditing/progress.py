@@ -17,6 +17,11 @@ the rows evaluated so far inside a check from the session's call log.  Two are p
   (checks done, rows evaluated inside the current check, rows per second over the audit, and an
   ETA) so that it moves within long checks.
 
+``end(total_s=…)`` comes at the audit's true end, after the steps that follow its verdict (the
+locating checks, a minimal failing case, the worker's shutdown, :mod:`specverify.auditing.post_verdict`,
+each announced by an ``after_verdict`` line with its bound), so ``audit finished in X`` is the report's
+``total_s``, on the audit's clock from its start.
+
 The expected time (:func:`expected_seconds`) is a cost model of the harness driving the
 reference rule (its fused C kernel, :mod:`specverify.core.native_rules`) on this project's idle
 2-core CPU: ``0.05 s`` per statistical check (cells, exact laws, p-values), ``2e-6 s`` per sampled
@@ -61,7 +66,8 @@ class AuditProgress(Protocol):
 
     def check_finished(self, index: int, result: Any) -> None: ...
 
-    def end(self) -> None: ...
+    def end(self, *, total_s: float | None = None) -> None:
+        """The audit has ended (after its post-verdict steps): ``total_s`` its seconds from its start."""
 
 
 def expected_seconds_of(level: str, check: Any, plan: Any) -> float:
@@ -147,6 +153,10 @@ class _Tracker:
 
     def note(self, text: str) -> None:
         """A line about the plan (a power shortfall, checks left out), written after the header."""
+        self.write(f"specverify: {text}\n")
+
+    def after_verdict(self, text: str) -> None:
+        """A line on what follows the verdict and its time bound (:mod:`specverify.auditing.post_verdict`)."""
         self.write(f"specverify: {text}\n")
 
     def replanned(self, index: int) -> str | None:
@@ -259,6 +269,10 @@ class LineProgress(_Tracker):
             super().write(text)
             self._last_line_at = time.perf_counter()
 
+    def after_verdict(self, text: str) -> None:
+        if self.per_check:  # else the plan, the measured speed and the end only
+            super().after_verdict(text)
+
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.heartbeat_s / 4)):
             now = time.perf_counter()
@@ -284,14 +298,17 @@ class LineProgress(_Tracker):
         if line is not None:
             self.write(line)
 
-    def end(self) -> None:
+    def end(self, *, total_s: float | None = None) -> None:
+        """``specverify: audit finished in X``: ``total_s`` (the audit's own clock, from its start),
+        else the time since :meth:`begin`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         for line in self.not_run_lines():
             self.write(line)
         counts = ", ".join(f"{count} {verdict}" for verdict, count in self.counts.items())
-        self.write(f"specverify: audit finished in {duration(time.perf_counter() - self.started)}"
+        seconds = time.perf_counter() - self.started if total_s is None else total_s
+        self.write(f"specverify: audit finished in {duration(seconds)}"
                    + (f" ({counts})" if counts and not self.per_check else "") + "\n")
 
 
@@ -364,7 +381,7 @@ class BarProgress(_Tracker):
             self.stream.flush()
             self._last = ""
 
-    def end(self) -> None:
+    def end(self, *, total_s: float | None = None) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

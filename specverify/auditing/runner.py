@@ -24,7 +24,10 @@ runs the battery's *locating* checks that have not run yet
 disjoint supports, the large vocabulary, the exact check), so the first report already says where
 the loss is; at the sampler level it then looks for a minimal failing case
 (:mod:`specverify.auditing.minimal_case`).  The locating checks are checks of the planned
-battery, with their Bonferroni shares of α: they only run out of order.
+battery, with their Bonferroni shares of α: they only run out of order.  Everything after the
+verdict (these and the worker's shutdown) runs within one time budget, a share of the time the
+verdict took (:mod:`specverify.auditing.post_verdict`); a locating check its share leaves no time
+for is skipped with the reason, and the report states each step's time.
 
 Family-wise α: split evenly over the statistical checks (Bonferroni), so a correct implementation
 fails the whole audit with probability at most α whatever the dependence between checks.
@@ -47,11 +50,12 @@ from typing import Any
 
 from specverify.core import stats
 from specverify.auditing.checks import POWER, Battery, Check, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
-from specverify.auditing.minimal_case import MinimalCase
+from specverify.auditing.minimal_case import MIN_ROWS, MinimalCase, case_rows
+from specverify.auditing.post_verdict import PostVerdict
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
 from specverify.auditing.power import PowerShortfall, power_shortfall
 from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
-from specverify.auditing.isolation.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
+from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
 from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.process import check_isolation, preserved_process_state
@@ -67,6 +71,7 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     EXIT_PASS,
     FAIL_FAST_SKIP,
     LEVELS,
+    LOCATING_CUT_SKIP,
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -75,7 +80,7 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to
 run) and once at the end with ``done == total``.  An object with ``begin`` / ``check_started`` /
 ``check_finished`` / ``end`` methods (:class:`specverify.auditing.progress.AuditProgress`) is
-told the plan and every result instead."""
+told the plan and every result instead, and ``end(total_s=…)`` at the audit's true end."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,10 @@ class AuditReport:
     """Everything an audit found (see the module docstring for ``verdict`` and ``exit_code``).
 
     ``detectable_tv`` is the largest TV any statistical check was sized to detect with power
-    ``power`` (the audit's guarantee); ``timings`` holds wall-clock figures, the only
-    non-deterministic content.
+    ``power`` (the audit's guarantee); ``timings`` holds wall-clock figures, all from the audit's
+    start on one clock (``total_s``, ``checks_s``, the call log's, ``post_verdict``: the steps
+    after the verdict, :meth:`specverify.auditing.post_verdict.PostVerdict.timings`), the only
+    non-deterministic content besides a minimal case sized to a slow function's speed.
     """
 
     target: str
@@ -132,7 +139,8 @@ class AuditReport:
     @property
     def stopped_early(self) -> bool:
         """True when fail-fast skipped checks after a failure (the pattern of verdicts is incomplete)."""
-        return any(c.verdict is Verdict.SKIPPED and c.message.startswith(FAIL_FAST_SKIP) for c in self.checks)
+        return any(c.verdict is Verdict.SKIPPED and c.message.startswith((FAIL_FAST_SKIP, LOCATING_CUT_SKIP))
+                   for c in self.checks)
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -318,6 +326,8 @@ def audit(
                     selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
                     allow_underpowered=allow_underpowered)
     minimal: tuple[MinimalCase | None, str] = (None, "")
+    post = PostVerdict(started)
+    displayed = False
     with preserved_process_state():
         try:
             resolved = battery.load_target(fn) if isinstance(fn, str) else None
@@ -348,25 +358,30 @@ def audit(
             if hasattr(progress, "begin"):
                 progress.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
                                plans=plans, log=getattr(function, "log", None))
+                displayed = True
                 if hasattr(progress, "note"):
                     for line in plan_notes(shortfall, omitted, allow_underpowered):
                         progress.note(line)
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
-                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating)
+                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating,
+                                                   post)
+                post.open()
                 if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
                                                                   for r in results):
-                    minimal = _minimal_case(name, selected, results, function, seed)
+                    minimal = _minimal_case(name, selected, results, function, seed, post, progress)
         finally:
-            if hasattr(function, "close"):
-                function.close()
-    total_s = time.perf_counter() - started
+            _shut_down(function, post)
+            total_s = time.perf_counter() - started
+            if displayed:
+                progress.end(total_s=total_s)
     log = getattr(function, "log", None)
     described = function.describe() if hasattr(function, "describe") else {"mode": isolation}
     timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results}}
     if log is not None:
         timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
                        rows_per_s=log.rows / total_s if total_s > 0 else None)
+    timings["post_verdict"] = post.timings()
     verdict, exit_code, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
                                                        allow_underpowered=allow_underpowered, omitted=omitted,
                                                        epsilon=sample_budget.epsilon)
@@ -401,21 +416,60 @@ def plan_notes(shortfall: PowerShortfall | None, omitted: Sequence[Omission], al
 
 
 def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: Any,
-                  seed: int) -> tuple[MinimalCase | None, str]:
-    """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks
-    (never an error of the audit: a fault of the function here only means no case is shown)."""
-    from specverify.auditing.isolation.faults import Fault
+                  seed: int, post: PostVerdict, progress: Progress | None) -> tuple[MinimalCase | None, str]:
+    """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks,
+    sized to the function's measured rows/s and cut off at the post-verdict deadline (never an
+    error of the audit: a fault of the function here only means no case is shown); the step's
+    time and outcome go into ``post``."""
     from specverify.auditing.minimal_case import find_minimal_case
 
+    begun = time.perf_counter()
+    case, note = None, ""
+    log = getattr(function, "log", None)
+    rows_per_s = log.rows / log.function_seconds if log is not None and log.rows and log.function_seconds > 0 else None
+    startup_s = function.startup_s() if hasattr(function, "startup_s") else 0.0
+    left = post.seconds_left() - startup_s
+    rows = case_rows(rows_per_s, left)
     if function is None or (hasattr(function, "stop_reason") and function.stop_reason() is not None):
-        return None, "the function can no longer be called"
-    failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
-    try:
-        return find_minimal_case(target, failing, function, seed)
-    except Fault as fault:
-        return None, f"looking for one, the function failed: {fault.message}"
-    except KeyboardInterrupt:
-        return None, "interrupted by the user"
+        note = "the function can no longer be called"
+    elif rows == 0 and rows_per_s is not None and left > 0:
+        note = (f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; a case needs "
+                f"{MIN_ROWS:,} rows ≈ {MIN_ROWS / rows_per_s:.1f} s a call, more than half the {left:.1f} s left of "
+                f"the post-verdict budget ({post.basis()})")
+    elif rows == 0:
+        restart = f" once the worker process is started again ({startup_s:.1f} s the last time)" if startup_s else ""
+        note = f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}"
+    else:
+        if hasattr(progress, "after_verdict"):
+            progress.after_verdict(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
+                          f"deadline in {post.seconds_left():.0f} s")
+        failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
+        function.cut_off_at(post.deadline())
+        try:
+            case, note = find_minimal_case(target, failing, function, seed, rows=rows, rows_per_s=rows_per_s,
+                                           deadline=post.deadline())
+        except Fault as fault:
+            note = f"looking for one, the function failed: {fault.message}"
+        except KeyboardInterrupt:
+            note = "interrupted by the user"
+        finally:
+            function.cut_off_at(None)
+    post.record("minimal case", time.perf_counter() - begun,
+                f"reproduced with {case.rows:,} rows a call" if case is not None else note)
+    return case, note
+
+
+def _shut_down(function: Any, post: PostVerdict) -> None:
+    """Close the session's function and record the time a worker's shutdown took (asked to stop,
+    killed after a grace: bounded by :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`)."""
+    from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S
+
+    if not hasattr(function, "close"):
+        return
+    begun = time.perf_counter()
+    function.close()
+    if post.verdict_at is not None and getattr(function, "isolation", None) == "process":
+        post.record("shutdown", time.perf_counter() - begun, f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
 
 
 def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], plans: Sequence[Plan],
@@ -447,13 +501,16 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
-                progress: Progress | None, fail_fast: bool = False,
-                locating: Sequence[str] = ()) -> tuple[list[CheckResult], bool]:
+                progress: Progress | None, fail_fast: bool = False, locating: Sequence[str] = (),
+                post: PostVerdict | None = None) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
 
     With ``fail_fast`` the checks after the first failing one are skipped (their message begins
     with :data:`FAIL_FAST_SKIP`), except the ``locating`` ones, which still run (in the
-    battery's order) so that the report can say where the loss is.
+    battery's order) so that the report can say where the loss is: the first failure opens the
+    post-verdict budget ``post``, and the locating checks run until its locating share ends
+    (the function is cut off then; a check it stops or leaves no time for is skipped with
+    :data:`LOCATING_CUT_SKIP`); their time goes into ``post``.
 
     A fault stops only its own check: after a deadline or an abnormal end the worker is restarted
     and the next checks still run, until the function has hung or ended its process
@@ -466,6 +523,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     log = getattr(function, "log", None)
     interrupted = False
     first_failure: str | None = None
+    locating_left = [c.name for c in checks if c.name in locating]
     try:
         with preserved_global_rng():
             for index, (check, plan) in enumerate(zip(checks, plans)):
@@ -481,6 +539,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 elif first_failure is not None and check.name not in locating:
                     result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
                                                          "(fail_fast=False) for every check")
+                elif first_failure is not None and post is not None and started >= post.locating_deadline():
+                    result = skipped_result(check, plan, _locating_cut(first_failure, post))
                 elif stop is not None:
                     result = skipped_result(check, plan, f"not run: {stop}")
                 else:
@@ -492,20 +552,57 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                     except KeyboardInterrupt:
                         interrupted = True
                         result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
+                    except CutOff:
+                        result = skipped_result(check, plan, _locating_cut(first_failure, post))
                 extra = {"seconds": time.perf_counter() - started}
                 if log is not None:
                     extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
                 results.append(dataclasses.replace(result, **extra))
-                if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
-                    first_failure = check.name
                 if hasattr(progress, "check_finished"):
                     progress.check_finished(index, results[-1])
-    finally:  # stops a display's thread even when a check raised
-        if hasattr(progress, "end"):
-            progress.end()
+                if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
+                    first_failure = check.name
+                    following = [name for name in locating_left if name not in {r.name for r in results}]
+                    if post is not None and following:
+                        _open_locating(post, function, progress, following)
+    finally:
+        if post is not None and post.verdict_at is not None and first_failure is not None:
+            _close_locating(post, function, results, locating_left, first_failure)
     if not hasattr(progress, "end") and progress is not None:
         progress(len(checks), len(checks), "done")
     return results, interrupted
+
+
+def _open_locating(post: PostVerdict, function: Any, progress: Progress | None, following: Sequence[str]) -> None:
+    """At the first failure under fail-fast: open the post-verdict budget, cut the function off at
+    the locating checks' share, and say what follows."""
+    post.open()
+    if hasattr(function, "cut_off_at"):
+        function.cut_off_at(post.locating_deadline())
+    if hasattr(progress, "after_verdict"):
+        progress.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
+                                        f"{post.locating_deadline() - post.verdict_at:.0f} s"))
+
+
+def _close_locating(post: PostVerdict, function: Any, results: Sequence[CheckResult], locating: Sequence[str],
+                    first_failure: str) -> None:
+    """Lift the cutoff and record the locating checks' step: their time and how many ran."""
+    if hasattr(function, "cut_off_at"):
+        function.cut_off_at(None)
+    after = [r for r in results[[r.name for r in results].index(first_failure) + 1:] if r.name in locating]
+    if not after:
+        return
+    cut = sum(r.message.startswith(LOCATING_CUT_SKIP) for r in after)
+    ran = sum(r.verdict is not Verdict.SKIPPED for r in after)
+    share = post.locating_deadline() - post.verdict_at
+    outcome = f"{ran} of {len(after)} ran" + (f", {cut} not run: their share of {share:.1f} s was spent" if cut else "")
+    post.record("locating checks", sum(r.seconds for r in after), outcome)
+
+
+def _locating_cut(first_failure: str | None, post: PostVerdict | None) -> str:
+    share = f" ({post.locating_deadline() - post.verdict_at:.1f} s)" if post is not None and post.verdict_at else ""
+    return (f"{LOCATING_CUT_SKIP}{share} after {first_failure} failed; run with --no-fail-fast (fail_fast=False) "
+            "for every check")
 
 
 def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, *, level: str = "sampler",

@@ -90,6 +90,13 @@ class Fault(Exception):
         self.message = message
 
 
+class CutOff(BaseException):
+    """A call not started, or stopped, at the caller's cutoff (a deadline of the audit's own, such as
+    the post-verdict budget of :mod:`specverify.auditing.post_verdict`), not of the function: no
+    fault of the function.  A BaseException, so that no handler of the function's errors
+    (``except Exception``) turns it into one."""
+
+
 class _DeadlineExceeded(BaseException):
     """Raised inside the function by the alarm signal; a BaseException so that a function's own
     ``except Exception`` cannot swallow it."""
@@ -167,7 +174,7 @@ def _call_in_thread(fn: Callable[..., Any], args: tuple, timeout_s: float, what:
     worker.join(timeout_s)
     if worker.is_alive():
         raise _timeout_fault(timeout_s, what)
-    if isinstance(outcome.get("error"), Fault):
+    if isinstance(outcome.get("error"), (Fault, CutOff)):
         raise outcome["error"]
     if "error" in outcome:
         raise _exception_fault(outcome["error"], what) from outcome["error"]

@@ -19,6 +19,12 @@ or a slow-but-correct function gets a verdict and a real hang is still caught in
 In a worker, consecutive calls travel in one request of about :data:`TARGET_REQUEST_S` expected
 seconds (fewer round trips for fast functions); a request carries whole calls, so this changes
 no call.
+
+Cutoff.  The caller may also set a moment past which no call starts and a running call is
+stopped (:meth:`_Session.cut_off_at`; the audit's post-verdict budget,
+:mod:`specverify.auditing.post_verdict`): such a call raises
+:class:`~specverify.auditing.isolation.faults.CutOff` instead of a fault, and counts against
+nothing of the function's.  A worker started again under a cutoff gets until the cutoff to load.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 import torch
 
 from specverify.auditing.isolation.faults import (
+    CutOff,
     Fault,
     call_with_deadline,
     mutated_arguments,
@@ -226,6 +233,8 @@ class _Session:
         self.life_calls = self.life_rows = 0  # calls and rows since the current worker started
         self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
         self.target: WorkerTarget | None = None
+        self.cutoff: float | None = None
+        self.start_s = 0.0  # seconds the last worker start took (loading the target included)
         if self.isolation == "process":
             target = worker_target(fn)
             if isinstance(target, str):
@@ -263,17 +272,50 @@ class _Session:
             self.log.restarts += 1
             self.worker.kill()
         self.life_calls = self.life_rows = 0
+        start_timeout_s, _ = self._within_cutoff(max(START_TIMEOUT_S, self.timeout_s), "starting the worker process")
+        began = time.perf_counter()
         self.worker = WorkerProcess(self.target, level=self.level, device=str(self.device),
-                                    start_timeout_s=max(START_TIMEOUT_S, self.timeout_s), stdout=self.stdout,
-                                    stderr=self.stderr)
+                                    start_timeout_s=start_timeout_s, stdout=self.stdout, stderr=self.stderr)
         self.info = self.worker.load()
+        self.start_s = time.perf_counter() - began
         return self.worker
 
+    def startup_s(self) -> float:
+        """Seconds the next call first spends starting a worker: 0 in-process or while one runs,
+        else what the last start took."""
+        if self.isolation == "none" or (self.worker is not None and self.worker.alive()):
+            return 0.0
+        return self.start_s
+
+    def cut_off_at(self, moment: float | None) -> None:
+        """Start no call after ``moment`` (a ``time.perf_counter()`` reading; None: no cutoff) and
+        stop a call still running then (in a worker: killed; in-process: interrupted as at a
+        deadline), raising :class:`~specverify.auditing.isolation.faults.CutOff`."""
+        self.cutoff = moment
+
+    def _within_cutoff(self, deadline_s: float, what: str) -> tuple[float, bool]:
+        """The deadline of a call starting now: ``deadline_s``, or the seconds to the cutoff when
+        fewer (then True); :class:`CutOff` when the cutoff has passed."""
+        if self.cutoff is None:
+            return deadline_s, False
+        left = self.cutoff - time.perf_counter()
+        if left <= 0:
+            raise CutOff(f"{what}: not started, the caller's cutoff has passed")
+        return (left, True) if left < deadline_s else (deadline_s, False)
+
     def _request(self, message: dict[str, Any], deadline_s: float, what: str, where: str) -> tuple:
-        worker = self._worker()
+        try:
+            worker = self._worker()
+        except WorkerLost:
+            if self.cutoff is not None:
+                raise CutOff(f"{what}: the worker process did not start before the caller's cutoff") from None
+            raise
+        deadline_s, cut = self._within_cutoff(deadline_s, what)
         try:
             return worker.request(message, deadline_s, what)
         except WorkerLost as lost:
+            if cut and lost.fault.kind == "timeout":
+                raise CutOff(f"{what}: stopped at the caller's cutoff (the worker process was killed)") from None
             self.log.losses.append(f"{where}: {lost.fault.message}")
             raise lost.fault from None
 
@@ -350,9 +392,12 @@ class _Session:
         return entry
 
     def _in_process(self, call: Callable[[], Any], deadline_s: float, what: str, where: str) -> Any:
+        deadline_s, cut = self._within_cutoff(deadline_s, what)
         try:
             return call_with_deadline(call, (), deadline_s, what=what)
         except Fault as fault:
+            if fault.kind == "timeout" and cut:
+                raise CutOff(f"{what}: stopped at the caller's cutoff") from None
             if fault.kind == "timeout":
                 self.log.losses.append(f"{where}: {fault.message}")
             raise

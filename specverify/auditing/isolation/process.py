@@ -30,8 +30,11 @@ harness, the statistics and the verdict stay in the parent, which the function c
   connection"; the deadline → "did not return within … s".  ``KeyboardInterrupt`` and
   ``SystemExit`` raised by the function are exceptions of the function (the worker ignores
   ``SIGINT``), not the user's Ctrl-C.
-- **Nothing keeps the audit alive**: the worker is ended with ``os._exit`` and then killed, so
-  non-daemon threads the function started die with it.
+- **Nothing keeps the audit alive**: the worker is asked to stop (it ends with ``os._exit``), and
+  its process group is killed after :data:`STOP_GRACE_S` if it has not (a function that holds the
+  worker's main thread, e.g. a thread that never yields the GIL), so non-daemon threads the
+  function started die with it; no wait of the shutdown is unbounded
+  (:data:`SHUTDOWN_BOUND_S` in all).
 
 ``isolation="none"`` calls the function in the audit's own process (faster to start, needed for
 closures and lambdas, which cannot cross a process boundary; a callable that cannot be sent to
@@ -78,6 +81,20 @@ REPORT_LINES = 20
 
 START_TIMEOUT_S = 180.0
 """Longest wait for a worker to import torch and load the target (never below the call timeout)."""
+
+STOP_GRACE_S = 1.0
+"""How long a worker asked to stop may take to end by itself before its process group is killed."""
+
+REAP_TIMEOUT_S = 2.0
+"""Longest wait for a killed worker to be reaped (one that outlives SIGKILL is stuck in the kernel
+and left behind)."""
+
+DRAIN_TIMEOUT_S = 1.0
+"""Longest wait, per pipe, for the last output of an ended worker (a pipe still held open by a
+process the function started in another session is abandoned)."""
+
+SHUTDOWN_BOUND_S = STOP_GRACE_S + REAP_TIMEOUT_S + 2 * DRAIN_TIMEOUT_S
+"""The longest a worker's shutdown (:meth:`WorkerProcess.stop`) takes, whatever the function does."""
 
 _ALIGN = 64
 _FILE_MODULE_PREFIX = "_specverify_target_"
@@ -377,25 +394,25 @@ class WorkerProcess:
                 except ProcessLookupError:
                     pass
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=REAP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pass
         self._cleanup()
 
     def stop(self) -> None:
-        """Ask the worker to end (it ends with ``os._exit``, ignoring its threads), then kill
-        whatever is left of its process group."""
+        """Ask the worker to end (it ends with ``os._exit``, ignoring its threads), wait at most
+        :data:`STOP_GRACE_S`, then kill whatever is left of its process group."""
         if self.process.poll() is None:
             try:
                 self.connection.send_bytes(pickle.dumps({"op": "stop"}))
-                self.process.wait(timeout=2)
+                self.process.wait(timeout=STOP_GRACE_S)
             except (OSError, EOFError, subprocess.TimeoutExpired, ValueError):
                 pass
         self.kill()
 
     def _cleanup(self) -> None:
         for drain in self.drains:  # the last output of a dead worker is still in its pipes
-            drain.join(timeout=2)
+            drain.join(timeout=DRAIN_TIMEOUT_S)
         try:
             self.connection.close()
         except OSError:

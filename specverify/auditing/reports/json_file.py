@@ -3,7 +3,14 @@
 Stable and versioned: fields are only ever added within ``/1``.  Everything except the top-level
 ``timings`` object is a deterministic function of the implementation, the options and the seed,
 so two audits with the same seed give identical JSON once ``timings`` is removed
-(:func:`deterministic_view`).  Non-finite numbers (an infinite statistic) are written as ``null``.
+(:func:`deterministic_view`) — unless the post-verdict budget (:mod:`specverify.auditing.post_verdict`)
+cut a slow function's locating checks or sized its minimal case (the check's message and
+``minimal_case``/``minimal_case_note`` say so).  Non-finite numbers (an infinite statistic) are
+written as ``null``.  ``timings``: ``total_s`` (the audit's start to its end, the figure of
+"audit finished in"), ``checks_s`` (per check), ``function_s``, ``calls``, ``rows``, ``rows_per_s``
+(the call log) and ``post_verdict`` ({``verdict_s``: the start to the verdict, ``budget_s``,
+``steps``: [{``step``: ``locating checks`` | ``minimal case`` | ``shutdown``, ``seconds``,
+``outcome``}]}), all on one clock.
 
 Top level: ``schema``, ``specverify_version``, ``target``, ``level``, ``verdict``, ``exit_code``,
 ``summary``, ``seed``, ``alpha`` (family-wise), ``alpha_share`` (per statistical check),

@@ -77,6 +77,8 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
         parts += [f"Minimal case: none: {report.minimal_case_note}.", ""]
     parts.append(verdict_line(report))
     parts.append(footer(report))
+    if post_verdict_line(report):
+        parts.append(post_verdict_line(report))
     if report.warnings:
         shown_warnings = [w if len(w) <= 160 else w[:157] + "…" for w in report.warnings[:3]]
         more = f" (and {len(report.warnings) - 3} more in --json)" if len(report.warnings) > 3 else ""
@@ -118,6 +120,18 @@ def footer(report: AuditReport) -> str:
         text += (f"; the function evaluated {timings['rows']:,} rows (one per request row per call) in "
                  f"{timings['calls']:,} calls, {timings['rows_per_s']:,.0f} rows/s")
     return text + f"; {timings.get('total_s', 0.0):.1f} s)"
+
+
+def post_verdict_line(report: AuditReport) -> str:
+    """``(after the verdict at 14.3 s, budget 10.0 s: …): locating checks 5.0 s (…); minimal case …``:
+    each step after the verdict with its time (:mod:`specverify.auditing.post_verdict`); empty when
+    no step ran."""
+    post = report.timings.get("post_verdict") or {}
+    steps = post.get("steps") or []
+    if not steps:
+        return ""
+    return (f"(after the verdict at {post['verdict_s']:.1f} s, budget {post['budget_s']:.1f} s: "
+            + "; ".join(f"{step['step']} {step['seconds']:.1f} s ({step['outcome']})" for step in steps) + ")")
 
 
 def verdict_line(report: AuditReport) -> str:
