@@ -121,14 +121,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specverify.auditing.progress import progress_for
-    from specverify.auditing.reports.terminal import format_report, verdict_line
-
-    if args.list:
+    if args.list:  # before any import of the audit machinery (torch): the listing is instant
         from specverify.cli.listing import listing
 
         print(listing())
         return 0
+    from specverify.auditing.progress import progress_for
+    from specverify.auditing.reports.terminal import format_report, verdict_line
+
     if not args.target:
         print("specverify audit: a TARGET is required (or --list to see the built-in ones)", file=sys.stderr)
         return EXIT_ERROR
