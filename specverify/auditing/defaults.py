@@ -35,6 +35,12 @@ FAIL_FAST_SKIP = "not run: the audit stopped at the first failing check"
 """How a check skipped by fail-fast begins its message (the diagnosis and the reports read it)."""
 
 
+MALFORMED_SKIP = "not run: the audit stopped at the first malformed output"
+"""How a check skipped after a malformed output begins its message: an output that breaks the
+level's layout (docs/spec.md) is a bug of the adapter, the same in every later check, and leaves
+nothing to judge, so the audit stops there with that one message (exit 2)."""
+
+
 def default_fail_fast(budget_name: str) -> bool:
     """Whether an audit with the budget named ``budget_name`` stops at its first failing check by default."""
     return budget_name in FAIL_FAST_BUDGETS

@@ -13,7 +13,8 @@ Verdicts and exit statuses (``specverify audit``):
 - 2 ``could not audit``: the target could not be loaded, its signature cannot take the level's
   call (:mod:`specverify.auditing.signatures`), or a check could not judge the function (it
   raised, hung past the per-call timeout, or returned output that breaks SPEC §1), and no check
-  failed.
+  failed.  The first malformed output (a wrong shape, dtype, padding) ends the audit: the checks
+  after it are not run, the verdict states that one message and the replay runs that one check.
 - 2 ``underpowered``: no check failed, but some statistical check cannot detect the TV a pass
   promises (:mod:`specverify.auditing.power`: detectable TV above the level's ceiling, e.g.
   ``--budget 10``); ``allow_underpowered=True`` turns it into a pass that states the TV reached.
@@ -68,6 +69,7 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     EXIT_PASS,
     FAIL_FAST_SKIP,
     LEVELS,
+    MALFORMED_SKIP,
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -494,6 +496,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     and the next checks still run, until the function has hung or ended its process
     MAX_WORKER_LOSSES times (in-process: once it has hung), after which the rest is skipped.  A
     Ctrl-C (KeyboardInterrupt in this process) skips the check it interrupted and all later ones.
+    A malformed output (:data:`MALFORMED_SKIP`) skips all later checks, the locating ones too.
     The global RNGs are reseeded per check, so even a function that misuses them gives a
     deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
@@ -501,6 +504,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     log = getattr(function, "log", None)
     interrupted = False
     first_failure: str | None = None
+    malformed_in: str | None = None
     try:
         with preserved_global_rng():
             for index, (check, plan) in enumerate(zip(checks, plans)):
@@ -513,6 +517,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 stop = function.stop_reason() if hasattr(function, "stop_reason") else None
                 if interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
+                elif malformed_in is not None:
+                    result = skipped_result(check, plan, f"{MALFORMED_SKIP} (in {malformed_in})")
                 elif first_failure is not None and check.name not in locating:
                     result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
                                                          "(fail_fast=False) for every check")
@@ -531,6 +537,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 if log is not None:
                     extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
                 results.append(dataclasses.replace(result, **extra))
+                if results[-1].fault is FaultKind.MALFORMED:
+                    malformed_in = check.name
                 if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
                     first_failure = check.name
                 if hasattr(progress, "check_finished"):
@@ -569,6 +577,10 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         hint = ""
         if expected_signature(level) and any(is_call_type_error(f.message) for f in findings):
             hint = f" (the audit calls {expected_signature(level)})"
+        stopped = sum(r.verdict is Verdict.SKIPPED and r.message.startswith(MALFORMED_SKIP) for r in results)
+        if stopped:
+            hint += (f"; the audit stopped there: the other {stopped} checks were not run (an output that breaks the "
+                     "layout is the adapter's bug and leaves nothing to judge)")
         return "could not audit", EXIT_ERROR, reasons + more + hint, detectable
     if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
         return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable

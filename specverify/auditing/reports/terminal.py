@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specverify.auditing.defaults import FAIL_FAST_SKIP
+from specverify.auditing.defaults import FAIL_FAST_SKIP, MALFORMED_SKIP
 from specverify.auditing.findings import grouped_findings, said_in_summary
 from specverify.auditing.runner import AuditReport
 
@@ -27,8 +27,10 @@ def format_table(report: AuditReport) -> str:
     """One line per check: verdict, samples, the look that decided (sequential checks: "2/5" when
     the second of five looks rejected; "5/5" when every look passed), cells, p-value, the check's α
     share (the look's own level is in the message), observed and detectable TV, wall time.  The
-    checks fail-fast did not run are counted in one line at the end."""
+    checks fail-fast or a malformed output stopped are counted in one line at the end."""
     stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(FAIL_FAST_SKIP)]
+    after_malformed = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(MALFORMED_SKIP)]
+    stopped += after_malformed
     rows = [_COLUMNS] + [_row(c) for c in report.checks if c not in stopped]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = []
@@ -37,7 +39,9 @@ def format_table(report: AuditReport) -> str:
         lines.append("  ".join(cells))
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
-    if stopped:
+    if after_malformed:
+        lines.append(f"(and {len(after_malformed)} checks not run: the audit stopped at the first malformed output)")
+    elif stopped:
         lines.append(f"(and {len(stopped)} checks not run: the audit stopped at the first failing check; "
                      "--no-fail-fast runs them)")
     return "\n".join(lines)
@@ -95,7 +99,8 @@ def _table_says_something(report: AuditReport, findings: list) -> bool:
     ran = [c for c in report.checks if c.verdict != "skipped"]
     if not ran:
         return False
-    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(("not run", "interrupted"))]
+    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(("not run", "interrupted"))
+               and not c.message.startswith(MALFORMED_SKIP)]
     return stopped != [] or not (all(c.verdict == "error" for c in ran) and len(findings) == 1)
 
 
