@@ -131,6 +131,9 @@ class AuditReport:
     (so that it draws the same samples); None: this audit's α."""
     interrupted: bool = False
     """Whether a Ctrl-C stopped the audit."""
+    notes_said: bool = False
+    """Whether the progress display already wrote the plan's notes (checks left out with their fix,
+    a power shortfall): the terminal report and :meth:`explain` then do not say them again."""
 
     @property
     def stopped_early(self) -> bool:
@@ -171,7 +174,8 @@ class AuditReport:
             if check.n:
                 lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
                              f"estimated TV={_fmt(check.empirical_tv)}")
-        lines += [omission.line() for omission in self.omitted]
+        if not self.notes_said:
+            lines += [omission.line() for omission in self.omitted]
         lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
                      f"`{self.replay_command}`"
                      + (f"; every check: `{self.full_command}`" if self.stopped_early else "") + ")")
@@ -388,6 +392,7 @@ def audit(
                 if hasattr(progress, "note"):
                     for line in plan_notes(shortfall, omitted, allow_underpowered):
                         progress.note(line)
+                    settings["notes_said"] = True
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating)
@@ -584,7 +589,7 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         return "could not audit", EXIT_ERROR, reasons + more + hint, detectable
     if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
         return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable
-    skipped = "".join(f"; {omission.line()}" for omission in omitted)
+    skipped = "".join(f"; not run: {omission.names_text()}" for omission in omitted)
     if shortfall is not None and not allow_underpowered:
         return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
                                             f"{shortfall.fix()}{skipped}"), detectable

@@ -4,9 +4,13 @@ changes the audit, a minimal repro that imports the user's own module, a short A
 
 from __future__ import annotations
 
+import io
+
+import pytest
 import torch
 
 import specverify
+from specverify.auditing.progress import LineProgress
 from specverify.auditing.reports.terminal import format_report
 
 
@@ -28,3 +32,52 @@ def test_the_first_malformed_output_ends_the_audit_with_one_message():
     assert report.replay_checks == (ran[0].name,) and f"--checks {ran[0].name}" in report.replay_command
     text = format_report(report)
     assert text.count("returned dtype torch.float32") == 1 and "error  " not in text, text  # one message, no table of errors
+
+
+def without_uniforms(target_probs, draft_probs, draft_tokens, generator):
+    from specverify.core.rules import verify
+
+    return verify(target_probs, draft_probs, draft_tokens, generator)
+
+
+def lossy_without_uniforms(target_probs, draft_probs, draft_tokens, generator):
+    from specverify.auditing.sampler.catalog import CATALOG
+
+    return CATALOG["residual_is_target"].fn(target_probs, draft_probs, draft_tokens, generator)
+
+
+def test_the_uniforms_note_is_said_once_in_a_pass():
+    stream = io.StringIO()
+    report = specverify.audit(without_uniforms, budget="quick", isolation="none", progress=LineProgress(stream),
+                              checks=["exact-step", "step-K1"])
+    assert report.exit_code == 0 and "not run: exact-step" in report.summary
+    said = stream.getvalue() + format_report(report)
+    assert said.count("uniforms=None") == 1, said
+
+
+def test_the_uniforms_note_is_said_once_in_a_failing_assert_lossless():
+    stream = io.StringIO()
+    with pytest.raises(AssertionError) as raised:
+        specverify.assert_lossless(lossy_without_uniforms, budget="quick", isolation="none",
+                                   progress=LineProgress(stream), checks=["exact-step", "correction-position"])
+    said = stream.getvalue() + str(raised.value)
+    assert said.count("uniforms=None") == 1, said
+
+
+def test_without_a_progress_display_the_report_says_the_note():
+    report = specverify.audit(without_uniforms, budget="quick", isolation="none", checks=["exact-step", "step-K1"])
+    assert format_report(report).count("uniforms=None") == 1
+
+
+def test_the_tree_levels_uniforms_note_gives_the_tree_layout():
+    from specverify.auditing.omissions import omitted_checks
+    from specverify.auditing.runner import load_battery
+    from specverify.core.tree_rules import verify_tree
+
+    def tree_without_uniforms(target_probs, draft_probs, tree_tokens, parents, generator):
+        return verify_tree(target_probs, draft_probs, tree_tokens, parents, generator)
+
+    battery = load_battery("tree")
+    session = battery.open_session(tree_without_uniforms, device="cpu", timeout_s=60, isolation="none")
+    note = next(o for o in omitted_checks("tree", battery, session) if "exact-tree-step" in o.names)
+    assert "[B, N+1]" in note.fix and "[B, K+1]" not in note.fix and "column N" in note.fix

@@ -48,7 +48,7 @@ def format_table(report: AuditReport) -> str:
 
 
 def format_report(report: AuditReport, *, table: bool = True) -> str:
-    """The header, the table, what did not run and why, the messages of failing/erroring checks
+    """The header, the table, what did not run and why (unless the plan's notes said it), the messages of failing/erroring checks
     (each finding once; one the verdict line already states is not repeated), the diagnosis and
     the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
     per-check lines of the progress already went to the same stream); so does an audit in which
@@ -67,8 +67,8 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
         parts += ["(the results table is the per-check lines above; --json PATH keeps every field)", ""]
     shown = [finding.line() for finding in findings if not said_in_summary(finding, report)]
     parts += shown + ([""] if shown else [])
-    notes = [omission.line() for omission in report.omitted]
-    if report.shortfall is not None and report.verdict != "underpowered":  # else the verdict line says it
+    notes = [] if report.notes_said else [omission.line() for omission in report.omitted]
+    if report.shortfall is not None and report.verdict != "underpowered" and not report.notes_said:
         notes.append(f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
     parts += notes + ([""] if notes else [])
     parts += _isolation_lines(report)
