@@ -26,8 +26,15 @@ from typing import Any
 FILE_MODULE_PREFIX = "_specverify_target_"
 """The private module names :mod:`specverify.auditing.loading` gives ``.py`` files."""
 
-DEFAULTS = {"level": "sampler", "alpha": 1e-3}
+DEFAULTS = {"level": "sampler", "alpha": 1e-3, "device": "cpu", "isolation": "process"}
 """Options left out of the replay line when they have these values (the CLI's defaults)."""
+
+LEVEL_FLAGS = {"baseline": "--baseline", "model": "--model", "concurrency": "--concurrency",
+               "deadline_s": "--deadline", "seeded_determinism": "--seeded-determinism"}
+"""The command-line flag of each keyword a level's battery takes (the endpoint level's)."""
+
+LEVEL_DEFAULTS = {"baseline": None, "model": None, "concurrency": 4, "deadline_s": None, "seeded_determinism": False}
+"""A level keyword with this value is left out of the replay line (the CLI's defaults)."""
 
 
 def _installed_roots() -> list[Path]:
@@ -103,18 +110,34 @@ def _importable_through_pth(module_name: str) -> bool:
 
 def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float,
                    checks: tuple[str, ...] | None = None, fail_fast: bool | None = None,
-                   allow_underpowered: bool = False) -> str:
-    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]
-    [--fail-fast | --no-fail-fast] [--allow-underpowered]`` (fail-fast only where it differs from
-    the budget's default; ``alpha`` written with the digits it needs to round-trip)."""
-    from specverify.auditing.defaults import default_fail_fast
+                   allow_underpowered: bool = False, device: str = "cpu", timeout_s: float | None = None,
+                   isolation: str = "process", level_options: dict[str, Any] | None = None) -> str:
+    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--device D]
+    [--timeout T] [--isolation none] [the level's options] [--checks C1,C2] [--fail-fast |
+    --no-fail-fast] [--allow-underpowered]``: every option that changes what the audit does, each
+    left out where it has the CLI's default (fail-fast: the budget's default); numbers written
+    with the digits they need to round-trip."""
+    from specverify.auditing.defaults import DEFAULT_TIMEOUT_S, default_fail_fast
 
     parts = ["specverify", "audit", _quoted(target)]
     if level != DEFAULTS["level"]:
         parts += ["--level", level]
     parts += ["--seed", str(seed), "--budget", budget]
     if alpha != DEFAULTS["alpha"]:
-        parts += ["--alpha", f"{alpha:g}" if float(f"{alpha:g}") == alpha else repr(alpha)]
+        parts += ["--alpha", _number(alpha)]
+    if device != DEFAULTS["device"]:
+        parts += ["--device", _quoted(device)]
+    if timeout_s is not None and timeout_s != DEFAULT_TIMEOUT_S:
+        parts += ["--timeout", _number(timeout_s)]
+    if isolation != DEFAULTS["isolation"]:
+        parts += ["--isolation", isolation]
+    for keyword, value in (level_options or {}).items():
+        if keyword not in LEVEL_FLAGS:
+            raise ValueError(f"level_options: {keyword!r} has no command-line flag; known: {', '.join(LEVEL_FLAGS)}")
+        if value == LEVEL_DEFAULTS[keyword]:
+            continue
+        flag = LEVEL_FLAGS[keyword]
+        parts += [flag] if value is True else [flag, _quoted(_number(value) if isinstance(value, float) else str(value))]
     if checks is not None:
         parts += ["--checks", _quoted(",".join(checks))]
     if fail_fast is not None and fail_fast != default_fail_fast(budget):
@@ -122,6 +145,11 @@ def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: fl
     if allow_underpowered:
         parts.append("--allow-underpowered")
     return " ".join(parts)
+
+
+def _number(value: float) -> str:
+    """``value`` with the digits it needs to round-trip."""
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
 
 
 def _quoted(text: str) -> str:

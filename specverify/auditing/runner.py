@@ -131,6 +131,9 @@ class AuditReport:
     (so that it draws the same samples); None: this audit's α."""
     interrupted: bool = False
     """Whether a Ctrl-C stopped the audit."""
+    level_options: dict[str, Any] = field(default_factory=dict)
+    """The level's own keyword arguments (the endpoint level's ``baseline``, ``model``, …); the
+    replay lines repeat them."""
     notes_said: bool = False
     """Whether the progress display already wrote the plan's notes (checks left out with their fix,
     a power shortfall): the terminal report and :meth:`explain` then do not say them again."""
@@ -196,17 +199,21 @@ class AuditReport:
         checks = self.replay_checks if self.replay_checks is not None else self.selected
         alpha = self.replay_alpha if self.replay_alpha is not None else self.alpha
         fail_fast = self.fail_fast if checks is None or len(checks) > 1 else None
-        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=alpha, checks=checks, fail_fast=fail_fast,
-                                     allow_underpowered=self.allow_underpowered)
+        return replay.replay_command(self.target, alpha=alpha, checks=checks, fail_fast=fail_fast,
+                                     **self._replayed_settings())
 
     @property
     def full_command(self) -> str:
         """The command that runs the whole battery of this audit without stopping at a failure
         (the whole pattern of verdicts)."""
-        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=self.alpha, checks=self.selected, fail_fast=False,
-                                     allow_underpowered=self.allow_underpowered)
+        return replay.replay_command(self.target, alpha=self.alpha, checks=self.selected, fail_fast=False,
+                                     **self._replayed_settings())
+
+    def _replayed_settings(self) -> dict[str, Any]:
+        """The settings every replay line repeats (:func:`specverify.auditing.replay.replay_command`)."""
+        return dict(level=self.level, seed=self.seed, budget=self.budget.name, device=self.device,
+                    timeout_s=self.timeout_s, isolation=(self.isolation or {}).get("mode", "process"),
+                    allow_underpowered=self.allow_underpowered, level_options=self.level_options)
 
 
 def _fmt(value: float | None) -> str:
@@ -358,7 +365,7 @@ def audit(
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
                     selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
-                    allow_underpowered=allow_underpowered)
+                    allow_underpowered=allow_underpowered, level_options=dict(level_options))
     minimal: tuple[MinimalCase | None, str] = (None, "")
     with preserved_process_state():
         try:
