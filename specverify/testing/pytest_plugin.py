@@ -36,7 +36,9 @@ between tests.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
+from itertools import product
 from typing import Any
 
 import pytest
@@ -77,6 +79,25 @@ MARKERS = (
     "run (`pytest -m engines`)",
 )
 """The markers the plugin registers (the only place they are registered)."""
+
+
+def selects_only_gpu(markexpr: str) -> bool:
+    """Whether the `-m` expression selects no test that lacks the `gpu` marker: it is false for every
+    truth assignment of its other marker names with `gpu` false (False for an expression this
+    cannot read, e.g. one with marker arguments)."""
+    words = re.findall(r"[^\s()]+", markexpr or "")
+    if not words or not re.fullmatch(r"[\w\s()-]*", markexpr):
+        return False
+    names = sorted({w for w in words if w not in ("and", "or", "not")} - {"gpu"})
+    if "gpu" not in words or len(names) > 10:
+        return False
+    for values in product((False, True), repeat=len(names)):
+        truth = dict(zip(names, values), gpu=False)
+        python = re.sub(r"[^\s()]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not")
+                        else str(truth[m.group(0)]), markexpr)
+        if eval(python, {"__builtins__": {}}):
+            return False
+    return True
 
 
 def pytest_configure(config: pytest.Config) -> None:
