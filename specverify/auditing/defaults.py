@@ -17,6 +17,9 @@ DEFAULT_BUDGET = "standard"
 BUDGET_ENV = "SPECVERIFY_BUDGET"
 """Environment variable naming the budget of an audit called without ``budget=`` (CLI and Python;
 the pytest plugin's ``--specverify-budget`` sets it for the run)."""
+VERBOSE_ENV = "SPECVERIFY_VERBOSE"
+"""Set to 1 for the long ``AssertionError`` of ``assert_lossless`` (every finding with its inputs,
+n, p-value and TV); the pytest plugin sets it under ``pytest -vv``."""
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 

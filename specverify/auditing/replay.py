@@ -156,3 +156,36 @@ def _quoted(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def import_code(target: str, level: str = "sampler") -> tuple[str, str]:
+    """``(code, name)``: Python lines that bind the function of ``target`` to ``name`` the way the
+    user's own test would, without specverify's loader: ``from my_engine.sampling import verify``
+    for ``my_engine.sampling:verify``; :mod:`importlib` from the file for ``path/file.py:verify``
+    (its folder first on ``sys.path``, as the audit's loader does); the defining module of a
+    built-in name; the catalog's table for ``catalog:NAME``."""
+    from specverify.auditing.loading import BUILTINS, catalog_key
+
+    if target in BUILTINS.get(level, {}):
+        target = BUILTINS[level][target]
+    if target.startswith("catalog:"):
+        table = ("specverify.auditing.tree.catalog", "TREE_CATALOG") if level == "tree" else \
+            ("specverify.auditing.sampler.catalog", "CATALOG")
+        key = target.split(":", 1)[1] if level == "tree" else catalog_key(target.split(":", 1)[1])
+        return f"from {table[0]} import {table[1]}\n\nverify = {table[1]}[{key!r}].fn", "verify"
+    location, attribute = target.rsplit(":", 1)
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        folder = str(Path(location).parent) or "."
+        return (f"import importlib.util\nimport sys\n\n"
+                f"sys.path.insert(0, {folder!r})  # the modules next to it import, as when the audit loaded it\n"
+                f"_spec = importlib.util.spec_from_file_location({Path(location).stem!r}, {location!r})\n"
+                f"_module = importlib.util.module_from_spec(_spec)\n"
+                f"_spec.loader.exec_module(_module)\n"
+                f"{_python_name(attribute)} = _module.{attribute}", _python_name(attribute))
+    if attribute.isidentifier():
+        return f"from {location} import {attribute}", attribute
+    return f"import {location}\n\nverify = {location}.{attribute}", "verify"
+
+
+def _python_name(attribute: str) -> str:
+    return attribute if attribute.isidentifier() else "verify"

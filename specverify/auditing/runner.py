@@ -70,6 +70,7 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     FAIL_FAST_SKIP,
     LEVELS,
     MALFORMED_SKIP,
+    VERBOSE_ENV,
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -151,24 +152,25 @@ class AuditReport:
     def errors(self) -> tuple[CheckResult, ...]:
         return tuple(c for c in self.checks if c.verdict is Verdict.ERROR)
 
-    def explain(self) -> str:
-        """A readable account of the verdict, the message first: the headline, the diagnosis and
-        the minimal failing case, then each failing or erroring check with its inputs, what was
-        observed against what was expected, p-value and estimated TV, then the replay line."""
+    def explain(self, verbose: bool = True) -> str:
+        """A readable account of the verdict, the message first: the headline, the diagnosis (with
+        the law the minimal case's wrong tokens follow and the closest known bug) and the minimal
+        failing case, then (``verbose``) each failing or erroring check with its inputs, what was
+        observed against what was expected, p-value and estimated TV; then the replay line.
+        Without ``verbose`` the last line says how to get the checks' details."""
         from specverify.auditing.findings import grouped_findings, said_in_summary
 
         lines = [f"{self.target}: {self.verdict.upper()} — {self.summary}"]
         if self.diagnosis:
-            lines.append(f"diagnosis: {self.diagnosis}")
+            lines.append(f"diagnosis: {self.diagnosis}" + "".join(f" {s}" for s in self.case_reading()))
         if self.minimal_case is not None:
             lines.append(self.minimal_case.sentence() + "; as a unit test:")
-            lines += ["    " + line if line else "" for line in self.minimal_case.code().splitlines()]
+            lines += ["    " + line if line else "" for line in self.minimal_case_code().splitlines()]
         elif self.minimal_case_note:
             lines.append(f"minimal case: none: {self.minimal_case_note}")
         by_name = {c.name: c for c in self.checks}
-        for finding in grouped_findings(self.checks):
-            if said_in_summary(finding, self):
-                continue
+        details = [finding for finding in grouped_findings(self.checks) if not said_in_summary(finding, self)]
+        for finding in details if verbose else ():
             check = by_name[finding.names[0]]
             lines.append(f"- {finding.line()}")
             lines.append(f"    what it checks: {check.description}")
@@ -182,7 +184,24 @@ class AuditReport:
         lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
                      f"`{self.replay_command}`"
                      + (f"; every check: `{self.full_command}`" if self.stopped_early else "") + ")")
+        if details and not verbose:
+            lines.append(f"(the {len(details)} finding(s) in detail — inputs, n, p-value, estimated TV — with "
+                         f"{VERBOSE_ENV}=1 or `pytest -vv`; in Python: report.explain(verbose=True))")
         return "\n".join(lines)
+
+    def case_reading(self) -> list[str]:
+        """What the minimal case shows beyond its one token: the wrong law its tokens follow and
+        the closest known bug, each a sentence (none without a minimal case)."""
+        case = self.minimal_case
+        if case is None:
+            return []
+        found = [f"On the minimal case {case.follows}." if case.follows else "",
+                 f"The {case.closest[0].lower()}{case.closest[1:]}." if case.closest else ""]
+        return [sentence for sentence in found if sentence]
+
+    def minimal_case_code(self) -> str:
+        """The minimal case as a unit test, with the command that finds it again from the seed."""
+        return self.minimal_case.code(replay=self.replay_command) if self.minimal_case is not None else ""
 
     @property
     def diagnosis(self) -> str:
@@ -619,7 +638,9 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
 
 def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport:
     """Audit ``fn`` (same options as :func:`audit`) and raise ``AssertionError`` with
-    :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise.
+    :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise.  The
+    message is the short account (verdict, diagnosis, minimal case, replay); ``$SPECVERIFY_VERBOSE=1``
+    (set by the pytest plugin under ``-vv``) adds each finding's inputs, n, p-value and TV.
 
     Unless ``progress=`` is given, the plan and its expected time are written to stderr first,
     then one line per finished check (a bar on a terminal).  Inside a pytest test whose output is
@@ -632,7 +653,7 @@ def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport
         options["progress"] = progress_for(sys.stderr, summary_only=_captured_by_pytest(sys.stderr))
     report = audit(fn, **options)
     if report.exit_code != EXIT_PASS:
-        raise AssertionError(report.explain())
+        raise AssertionError(report.explain(verbose=os.environ.get(VERBOSE_ENV, "") not in ("", "0")))
     return report
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from specverify.auditing.defaults import BUDGET_ENV
+from specverify.auditing.defaults import BUDGET_ENV, VERBOSE_ENV
 from specverify.auditing.loading import load_target
 from specverify.core.seeding import parse_base_seed
 
@@ -103,6 +103,8 @@ def selects_only_gpu(markexpr: str) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if config.getoption("verbose") >= 2:  # the long AssertionError of assert_lossless
+        os.environ[VERBOSE_ENV] = "1"
     config._specverify_base_seed = parse_base_seed(config.getoption("--specverify-seed"))  # type: ignore[attr-defined]
     budget = config.getoption("--specverify-budget")
     if budget is not None:  # direct calls of specverify.assert_lossless in the run honour it too

@@ -132,3 +132,132 @@ def settings(args, names):
     if values["fail_fast"] is None:
         values["fail_fast"] = default_fail_fast(resolve_budget(values["budget"]).name)
     return values
+
+
+# --------------------------------------------------------------------------------------------
+# The minimal repro: the user's own import, the law the wrong tokens follow, the closest known bug
+# --------------------------------------------------------------------------------------------
+
+STEP_P = [[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]]
+STEP_Q = [[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]
+ROWS = 20_000
+
+
+def step_tokens(rule, drafts, seed=11):
+    rows = ROWS
+    p = torch.tensor(STEP_P).repeat(rows, 1, 1)
+    q = torch.tensor(STEP_Q).repeat(rows, 1, 1)
+    return rule(p, q, torch.tensor([drafts]).repeat(rows, 1), torch.Generator().manual_seed(seed)).numpy()
+
+
+def loop_rule(target_probs, draft_probs, draft_tokens, generator):
+    """Modified rejection sampling written row by row with its own draws (correct, differently)."""
+    rows, k = draft_tokens.shape
+    emitted = torch.full((rows, k + 1), -1, dtype=torch.int64)
+    for b in range(rows):
+        for i in range(k + 1):
+            if i == k:
+                emitted[b, i] = torch.multinomial(target_probs[b, k].double(), 1, generator=generator)
+                break
+            x = int(draft_tokens[b, i])
+            if torch.rand(1, generator=generator, dtype=torch.float64) * draft_probs[b, i, x] < target_probs[b, i, x]:
+                emitted[b, i] = x
+                continue
+            residual = (target_probs[b, i] - draft_probs[b, i]).clamp(min=0).double()
+            emitted[b, i] = torch.multinomial(residual, 1, generator=generator)
+            break
+    return emitted
+
+
+@pytest.mark.parametrize("entry, column, law", [("bonus_from_draft", 2, "the bonus token follows q_1, not p_2"),
+                                                ("residual_is_target", 0, "the correction at position 0 follows p_0,")])
+def test_the_law_the_wrong_tokens_follow_is_named(entry, column, law):
+    from specverify.auditing.diagnosis import followed_law
+    from specverify.auditing.sampler.catalog import CATALOG
+
+    drafts = [3, 0] if entry == "bonus_from_draft" else [0, 3]
+    tokens = step_tokens(CATALOG[entry].fn, drafts)
+    assert followed_law(torch.tensor(STEP_P).double().numpy(), torch.tensor(STEP_Q).double().numpy(), drafts,
+                        tokens, column).startswith(law)
+
+
+def test_correct_rules_are_never_read_as_following_a_wrong_law():
+    """The reference, and a row-by-row rule drawing its randomness differently (fewer rows: it is slow)."""
+    from specverify.auditing.diagnosis import closest_catalog_entry, followed_law
+    from specverify.core.rules import verify
+
+    p, q = torch.tensor(STEP_P).double().numpy(), torch.tensor(STEP_Q).double().numpy()
+    for rule, drafts in [(verify, [3, 0]), (verify, [0, 3]), (loop_rule, [0, 3])]:
+        tokens = step_tokens(rule, drafts, seed=5) if rule is verify else step_tokens_small(rule, drafts)
+        for column in range(3):
+            assert followed_law(p, q, drafts, tokens, column) == "", (rule, drafts, column)
+        assert closest_catalog_entry(p, q, drafts, tokens, seed=5) == ""
+
+
+def step_tokens_small(rule, drafts, rows=2_000):
+    p = torch.tensor(STEP_P).repeat(rows, 1, 1)
+    q = torch.tensor(STEP_Q).repeat(rows, 1, 1)
+    return rule(p, q, torch.tensor([drafts]).repeat(rows, 1), torch.Generator().manual_seed(3)).numpy()
+
+
+def test_the_closest_known_bug_is_named():
+    from specverify.auditing.diagnosis import closest_catalog_entry
+    from specverify.auditing.sampler.catalog import CATALOG
+
+    p, q = torch.tensor(STEP_P).double().numpy(), torch.tensor(STEP_Q).double().numpy()
+    tokens = step_tokens(CATALOG["residual_is_target"].fn, [0, 3], seed=99)  # another seed than the entries get
+    assert "catalog:residual-is-target" in closest_catalog_entry(p, q, [0, 3], tokens, seed=5)
+
+
+@pytest.mark.parametrize("target, binding", [
+    ("my_engine.sampling:verify_lossy", "from my_engine.sampling import verify_lossy"),
+    ("reference", "from specverify.core.rules import verify"),
+    ("catalog:bonus-from-draft", "from specverify.auditing.sampler.catalog import CATALOG"),
+])
+def test_the_repro_imports_the_users_module(target, binding):
+    from specverify.auditing.minimal_case import MinimalCase
+
+    case = MinimalCase(target, "step-K1", 0, ((0.5, 0.5), (0.5, 0.5)), ((1.0, 0.0),), (0,), 100, 7, 1, 1, 0.5, 0.6, 7.0)
+    code = case.code(replay="specverify audit x --seed 3")
+    assert binding in code and "specverify.auditing.loading" not in code
+    assert "# found again from the audit's seed by: specverify audit x --seed 3" in code
+    compile(code, "repro.py", "exec")
+
+
+def lossy_bonus(target_probs, draft_probs, draft_tokens, generator):
+    from specverify.auditing.sampler.catalog import CATALOG
+
+    return CATALOG["bonus_from_draft"].fn(target_probs, draft_probs, draft_tokens, generator)
+
+
+@pytest.fixture(scope="module")
+def short_message():
+    with pytest.raises(AssertionError) as raised:
+        specverify.assert_lossless(lossy_bonus, budget="quick", isolation="none", progress=None,
+                                   checks=["bonus-position", "correction-position"])
+    return str(raised.value)
+
+
+def test_the_assertion_error_is_short_and_says_how_to_get_the_rest(short_message, monkeypatch):
+    text = short_message
+    assert "diagnosis: The bonus token" in text and "follows q_" in text and "catalog:bonus-from-draft" in text
+    assert "what it checks:" not in text and "SPECVERIFY_VERBOSE=1 or `pytest -vv`" in text
+    assert "specverify.auditing.loading" not in text and "_spec.loader.exec_module" in text
+    assert len(text.splitlines()) <= 30, text
+
+
+def test_the_repro_runs_from_the_directory_the_audit_ran_in(short_message, monkeypatch):
+    from pathlib import Path
+
+    code = short_message.split("as a unit test:\n", 1)[1].split("\n(seed ", 1)[0]
+    code = "\n".join(line[4:] for line in code.splitlines())
+    namespace: dict = {}
+    exec(compile(code, "repro.py", "exec"), namespace)
+    test = next(v for k, v in namespace.items() if k.startswith("test_"))
+    with pytest.raises(AssertionError):
+        test()
+    from specverify.core.rules import verify
+
+    namespace["lossy_bonus"] = verify  # a correct rule passes it
+    test()
+    assert Path("tests/auditing/test_gate_lived.py").is_file()  # the audit ran here (relative target path)

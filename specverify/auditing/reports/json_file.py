@@ -100,7 +100,7 @@ def _minimal_case(report: AuditReport) -> dict[str, Any] | None:
         return None
     fields = {name: getattr(case, name) for name in ("check", "chain", "target_probs", "draft_probs", "draft_tokens",
                                                       "rows", "seed", "column", "token", "expected", "observed", "z")}
-    return {**fields, "test": case.code()}
+    return {**fields, "follows": case.follows, "closest": case.closest, "test": report.minimal_case_code()}
 
 
 def deterministic_view(document: dict[str, Any]) -> dict[str, Any]:

@@ -73,10 +73,10 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
     parts += notes + ([""] if notes else [])
     parts += _isolation_lines(report)
     if report.diagnosis:
-        parts += [f"Diagnosis: {report.diagnosis}", ""]
+        parts += [f"Diagnosis: {report.diagnosis}" + "".join(f" {s}" for s in report.case_reading()), ""]
     if report.minimal_case is not None:
         parts += [report.minimal_case.sentence() + "; paste it into a test:", "",
-                  *["    " + line if line else "" for line in report.minimal_case.code().splitlines()], ""]
+                  *["    " + line if line else "" for line in report.minimal_case_code().splitlines()], ""]
     elif report.minimal_case_note:
         parts += [f"Minimal case: none: {report.minimal_case_note}.", ""]
     parts.append(verdict_line(report))
