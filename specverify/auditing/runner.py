@@ -632,7 +632,7 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
                f"{share:.3g} each) with power {POWER:g} {against}")
     if shortfall is not None:
         summary += (f" — underpowered, allowed by allow_underpowered: {shortfall.check} detects "
-                    f"{shortfall.detectable_text()}, above the ceiling TV {shortfall.ceiling:g}")
+                    f"{shortfall.detectable_text()}, above {shortfall.bound_text()}")
     return "no loss detected", EXIT_PASS, summary + skipped, detectable
 
 

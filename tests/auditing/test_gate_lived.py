@@ -261,3 +261,31 @@ def test_the_repro_runs_from_the_directory_the_audit_ran_in(short_message, monke
     namespace["lossy_bonus"] = verify  # a correct rule passes it
     test()
     assert Path("tests/auditing/test_gate_lived.py").is_file()  # the audit ran here (relative target path)
+
+
+# --------------------------------------------------------------------------------------------
+# What the plan and the shortfall say
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_plan_suggests_the_quick_budget_only_when_it_is_not_already_quick():
+    from types import SimpleNamespace
+
+    from specverify.auditing.checks import resolve_budget
+    from specverify.auditing.progress import header
+
+    checks = [SimpleNamespace(name="step-K1", parameters={"K": 1, "V": 4})]
+    plans = [SimpleNamespace(n=1000)]
+    said = {name: header(target="t", level="sampler", budget=resolve_budget(name), alpha=1e-3, checks=checks,
+                         plans=plans) for name in ("quick", "standard")}
+    assert "--budget quick" not in said["quick"] and "--budget quick" in said["standard"]
+
+
+def test_a_production_checks_own_tv_is_not_called_the_levels_ceiling():
+    from specverify.auditing.power import PowerShortfall
+
+    production = PowerShortfall("sampler", "10", 0.909, "production-qwen-K1", 3.2, 5832)
+    assert "level's ceiling TV 0.909" not in production.sentence() and "0.909" in production.sentence()
+    assert "sampler level's ceiling TV 0.25" in production.sentence()
+    toy = PowerShortfall("sampler", "10", 0.25, "step-K1", 3.2, 629)
+    assert "sampler level's ceiling TV 0.25 that a pass requires" in toy.sentence()
