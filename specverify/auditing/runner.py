@@ -13,8 +13,8 @@ Verdicts and exit statuses (``specverify audit``):
 - 2 ``could not audit``: the target could not be loaded, its signature cannot take the level's
   call (:mod:`specverify.auditing.signatures`), or a check could not judge the function (it
   raised, hung past the per-call timeout, or returned output that breaks SPEC §1), and no check
-  failed.  The first malformed output (a wrong shape, dtype, padding) ends the audit: the checks
-  after it are not run, the verdict states that one message and the replay runs that one check.
+  failed.  At the sampler, tree and decoder levels the first malformed output (a wrong shape,
+  dtype, padding) ends the audit: the checks after it are not run, the verdict states that one message and the replay runs that one check.
 - 2 ``underpowered``: no check failed, but some statistical check cannot detect the TV a pass
   promises (:mod:`specverify.auditing.power`: detectable TV above the level's ceiling, e.g.
   ``--budget 10``); ``allow_underpowered=True`` turns it into a pass that states the TV reached.
@@ -421,7 +421,8 @@ def audit(
                     settings["notes_said"] = True
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
-                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating)
+                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating,
+                                                   stop_at_malformed=level != "endpoint")
                 if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
                                                                   for r in results):
                     minimal = _minimal_case(name, selected, results, function, seed)
@@ -515,8 +516,8 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
-                progress: Progress | None, fail_fast: bool = False,
-                locating: Sequence[str] = ()) -> tuple[list[CheckResult], bool]:
+                progress: Progress | None, fail_fast: bool = False, locating: Sequence[str] = (), *,
+                stop_at_malformed: bool = True) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
 
     With ``fail_fast`` the checks after the first failing one are skipped (their message begins
@@ -527,7 +528,9 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     and the next checks still run, until the function has hung or ended its process
     MAX_WORKER_LOSSES times (in-process: once it has hung), after which the rest is skipped.  A
     Ctrl-C (KeyboardInterrupt in this process) skips the check it interrupted and all later ones.
-    A malformed output (:data:`MALFORMED_SKIP`) skips all later checks, the locating ones too.
+    With ``stop_at_malformed`` (the levels that call a function: an endpoint's malformed replies
+    are the server's, check by check) a malformed output skips all later checks, the locating
+    ones too (:data:`MALFORMED_SKIP`).
     The global RNGs are reseeded per check, so even a function that misuses them gives a
     deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
@@ -568,7 +571,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 if log is not None:
                     extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
                 results.append(dataclasses.replace(result, **extra))
-                if results[-1].fault is FaultKind.MALFORMED:
+                if stop_at_malformed and results[-1].fault is FaultKind.MALFORMED:
                     malformed_in = check.name
                 if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
                     first_failure = check.name
