@@ -241,7 +241,8 @@ def followed_law(p: Any, q: Any, drafts: Sequence[int], tokens: Any, column: int
     best = int(np.argmin(distances))
     right_tv = distances[0] if laws[0][0] == right[0] else 1.0
     apart = separation(int(keep.sum()), len(read))
-    if np.allclose(laws[best][1], right[1][keep] / right[1][keep].sum()) or distances[best] > apart or right_tv <= apart:
+    right_law = right[1][keep] / right[1][keep].sum()
+    if np.allclose(laws[best][1], right_law) or distances[best] > apart or right_tv <= apart:
         return ""
     same = " = ".join(name for name, law in laws if np.allclose(law, laws[best][1]))  # equal laws on this step
     return (f"{what} follows {same}, not {right[0]} (TV {distances[best]:.3f} vs {right_tv:.3f} over {len(read):,} "

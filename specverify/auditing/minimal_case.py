@@ -112,7 +112,8 @@ class MinimalCase:
                 target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)  # p_0..p_{k} [K+1={k + 1}, V={v}]
                 draft_probs = torch.tensor({_table(self.draft_probs)}).repeat(rows, 1, 1)  # {drafts}
                 draft_tokens = torch.tensor([{list(self.draft_tokens)}]).repeat(rows, 1)
-                emitted = {function}(target_probs, draft_probs, draft_tokens, torch.Generator().manual_seed({self.seed}))
+                generator = torch.Generator().manual_seed({self.seed})
+                emitted = {function}(target_probs, draft_probs, draft_tokens, generator)
                 share = (emitted[:, {self.column}] == {token}).double().mean().item()
                 {law}
                 {check}

@@ -137,7 +137,8 @@ def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: fl
         if value == LEVEL_DEFAULTS[keyword]:
             continue
         flag = LEVEL_FLAGS[keyword]
-        parts += [flag] if value is True else [flag, _quoted(_number(value) if isinstance(value, float) else str(value))]
+        text = _number(value) if isinstance(value, float) else str(value)
+        parts += [flag] if value is True else [flag, _quoted(text)]
     if checks is not None:
         parts += ["--checks", _quoted(",".join(checks))]
     if fail_fast is not None and fail_fast != default_fail_fast(budget):

@@ -48,9 +48,9 @@ def format_table(report: AuditReport) -> str:
 
 
 def format_report(report: AuditReport, *, table: bool = True) -> str:
-    """The header, the table, what did not run and why (unless the plan's notes said it), the messages of failing/erroring checks
-    (each finding once; one the verdict line already states is not repeated), the diagnosis and
-    the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
+    """The header, the table, what did not run and why (unless the plan's notes said it), the
+    messages of failing/erroring checks (each finding once; one the verdict line already states is
+    not repeated), the diagnosis and the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
     per-check lines of the progress already went to the same stream); so does an audit in which
     no check ran or every check that ran stopped with the same error."""
     budget = report.budget.describe()
