@@ -12,7 +12,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.statistical
-def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester):
+def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester, monkeypatch):
+    """Under `-vv` the failure has every finding in detail (the plugin sets SPECVERIFY_VERBOSE;
+    monkeypatch restores it after this in-process run)."""
+    monkeypatch.setenv("SPECVERIFY_VERBOSE", "0")
     pytester.makepyfile(test_engine=f"""
         from specverify.auditing.loading import load_target
 
@@ -30,7 +33,7 @@ def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester):
             assert report.target == "reference" and report.exit_code == 0
     """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark", "--specverify-seed", "5",
-                                          "--specverify-alpha", "0.01", "--specverify-budget", "2000")
+                                          "--specverify-alpha", "0.01", "--specverify-budget", "2000", "-vv")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*LOSS DETECTED*bonus-position*", "*what it checks*", "*p-value*"])
 
