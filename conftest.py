@@ -2,7 +2,10 @@
 tests, and the skip of a path torch cannot run under a forced kernel set on this CPU.
 
 The default run (`pytest`, see pyproject's addopts) excludes `slow`; `pytest -m gpu` selects the
-GPU tests, which skip with a reason where CUDA is absent so that the run still exits 0.
+GPU tests, which skip with a reason where CUDA is absent so that the run still exits 0.  When the
+`-m` expression selects only `gpu` tests and CUDA is absent, every test module skips at
+collection, unimported (seconds instead of collecting the whole suite to skip it); otherwise
+each `gpu` test skips on its own.
 The seed, budget and implementation options come from the specverify plugin
 (`--specverify-seed N|random`, `--specverify-alpha`, `--specverify-impl`), and so do the
 markers `gpu`, `slow` and `statistical` (registered once, by the plugin).
@@ -17,6 +20,7 @@ import pytest
 from specverify.engines.environment import prepare_engine_import
 from specverify.testing.kernel_sets import forced_kernel_set, is_kernel_set_limitation
 from specverify.testing.profiles import load_profile
+from specverify.testing.pytest_plugin import selects_only_gpu
 
 # Loaded here too so that a plain checkout (PYTHONPATH=.) gets the options; when the package is
 # installed the entry point registers the same module under the same name and this is a no-op.
@@ -30,8 +34,33 @@ load_profile()  # derandomized, no deadline (specverify.testing.profiles); SPECV
 prepare_engine_import()
 
 
+NO_CUDA = "CUDA is not available on this machine (torch.cuda.is_available() is False)"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _share_cores_between_xdist_workers()
+    import torch
+
+    config._skip_all_without_cuda = selects_only_gpu(config.option.markexpr) and not torch.cuda.is_available()
+
+
+class ModuleSkippedWithoutCuda(pytest.Module):
+    """A test module of a `gpu`-only run on a machine without CUDA: skipped, never imported."""
+
+    def collect(self):
+        pytest.skip(f"{NO_CUDA}; `-m {self.config.option.markexpr}` selects only gpu tests")
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if parent.config._skip_all_without_cuda:
+        return ModuleSkippedWithoutCuda.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A `gpu`-only run without CUDA collected no test (every module skipped): that is a pass, exit 0."""
+    if session.config._skip_all_without_cuda and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
 
 
 def _share_cores_between_xdist_workers() -> None:
@@ -53,7 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    skip_gpu = pytest.mark.skip(reason=NO_CUDA)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)

@@ -17,6 +17,9 @@ DEFAULT_BUDGET = "standard"
 BUDGET_ENV = "SPECVERIFY_BUDGET"
 """Environment variable naming the budget of an audit called without ``budget=`` (CLI and Python;
 the pytest plugin's ``--specverify-budget`` sets it for the run)."""
+VERBOSE_ENV = "SPECVERIFY_VERBOSE"
+"""Set to 1 for the long ``AssertionError`` of ``assert_lossless`` (every finding with its inputs,
+n, p-value and TV); the pytest plugin sets it under ``pytest -vv``."""
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
@@ -37,6 +40,12 @@ FAIL_FAST_SKIP = "not run: the audit stopped at the first failing check"
 LOCATING_CUT_SKIP = "not run: the locating checks' share of the post-verdict time was spent"
 """How a locating check begins its message when fail-fast ran it after the first failure but its
 share of the post-verdict budget (:mod:`specverify.auditing.post_verdict`) ran out first."""
+
+
+MALFORMED_SKIP = "not run: the audit stopped at the first malformed output"
+"""How a check skipped after a malformed output begins its message: an output that breaks the
+level's layout (docs/spec.md) is a bug of the adapter, the same in every later check, and leaves
+nothing to judge, so the audit stops there with that one message (exit 2)."""
 
 
 def default_fail_fast(budget_name: str) -> bool:

@@ -169,3 +169,126 @@ def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_e
         sentences.append(f"The output law is wrong in {', '.join(sorted(lossy))}; run the whole battery for a "
                          "diagnosis of where.")
     return " ".join(sentences)
+
+
+CLOSE_TV = 0.03
+"""The least TV :func:`separation` allows between a law the tokens follow and one they do not."""
+
+CATALOG_ROWS = 5_000
+"""Rows each catalog entry is run on by :func:`closest_catalog_entry` (26 entries)."""
+
+
+def separation(cells: int, rows: int) -> float:
+    """The TV within which an empirical distribution of ``rows`` draws over ``cells`` counts as
+    following a law, and beyond which it counts as not following it: max(CLOSE_TV, 2·√((c − 1)/n)).
+    Sampling noise alone is smaller: E TV(empirical, law) = ½ Σ E|p̂_j − p_j| ≤ ½ Σ √(p_j(1 − p_j)/n)
+    ≤ ½ √((c − 1)/n) (Cauchy–Schwarz), a quarter of the bound (a difference of two samples:
+    √2 times that), so a correct rule is not read as following a wrong law (descriptive, not a test)."""
+    return max(CLOSE_TV, 2.0 * math.sqrt(max(cells - 1, 1) / max(rows, 1)))
+
+MIN_ROWS_READ = 200
+"""Rows a position needs (corrections after a rejection, bonus tokens) for its law to be read."""
+
+
+def _tv(a: Any, b: Any) -> float:
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return 0.5 * float(np.abs(a / max(a.sum(), 1e-300) - b / max(b.sum(), 1e-300)).sum())
+
+
+def followed_law(p: Any, q: Any, drafts: Sequence[int], tokens: Any, column: int) -> str:
+    """Which law the tokens in ``column`` of a minimal case follow, when it is a known wrong one.
+
+    ``p [K+1, V]``, ``q [K, V]`` (float64), ``drafts`` fixed, ``tokens [rows, K+1]`` as emitted.
+    Column K (every draft accepted): the bonus token, whose law is p_K; the candidates are p_K,
+    q_{K−1} and p_{K−1}.  Column i < K: the tokens other than the draft x_i (so the corrections
+    after a rejection, the only non-draft tokens modified rejection sampling emits there), whose law
+    is norm(max(0, p_i − q_i)) restricted to t ≠ x_i; the candidates are that, p_i, q_i,
+    norm(|p_i − q_i|) and the next position's residual.  The closest candidate (TV) is named when it
+    is within :func:`separation` and the right law is not; "" otherwise (and with fewer than
+    :data:`MIN_ROWS_READ` such tokens)."""
+    import numpy as np
+
+    p, q, tokens = np.asarray(p, dtype=float), np.asarray(q, dtype=float), np.asarray(tokens)
+    k, v = q.shape
+    values = tokens[:, column]
+    if column == k:
+        keep = np.ones(v, dtype=bool)
+        what, right = "the bonus token", (f"p_{k}", p[k])
+        candidates = [right, (f"q_{k - 1}", q[k - 1]), (f"p_{k - 1}", p[k - 1])]
+    else:
+        keep = np.arange(v) != drafts[column]
+        what, right = f"the correction at position {column}", (f"norm(max(0, p_{column} − q_{column}))",
+                                                               np.maximum(p[column] - q[column], 0.0))
+        candidates = [right, (f"p_{column}", p[column]), (f"q_{column}", q[column]),
+                      (f"norm(|p_{column} − q_{column}|)", np.abs(p[column] - q[column]))]
+        if column + 1 < k:
+            candidates.append((f"norm(max(0, p_{column + 1} − q_{column + 1}))",
+                               np.maximum(p[column + 1] - q[column + 1], 0.0)))
+    read = values[(values >= 0) & (values < v)]
+    read = read[keep[read]]
+    if len(read) < MIN_ROWS_READ:
+        return ""
+    observed = np.bincount(read, minlength=v)[keep]
+    laws = [(name, law[keep] / law[keep].sum()) for name, law in candidates if law[keep].sum() > 0]
+    distances = [_tv(observed, law) for _, law in laws]
+    best = int(np.argmin(distances))
+    right_tv = distances[0] if laws[0][0] == right[0] else 1.0
+    apart = separation(int(keep.sum()), len(read))
+    right_law = right[1][keep] / right[1][keep].sum()
+    if np.allclose(laws[best][1], right_law) or distances[best] > apart or right_tv <= apart:
+        return ""
+    same = " = ".join(name for name, law in laws if np.allclose(law, laws[best][1]))  # equal laws on this step
+    return (f"{what} follows {same}, not {right[0]} (TV {distances[best]:.3f} vs {right_tv:.3f} over {len(read):,} "
+            "tokens)")
+
+
+def closest_catalog_entry(p: Any, q: Any, drafts: Sequence[int], tokens: Any, seed: int) -> str:
+    """The known bug (:mod:`specverify.auditing.sampler.catalog`) whose output on the same step,
+    and seed is closest to the function's: the entry whose per-position token distributions are
+    all within :func:`separation` of the function's, with the smallest largest TV, when the correct
+    rule's are not; "" otherwise.  The entries run in this process on :data:`CATALOG_ROWS` rows of
+    the case's inputs (float32, as the function got them), with the global RNG forked."""
+    import numpy as np
+    import torch
+
+    from specverify.auditing.sampler.catalog import CATALOG
+    from specverify.core.rules import verify
+
+    tokens = np.asarray(tokens)
+    width = tokens.shape[1]
+    rows = min(len(tokens), CATALOG_ROWS)
+    v = np.asarray(p).shape[1]
+    inputs = (torch.tensor(np.asarray(p), dtype=torch.float32).repeat(rows, 1, 1),
+              torch.tensor(np.asarray(q), dtype=torch.float32).repeat(rows, 1, 1),
+              torch.tensor([list(drafts)]).repeat(rows, 1))
+
+    def histogram(emitted: Any) -> Any:
+        clipped = np.where(emitted < 0, v, emitted)
+        return np.stack([np.bincount(clipped[:, c], minlength=v + 1)[:v + 1] for c in range(width)])
+
+    def distance(rule: Any) -> float:
+        with torch.random.fork_rng():
+            emitted = rule(*inputs, torch.Generator().manual_seed(seed)).numpy()
+        if emitted.shape != (rows, width) or emitted.min() < -1 or emitted.max() >= v:
+            return 1.0
+        theirs = histogram(emitted)
+        return max(_tv(mine[c], theirs[c]) for c in range(width))
+
+    mine = histogram(tokens)
+    found = []
+    for name, entry in CATALOG.items():
+        try:
+            found.append((distance(entry.fn), name))
+        except Exception:  # an entry that cannot take this step (a production shape) is not a candidate
+            continue
+    if not found:
+        return ""
+    best, name = min(found)
+    right = distance(verify)
+    apart = separation(v + 1, rows)
+    if best > apart or right <= apart:
+        return ""
+    return (f"closest known bug: catalog:{name.replace('_', '-')} (on this step its tokens are within TV {best:.3f} "
+            f"of the function's at every position, the correct rule's {right:.3f}; `specverify audit --list`)")

@@ -29,6 +29,7 @@ only looked for after a check has failed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import textwrap
@@ -75,6 +76,10 @@ class MinimalCase:
     expected: float
     observed: float
     z: float
+    follows: str = ""
+    """Which wrong law the tokens at ``column`` follow (:func:`specverify.auditing.diagnosis.followed_law`)."""
+    closest: str = ""
+    """The closest catalog entry (:func:`specverify.auditing.diagnosis.closest_catalog_entry`)."""
 
     @property
     def tolerance(self) -> float:
@@ -93,8 +98,12 @@ class MinimalCase:
                 f"{list(self.draft_tokens)} fixed, position {self.column} gets {token} in {self.observed:.4f} of "
                 f"{self.rows:,} rows, {against}; seed {self.seed}")
 
-    def code(self) -> str:
-        """A pytest test reproducing the case (fails on the function, passes on a correct rule)."""
+    def code(self, replay: str = "") -> str:
+        """A pytest test reproducing the case (fails on the function, passes on a correct rule),
+        importing the function as the user's own tests do (:func:`specverify.auditing.replay.import_code`);
+        ``replay``: the command that finds the case again from the audit's seed."""
+        from specverify.auditing.replay import import_code
+
         name = re.sub(r"\W+", "_", f"{self.check}_chain{self.chain}").strip("_")
         k, v = len(self.draft_tokens), len(self.target_probs[0])
         token = "-1" if self.token < 0 else str(self.token)
@@ -105,23 +114,24 @@ class MinimalCase:
         else:
             law = f"# modified rejection sampling: {self.expected:.6f} given these drafts; this function gave {self.observed:.6f}"
             check = f"assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share  # 6 standard errors"
-        return textwrap.dedent(f"""\
-            import torch
-            from specverify.auditing.loading import load_target
-
-
+        binding, function = import_code(self.target)
+        test = textwrap.dedent(f"""\
             def test_{name}():
                 # found by specverify: check {self.check}, chain {self.chain}, seed {self.seed}
-                verify = load_target({self.target!r})
                 rows = {self.rows}
                 target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)  # p_0..p_{k} [K+1={k + 1}, V={v}]
                 draft_probs = torch.tensor({_table(self.draft_probs)}).repeat(rows, 1, 1)  # {drafts}
                 draft_tokens = torch.tensor([{list(self.draft_tokens)}]).repeat(rows, 1)
-                emitted = verify(target_probs, draft_probs, draft_tokens, torch.Generator().manual_seed({self.seed}))
+                generator = torch.Generator().manual_seed({self.seed})
+                emitted = {function}(target_probs, draft_probs, draft_tokens, generator)
                 share = (emitted[:, {self.column}] == {token}).double().mean().item()
                 {law}
                 {check}
             """)
+        if replay:
+            found = f"seed {self.seed}\n"
+            test = test.replace(found, f"{found}    # found again from the audit's seed by: {replay}\n", 1)
+        return f"import torch\n{binding}\n\n\n{test}"
 
 
 def _table(rows: Sequence[Sequence[float]]) -> str:
@@ -303,7 +313,14 @@ def _judge(target: str, check: str, chain: int, p: torch.Tensor, q: torch.Tensor
     z = np.where((law == 0) & (observed > 0), np.inf, np.abs(observed - law) / error)
     z = np.where((law == 0) & (observed == 0), 0.0, z)
     column, cell = np.unravel_index(int(np.argmax(z)), z.shape)
-    return MinimalCase(target, check, chain, tuple(tuple(float(x) for x in row) for row in p.tolist()),
+    case = MinimalCase(target, check, chain, tuple(tuple(float(x) for x in row) for row in p.tolist()),
                        tuple(tuple(float(x) for x in row) for row in q.tolist()), tuple(int(t) for t in drafts), rows,
                        int(seed), int(column), -1 if cell == v1 - 1 else int(cell), float(law[column, cell]),
                        float(observed[column, cell]), float(min(z[column, cell], 1e9)))
+    if case.z < REPRODUCE_Z:
+        return case
+    from specverify.auditing.diagnosis import closest_catalog_entry, followed_law
+
+    p64, q64 = p.double().numpy(), q.double().numpy()
+    return dataclasses.replace(case, follows=followed_law(p64, q64, drafts, tokens, int(column)),
+                               closest=closest_catalog_entry(p64, q64, drafts, tokens, seed))

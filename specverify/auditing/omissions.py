@@ -4,7 +4,8 @@ A battery builds its checks from what the function offers: the exact checks need
 ``uniforms=`` keyword of docs/spec.md, and the tree level audits only the sibling schemes a
 function declares in ``draft_schemes``.  A check left out silently would make a shorter audit
 look like the whole one, so the plan, the verdict and every report name each omission
-(:class:`Omission`) with what to change to get it.
+(:class:`Omission`) with what to change to get it: the whole note once per run (in the plan
+when a progress display writes one, else in the report), the names alone in the verdict.
 
 A battery may list its own with ``omitted(session) -> list[Omission]``; the built-in levels are
 read here from the session, without changing their batteries.
@@ -18,6 +19,12 @@ from typing import Any
 
 UNIFORMS_FIX = ("add a keyword argument `*, uniforms=None` (float64 [B, K+1] in [0, 1): column i < K accepts draft "
                 "i iff u_i·q_i(x_i) < p_i(x_i), column K draws the final token by inverse CDF; docs/spec.md §1)")
+"""The fix at the sampler level: the chain's uniform convention."""
+
+TREE_UNIFORMS_FIX = ("add a keyword argument `*, uniforms=None` (float64 [B, N+1] in [0, 1): column n < N accepts "
+                     "node n, when it is tested, iff u_n·q_n(x_n) < p(x_n), column N draws the final token by "
+                     "inverse CDF; docs/spec.md §3, specverify.core.tree_rules)")
+"""The fix at the tree level: the tree's uniform convention (one column per node, N nodes)."""
 
 
 @dataclass(frozen=True)
@@ -28,9 +35,14 @@ class Omission:
     reason: str
     fix: str
 
+    def names_text(self) -> str:
+        """The checks not run, or their count and the first three."""
+        if len(self.names) <= 4:
+            return ", ".join(self.names)
+        return f"{len(self.names)} checks ({', '.join(self.names[:3])}, …)"
+
     def line(self) -> str:
-        shown = ", ".join(self.names) if len(self.names) <= 4 else f"{len(self.names)} checks ({', '.join(self.names[:3])}, …)"
-        return f"not run: {shown}: {self.reason}; to run it: {self.fix}"
+        return f"not run: {self.names_text()}: {self.reason}; to run it: {self.fix}"
 
 
 def omitted_checks(level: str, battery: Any, session: Any) -> list[Omission]:
@@ -70,8 +82,7 @@ def _tree(session: Any) -> list[Omission]:
     found = []
     if _takes_uniforms(session) is False:
         found.append(Omission(("exact-tree-step",), "the function takes no `uniforms=` keyword, so its law cannot be "
-                              "integrated exactly (the sampled checks still run)",
-                              UNIFORMS_FIX.replace("docs/spec.md §1", "docs/spec.md §1 and §3")))
+                              "integrated exactly (the sampled checks still run)", TREE_UNIFORMS_FIX))
     schemes: Sequence[str] = tuple(getattr(session, "schemes", DRAFT_SCHEMES))
     missing = [s for s in DRAFT_SCHEMES if s not in schemes]
     if missing and not getattr(session, "scheme_error", None):

@@ -66,12 +66,20 @@ class PowerShortfall:
     def fix(self) -> str:
         """The one-line fix: a budget that reaches the ceiling, or the explicit opt-out."""
         sized = f"--budget {self.needed}" if self.needed else "a larger --budget"
-        return (f"{sized} (or --budget quick) reaches TV {self.ceiling:g} in every check; "
+        return (f"{sized} (or --budget quick) reaches every check's bound (the level's ceiling TV "
+                f"{ceiling_of(self.level):g}, a production-shape check its own quick TV); "
                 "--allow-underpowered (allow_underpowered=True) accepts the weaker guarantee")
 
+    def bound_text(self) -> str:
+        """The TV the worst check must reach: the level's ceiling, or a production-shape check's own."""
+        if self.ceiling <= ceiling_of(self.level) * (1 + 1e-9):
+            return f"the {self.level} level's ceiling TV {self.ceiling:g}"
+        return (f"the TV {self.ceiling:.3g} this production-shape check is held to (its own quick TV + 1 %; the "
+                f"{self.level} level's ceiling TV {ceiling_of(self.level):g} holds the others)")
+
     def sentence(self) -> str:
-        return (f"at budget {self.budget}, {self.check} detects {self.detectable_text()}, above the "
-                f"{self.level} level's ceiling TV {self.ceiling:g} that a pass requires (power {POWER:g})")
+        return (f"at budget {self.budget}, {self.check} detects {self.detectable_text()}, above "
+                f"{self.bound_text()} that a pass requires (power {POWER:g})")
 
 
 def ceiling_of(level: str) -> float:

@@ -128,10 +128,10 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
         return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
                 f"{len(checks)} checks, {samples:,} {unit} in all; the time depends on the servers' speed "
                 f"(SmolLM2-135M on llama-cpp-python, 2 shared cores: ~30 min at `--budget quick`, ~50 min at standard)")
+    faster = "" if budget.name == "quick" else "; `--budget quick` or SPECVERIFY_BUDGET=quick for a fast run"
     return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
             f"{len(checks)} checks, {samples:,} {unit} in all; expected ~{duration(expected_seconds(level, checks, plans))} "
-            f"(at the reference implementation's speed on a 2-core CPU; `--budget quick` or "
-            f"SPECVERIFY_BUDGET=quick for a fast run)")
+            f"(at the reference implementation's speed on a 2-core CPU{faster})")
 
 
 class _Tracker:

@@ -26,8 +26,15 @@ from typing import Any
 FILE_MODULE_PREFIX = "_specverify_target_"
 """The private module names :mod:`specverify.auditing.loading` gives ``.py`` files."""
 
-DEFAULTS = {"level": "sampler", "alpha": 1e-3}
+DEFAULTS = {"level": "sampler", "alpha": 1e-3, "device": "cpu", "isolation": "process"}
 """Options left out of the replay line when they have these values (the CLI's defaults)."""
+
+LEVEL_FLAGS = {"baseline": "--baseline", "model": "--model", "concurrency": "--concurrency",
+               "deadline_s": "--deadline", "seeded_determinism": "--seeded-determinism"}
+"""The command-line flag of each keyword a level's battery takes (the endpoint level's)."""
+
+LEVEL_DEFAULTS = {"baseline": None, "model": None, "concurrency": 4, "deadline_s": None, "seeded_determinism": False}
+"""A level keyword with this value is left out of the replay line (the CLI's defaults)."""
 
 
 def _installed_roots() -> list[Path]:
@@ -103,18 +110,35 @@ def _importable_through_pth(module_name: str) -> bool:
 
 def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: float,
                    checks: tuple[str, ...] | None = None, fail_fast: bool | None = None,
-                   allow_underpowered: bool = False) -> str:
-    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--checks C1,C2]
-    [--fail-fast | --no-fail-fast] [--allow-underpowered]`` (fail-fast only where it differs from
-    the budget's default; ``alpha`` written with the digits it needs to round-trip)."""
-    from specverify.auditing.defaults import default_fail_fast
+                   allow_underpowered: bool = False, device: str = "cpu", timeout_s: float | None = None,
+                   isolation: str = "process", level_options: dict[str, Any] | None = None) -> str:
+    """``specverify audit TARGET [--level L] --seed S --budget B [--alpha A] [--device D]
+    [--timeout T] [--isolation none] [the level's options] [--checks C1,C2] [--fail-fast |
+    --no-fail-fast] [--allow-underpowered]``: every option that changes what the audit does, each
+    left out where it has the CLI's default (fail-fast: the budget's default); numbers written
+    with the digits they need to round-trip."""
+    from specverify.auditing.defaults import DEFAULT_TIMEOUT_S, default_fail_fast
 
     parts = ["specverify", "audit", _quoted(target)]
     if level != DEFAULTS["level"]:
         parts += ["--level", level]
     parts += ["--seed", str(seed), "--budget", budget]
     if alpha != DEFAULTS["alpha"]:
-        parts += ["--alpha", f"{alpha:g}" if float(f"{alpha:g}") == alpha else repr(alpha)]
+        parts += ["--alpha", _number(alpha)]
+    if device != DEFAULTS["device"]:
+        parts += ["--device", _quoted(device)]
+    if timeout_s is not None and timeout_s != DEFAULT_TIMEOUT_S:
+        parts += ["--timeout", _number(timeout_s)]
+    if isolation != DEFAULTS["isolation"]:
+        parts += ["--isolation", isolation]
+    for keyword, value in (level_options or {}).items():
+        if keyword not in LEVEL_FLAGS:
+            raise ValueError(f"level_options: {keyword!r} has no command-line flag; known: {', '.join(LEVEL_FLAGS)}")
+        if value == LEVEL_DEFAULTS[keyword]:
+            continue
+        flag = LEVEL_FLAGS[keyword]
+        text = _number(value) if isinstance(value, float) else str(value)
+        parts += [flag] if value is True else [flag, _quoted(text)]
     if checks is not None:
         parts += ["--checks", _quoted(",".join(checks))]
     if fail_fast is not None and fail_fast != default_fail_fast(budget):
@@ -124,7 +148,45 @@ def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: fl
     return " ".join(parts)
 
 
+def _number(value: float) -> str:
+    """``value`` with the digits it needs to round-trip."""
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+
+
 def _quoted(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def import_code(target: str, level: str = "sampler") -> tuple[str, str]:
+    """``(code, name)``: Python lines that bind the function of ``target`` to ``name`` the way the
+    user's own test would, without specverify's loader: ``from my_engine.sampling import verify``
+    for ``my_engine.sampling:verify``; :mod:`importlib` from the file for ``path/file.py:verify``
+    (its folder first on ``sys.path``, as the audit's loader does); the defining module of a
+    built-in name; the catalog's table for ``catalog:NAME``."""
+    from specverify.auditing.loading import BUILTINS, catalog_key
+
+    if target in BUILTINS.get(level, {}):
+        target = BUILTINS[level][target]
+    if target.startswith("catalog:"):
+        table = ("specverify.auditing.tree.catalog", "TREE_CATALOG") if level == "tree" else \
+            ("specverify.auditing.sampler.catalog", "CATALOG")
+        key = target.split(":", 1)[1] if level == "tree" else catalog_key(target.split(":", 1)[1])
+        return f"from {table[0]} import {table[1]}\n\nverify = {table[1]}[{key!r}].fn", "verify"
+    location, attribute = target.rsplit(":", 1)
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        folder = str(Path(location).parent) or "."
+        return (f"import importlib.util\nimport sys\n\n"
+                f"sys.path.insert(0, {folder!r})  # the modules next to it import, as when the audit loaded it\n"
+                f"_spec = importlib.util.spec_from_file_location({Path(location).stem!r}, {location!r})\n"
+                f"_module = importlib.util.module_from_spec(_spec)\n"
+                f"_spec.loader.exec_module(_module)\n"
+                f"{_python_name(attribute)} = _module.{attribute}", _python_name(attribute))
+    if attribute.isidentifier():
+        return f"from {location} import {attribute}", attribute
+    return f"import {location}\n\nverify = {location}.{attribute}", "verify"
+
+
+def _python_name(attribute: str) -> str:
+    return attribute if attribute.isidentifier() else "verify"

@@ -13,7 +13,8 @@ Verdicts and exit statuses (``specverify audit``):
 - 2 ``could not audit``: the target could not be loaded, its signature cannot take the level's
   call (:mod:`specverify.auditing.signatures`), or a check could not judge the function (it
   raised, hung past the per-call timeout, or returned output that breaks SPEC §1), and no check
-  failed.
+  failed.  At the sampler, tree and decoder levels the first malformed output (a wrong shape,
+  dtype, padding) ends the audit: the checks after it are not run, the verdict states that one message and the replay runs that one check.
 - 2 ``underpowered``: no check failed, but some statistical check cannot detect the TV a pass
   promises (:mod:`specverify.auditing.power`: detectable TV above the level's ceiling, e.g.
   ``--budget 10``); ``allow_underpowered=True`` turns it into a pass that states the TV reached.
@@ -72,6 +73,8 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     FAIL_FAST_SKIP,
     LEVELS,
     LOCATING_CUT_SKIP,
+    MALFORMED_SKIP,
+    VERBOSE_ENV,
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -135,6 +138,12 @@ class AuditReport:
     (so that it draws the same samples); None: this audit's α."""
     interrupted: bool = False
     """Whether a Ctrl-C stopped the audit."""
+    level_options: dict[str, Any] = field(default_factory=dict)
+    """The level's own keyword arguments (the endpoint level's ``baseline``, ``model``, …); the
+    replay lines repeat them."""
+    notes_said: bool = False
+    """Whether the progress display already wrote the plan's notes (checks left out with their fix,
+    a power shortfall): the terminal report and :meth:`explain` then do not say them again."""
 
     @property
     def stopped_early(self) -> bool:
@@ -150,24 +159,25 @@ class AuditReport:
     def errors(self) -> tuple[CheckResult, ...]:
         return tuple(c for c in self.checks if c.verdict is Verdict.ERROR)
 
-    def explain(self) -> str:
-        """A readable account of the verdict, the message first: the headline, the diagnosis and
-        the minimal failing case, then each failing or erroring check with its inputs, what was
-        observed against what was expected, p-value and estimated TV, then the replay line."""
+    def explain(self, verbose: bool = True) -> str:
+        """A readable account of the verdict, the message first: the headline, the diagnosis (with
+        the law the minimal case's wrong tokens follow and the closest known bug) and the minimal
+        failing case, then (``verbose``) each failing or erroring check with its inputs, what was
+        observed against what was expected, p-value and estimated TV; then the replay line.
+        Without ``verbose`` the last line says how to get the checks' details."""
         from specverify.auditing.findings import grouped_findings, said_in_summary
 
         lines = [f"{self.target}: {self.verdict.upper()} — {self.summary}"]
         if self.diagnosis:
-            lines.append(f"diagnosis: {self.diagnosis}")
+            lines.append(f"diagnosis: {self.diagnosis}" + "".join(f" {s}" for s in self.case_reading()))
         if self.minimal_case is not None:
             lines.append(self.minimal_case.sentence() + "; as a unit test:")
-            lines += ["    " + line if line else "" for line in self.minimal_case.code().splitlines()]
+            lines += ["    " + line if line else "" for line in self.minimal_case_code().splitlines()]
         elif self.minimal_case_note:
             lines.append(f"minimal case: none: {self.minimal_case_note}")
         by_name = {c.name: c for c in self.checks}
-        for finding in grouped_findings(self.checks):
-            if said_in_summary(finding, self):
-                continue
+        details = [finding for finding in grouped_findings(self.checks) if not said_in_summary(finding, self)]
+        for finding in details if verbose else ():
             check = by_name[finding.names[0]]
             lines.append(f"- {finding.line()}")
             lines.append(f"    what it checks: {check.description}")
@@ -176,11 +186,29 @@ class AuditReport:
             if check.n:
                 lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
                              f"estimated TV={_fmt(check.empirical_tv)}")
-        lines += [omission.line() for omission in self.omitted]
+        if not self.notes_said:
+            lines += [omission.line() for omission in self.omitted]
         lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
                      f"`{self.replay_command}`"
                      + (f"; every check: `{self.full_command}`" if self.stopped_early else "") + ")")
+        if details and not verbose:
+            lines.append(f"(the {len(details)} finding(s) in detail — inputs, n, p-value, estimated TV — with "
+                         f"{VERBOSE_ENV}=1 or `pytest -vv`; in Python: report.explain(verbose=True))")
         return "\n".join(lines)
+
+    def case_reading(self) -> list[str]:
+        """What the minimal case shows beyond its one token: the wrong law its tokens follow and
+        the closest known bug, each a sentence (none without a minimal case)."""
+        case = self.minimal_case
+        if case is None:
+            return []
+        found = [f"On the minimal case {case.follows}." if case.follows else "",
+                 f"The {case.closest[0].lower()}{case.closest[1:]}." if case.closest else ""]
+        return [sentence for sentence in found if sentence]
+
+    def minimal_case_code(self) -> str:
+        """The minimal case as a unit test, with the command that finds it again from the seed."""
+        return self.minimal_case.code(replay=self.replay_command) if self.minimal_case is not None else ""
 
     @property
     def diagnosis(self) -> str:
@@ -197,17 +225,21 @@ class AuditReport:
         checks = self.replay_checks if self.replay_checks is not None else self.selected
         alpha = self.replay_alpha if self.replay_alpha is not None else self.alpha
         fail_fast = self.fail_fast if checks is None or len(checks) > 1 else None
-        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=alpha, checks=checks, fail_fast=fail_fast,
-                                     allow_underpowered=self.allow_underpowered)
+        return replay.replay_command(self.target, alpha=alpha, checks=checks, fail_fast=fail_fast,
+                                     **self._replayed_settings())
 
     @property
     def full_command(self) -> str:
         """The command that runs the whole battery of this audit without stopping at a failure
         (the whole pattern of verdicts)."""
-        return replay.replay_command(self.target, level=self.level, seed=self.seed, budget=self.budget.name,
-                                     alpha=self.alpha, checks=self.selected, fail_fast=False,
-                                     allow_underpowered=self.allow_underpowered)
+        return replay.replay_command(self.target, alpha=self.alpha, checks=self.selected, fail_fast=False,
+                                     **self._replayed_settings())
+
+    def _replayed_settings(self) -> dict[str, Any]:
+        """The settings every replay line repeats (:func:`specverify.auditing.replay.replay_command`)."""
+        return dict(level=self.level, seed=self.seed, budget=self.budget.name, device=self.device,
+                    timeout_s=self.timeout_s, isolation=(self.isolation or {}).get("mode", "process"),
+                    allow_underpowered=self.allow_underpowered, level_options=self.level_options)
 
 
 def _fmt(value: float | None) -> str:
@@ -324,7 +356,7 @@ def audit(
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
                     selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
-                    allow_underpowered=allow_underpowered)
+                    allow_underpowered=allow_underpowered, level_options=dict(level_options))
     minimal: tuple[MinimalCase | None, str] = (None, "")
     post = PostVerdict(started)
     displayed = False
@@ -362,10 +394,11 @@ def audit(
                 if hasattr(progress, "note"):
                     for line in plan_notes(shortfall, omitted, allow_underpowered):
                         progress.note(line)
+                    settings["notes_said"] = True
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating,
-                                                   post)
+                                                   post, stop_at_malformed=level != "endpoint")
                 post.open()
                 if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
                                                                   for r in results):
@@ -502,7 +535,7 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
                 progress: Progress | None, fail_fast: bool = False, locating: Sequence[str] = (),
-                post: PostVerdict | None = None) -> tuple[list[CheckResult], bool]:
+                post: PostVerdict | None = None, *, stop_at_malformed: bool = True) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
 
     With ``fail_fast`` the checks after the first failing one are skipped (their message begins
@@ -516,6 +549,9 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     and the next checks still run, until the function has hung or ended its process
     MAX_WORKER_LOSSES times (in-process: once it has hung), after which the rest is skipped.  A
     Ctrl-C (KeyboardInterrupt in this process) skips the check it interrupted and all later ones.
+    With ``stop_at_malformed`` (the levels that call a function: an endpoint's malformed replies
+    are the server's, check by check) a malformed output skips all later checks, the locating
+    ones too (:data:`MALFORMED_SKIP`).
     The global RNGs are reseeded per check, so even a function that misuses them gives a
     deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
@@ -524,6 +560,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     interrupted = False
     first_failure: str | None = None
     locating_left = [c.name for c in checks if c.name in locating]
+    malformed_in: str | None = None
     try:
         with preserved_global_rng():
             for index, (check, plan) in enumerate(zip(checks, plans)):
@@ -536,6 +573,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 stop = function.stop_reason() if hasattr(function, "stop_reason") else None
                 if interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
+                elif malformed_in is not None:
+                    result = skipped_result(check, plan, f"{MALFORMED_SKIP} (in {malformed_in})")
                 elif first_failure is not None and check.name not in locating:
                     result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
                                                          "(fail_fast=False) for every check")
@@ -558,6 +597,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 if log is not None:
                     extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
                 results.append(dataclasses.replace(result, **extra))
+                if stop_at_malformed and results[-1].fault is FaultKind.MALFORMED:
+                    malformed_in = check.name
                 if hasattr(progress, "check_finished"):
                     progress.check_finished(index, results[-1])
                 if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
@@ -631,10 +672,14 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         hint = ""
         if expected_signature(level) and any(is_call_type_error(f.message) for f in findings):
             hint = f" (the audit calls {expected_signature(level)})"
+        stopped = sum(r.verdict is Verdict.SKIPPED and r.message.startswith(MALFORMED_SKIP) for r in results)
+        if stopped:
+            hint += (f"; the audit stopped there: the other {stopped} checks were not run (an output that breaks the "
+                     "layout is the adapter's bug and leaves nothing to judge)")
         return "could not audit", EXIT_ERROR, reasons + more + hint, detectable
     if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
         return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable
-    skipped = "".join(f"; {omission.line()}" for omission in omitted)
+    skipped = "".join(f"; not run: {omission.names_text()}" for omission in omitted)
     if shortfall is not None and not allow_underpowered:
         return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
                                             f"{shortfall.fix()}{skipped}"), detectable
@@ -650,13 +695,15 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
                f"{share:.3g} each) with power {POWER:g} {against}")
     if shortfall is not None:
         summary += (f" — underpowered, allowed by allow_underpowered: {shortfall.check} detects "
-                    f"{shortfall.detectable_text()}, above the ceiling TV {shortfall.ceiling:g}")
+                    f"{shortfall.detectable_text()}, above {shortfall.bound_text()}")
     return "no loss detected", EXIT_PASS, summary + skipped, detectable
 
 
 def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport:
     """Audit ``fn`` (same options as :func:`audit`) and raise ``AssertionError`` with
-    :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise.
+    :meth:`AuditReport.explain` unless no loss was detected; return the report otherwise.  The
+    message is the short account (verdict, diagnosis, minimal case, replay); ``$SPECVERIFY_VERBOSE=1``
+    (set by the pytest plugin under ``-vv``) adds each finding's inputs, n, p-value and TV.
 
     Unless ``progress=`` is given, the plan and its expected time are written to stderr first,
     then one line per finished check (a bar on a terminal).  Inside a pytest test whose output is
@@ -669,7 +716,7 @@ def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport
         options["progress"] = progress_for(sys.stderr, summary_only=_captured_by_pytest(sys.stderr))
     report = audit(fn, **options)
     if report.exit_code != EXIT_PASS:
-        raise AssertionError(report.explain())
+        raise AssertionError(report.explain(verbose=os.environ.get(VERBOSE_ENV, "") not in ("", "0")))
     return report
 
 

@@ -81,6 +81,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+OUTPUT_OPTIONS = ("target", "list", "json", "html", "junit_xml", "quiet", "help")
+"""The options that change what is printed or written, not what the audit does; every other
+option reaches :func:`audit_keywords` and the replay lines (tests/auditing/test_gate_lived.py)."""
+
+
+def audit_keywords(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The keyword arguments of :func:`specverify.audit` that the options in ``args`` give."""
+    level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
+                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism)
+                     if args.level == "endpoint" else {})
+    return dict(level=args.level, budget=args.budget, alpha=args.alpha, seed=seed, device=args.device,
+                timeout_s=args.timeout, isolation=args.isolation, fail_fast=args.fail_fast,
+                allow_underpowered=args.allow_underpowered,
+                checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
+
+
 def writable(path: str) -> str | None:
     """Why a report cannot be written to ``path`` (None when it can), checked before the audit runs."""
     target = Path(path)
@@ -121,14 +137,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specverify.auditing.progress import progress_for
-    from specverify.auditing.reports.terminal import format_report, verdict_line
-
-    if args.list:
+    if args.list:  # before any import of the audit machinery (torch): the listing is instant
         from specverify.cli.listing import listing
 
         print(listing())
         return 0
+    from specverify.auditing.progress import progress_for
+    from specverify.auditing.reports.terminal import format_report, verdict_line
+
     if not args.target:
         print("specverify audit: a TARGET is required (or --list to see the built-in ones)", file=sys.stderr)
         return EXIT_ERROR
@@ -146,16 +162,10 @@ def _run(args: argparse.Namespace) -> int:
             print(f"specverify audit: could not audit: {option}: cannot write the report: {problem}", file=sys.stderr)
             return EXIT_ERROR
     progress = progress_for(sys.stderr, quiet=args.quiet)
-    level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
-                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism)
-                     if args.level == "endpoint" else {})
     try:
         from specverify.auditing.runner import audit
 
-        report = audit(args.target, level=args.level, budget=args.budget, alpha=args.alpha, seed=seed,
-                       device=args.device, timeout_s=args.timeout, progress=progress, isolation=args.isolation,
-                       fail_fast=args.fail_fast, allow_underpowered=args.allow_underpowered,
-                       checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
+        report = audit(args.target, progress=progress, **audit_keywords(args, seed))
     except ValueError as error:
         print(f"specverify audit: could not audit: {error}", file=sys.stderr)
         return EXIT_ERROR

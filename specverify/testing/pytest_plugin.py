@@ -36,12 +36,14 @@ between tests.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
+from itertools import product
 from typing import Any
 
 import pytest
 
-from specverify.auditing.defaults import BUDGET_ENV
+from specverify.auditing.defaults import BUDGET_ENV, VERBOSE_ENV
 from specverify.auditing.loading import load_target
 from specverify.core.seeding import parse_base_seed
 
@@ -79,9 +81,30 @@ MARKERS = (
 """The markers the plugin registers (the only place they are registered)."""
 
 
+def selects_only_gpu(markexpr: str) -> bool:
+    """Whether the `-m` expression selects no test that lacks the `gpu` marker: it is false for every
+    truth assignment of its other marker names with `gpu` false (False for an expression this
+    cannot read, e.g. one with marker arguments)."""
+    words = re.findall(r"[^\s()]+", markexpr or "")
+    if not words or not re.fullmatch(r"[\w\s()-]*", markexpr):
+        return False
+    names = sorted({w for w in words if w not in ("and", "or", "not")} - {"gpu"})
+    if "gpu" not in words or len(names) > 10:
+        return False
+    for values in product((False, True), repeat=len(names)):
+        truth = dict(zip(names, values), gpu=False)
+        python = re.sub(r"[^\s()]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not")
+                        else str(truth[m.group(0)]), markexpr)
+        if eval(python, {"__builtins__": {}}):
+            return False
+    return True
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if config.getoption("verbose") >= 2:  # the long AssertionError of assert_lossless
+        os.environ[VERBOSE_ENV] = "1"
     config._specverify_base_seed = parse_base_seed(config.getoption("--specverify-seed"))  # type: ignore[attr-defined]
     budget = config.getoption("--specverify-budget")
     if budget is not None:  # direct calls of specverify.assert_lossless in the run honour it too

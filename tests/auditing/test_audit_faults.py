@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specverify.auditing.defaults import MALFORMED_SKIP
 from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, audit
 from specverify.auditing.loading import load_target
 
@@ -37,8 +38,15 @@ def test_malformed_or_raising_adapters_could_not_be_audited(name, fragment):
     assert report.exit_code == EXIT_ERROR and report.verdict == "could not audit"
     assert fragment in report.summary, report.summary
     errored = [c for c in report.checks if c.verdict == "error"]
-    assert len(errored) == 3 and all(fragment in c.message for c in errored)
-    assert next(c for c in report.checks if c.name == "inputs-unchanged").verdict == ("skipped" if name == "raises" else "pass")
+    assert all(fragment in c.message for c in errored)
+    if name == "raises":  # an exception: every check tries the function
+        assert len(errored) == 3
+        assert next(c for c in report.checks if c.name == "inputs-unchanged").verdict == "skipped"
+    else:  # the first malformed output ends the audit
+        first, *rest = report.checks
+        assert errored == [first] and first.fault == "malformed"
+        assert all(c.verdict == "skipped" and c.message.startswith(MALFORMED_SKIP) for c in rest)
+        assert report.replay_checks == (first.name,)
 
 
 @pytest.mark.parametrize(

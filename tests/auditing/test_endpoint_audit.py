@@ -70,6 +70,7 @@ def test_planted_greedy_bug_is_an_unexplained_divergence_with_a_replay_command(t
     greedy = report.checks[0]
     assert greedy.verdict == "fail" and report.exit_code == 1
     assert "UNEXPLAINED" in greedy.message and "curl -s " + candidate.url in greedy.message
+    assert "--level endpoint" in report.replay_command and f"--baseline {baseline.url}" in report.replay_command
 
 
 def test_a_greedy_bug_within_rounding_noise_is_judged_over_the_whole_sequence(toy_server) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli import main
-from specverify.cli.listing import PRODUCTION_EXACT_TV, STORED_EXACT_TV, exact_tv
+from specverify.cli.listing import PRODUCTION_EXACT_TV, STORED_EXACT_TV, catalog_entries, exact_tv
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -34,6 +34,31 @@ def test_audit_list_shows_builtins_and_every_catalog_entry_with_its_exact_tv(cap
             assert (f"{tv:.4f}" if tv is not None else "—") in line
 
 
+def test_audit_list_reads_the_catalog_source_as_imported_and_prints_whole_descriptions(capsys):
+    assert catalog_entries() == [(e.name, e.bug_class, e.description) for e in CATALOG.values()]
+    assert main(["audit", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    words = " ".join(out.split())
+    for entry in CATALOG.values():
+        assert " ".join(entry.description.split()) in words, entry.name
+
+
+def test_audit_list_is_instant():
+    """Goal: under a second (no torch import); the bound is generous for a shared CI machine."""
+    probe = ("import sys, time, runpy; started = time.perf_counter(); sys.argv = ['specverify', 'audit', '--list']\n"
+             "try:\n    runpy.run_module('specverify', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(f'{time.perf_counter() - started:.3f}', 'torch' in sys.modules, file=sys.stderr)")
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=ENV, timeout=120)
+    wall = time.perf_counter() - started
+    inside, torch_imported = completed.stderr.split()[-2:]
+    print(f"specverify audit --list: {wall:.2f} s with the interpreter's start, {inside} s inside")
+    assert completed.returncode == 0 and torch_imported == "False", completed.stderr
+    assert float(inside) < 5.0
+
+
 @pytest.mark.parametrize("name", ["residual_is_target", "bonus_from_draft", "batch_rows_rolled",
                                   pytest.param("all", marks=pytest.mark.slow)])
 def test_stored_exact_tvs_are_the_integrated_ones(name):
@@ -50,7 +75,7 @@ def test_audit_without_target_asks_for_one(capsys):
 
 
 @pytest.mark.parametrize("command", [["speedup", "--alpha", "0.8", "--max-gamma", "4", "--draft-cost", "0.05"],
-                                     ["models", "list"], ["--help"]])
+                                     ["models", "list"], ["--help"], ["audit", "--list"]])
 def test_trivial_commands_do_not_import_torch(command):
     probe = ("import sys, runpy; sys.argv = ['specverify'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('specverify', run_name='__main__')\n"

@@ -12,7 +12,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.statistical
-def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester):
+def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester, monkeypatch):
+    """Under `-vv` the failure has every finding in detail (the plugin sets SPECVERIFY_VERBOSE;
+    monkeypatch restores it after this in-process run)."""
+    monkeypatch.setenv("SPECVERIFY_VERBOSE", "0")
     pytester.makepyfile(test_engine=f"""
         from specverify.auditing.loading import load_target
 
@@ -30,7 +33,7 @@ def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester):
             assert report.target == "reference" and report.exit_code == 0
     """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark", "--specverify-seed", "5",
-                                          "--specverify-alpha", "0.01", "--specverify-budget", "2000")
+                                          "--specverify-alpha", "0.01", "--specverify-budget", "2000", "-vv")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*LOSS DETECTED*bonus-position*", "*what it checks*", "*p-value*"])
 
@@ -49,3 +52,41 @@ def test_impl_option_has_the_plugin_prefix_and_the_short_alias(pytester, option)
 def test_markers_are_registered_by_the_plugin(pytester):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--markers")
     result.stdout.fnmatch_lines(["*@pytest.mark.gpu*", "*@pytest.mark.slow*", "*@pytest.mark.statistical*"])
+
+
+@pytest.mark.parametrize("markexpr, only_gpu", [
+    ("gpu", True), ("gpu and not slow", True), ("(gpu or gpu) and statistical", True), ("gpu and slow", True),
+    ("not slow and not server and not engines", False), ("gpu or slow", False), ("not gpu", False),
+    ("", False), ("slow", False), ("not (not gpu)", True), ("gpu or not slow", False),
+])
+def test_selects_only_gpu_reads_the_mark_expression(markexpr, only_gpu):
+    from specverify.testing.pytest_plugin import selects_only_gpu
+
+    assert selects_only_gpu(markexpr) is only_gpu
+
+
+@pytest.mark.slow  # ~30 s on 2 shared cores: the conftests' imports
+def test_a_gpu_only_run_without_cuda_skips_at_collection():
+    """`pytest -m gpu` without CUDA: every test module skips unimported and the run exits 0 (it once
+    collected the whole suite, 2,461 tests, to skip them: 62.6 s here; the module skips take < 1 s
+    of the run, the rest is the conftests' imports of torch, hypothesis and scipy)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the gpu tests are collected and run")
+    root = Path(__file__).resolve().parents[2]
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gpu"],
+                               capture_output=True, text=True, cwd=root, timeout=600,
+                               env={**os.environ, "PYTHONPATH": str(root)})
+    wall = time.perf_counter() - started
+    summary = completed.stdout.strip().splitlines()[-1]
+    print(f"pytest -m gpu without CUDA: {wall:.1f} s wall; {summary}")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert " skipped in " in summary and "passed" not in summary and "deselected" not in summary, summary
+    assert "selects only gpu tests" in completed.stdout

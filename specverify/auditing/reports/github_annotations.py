@@ -45,7 +45,7 @@ def annotations(report: AuditReport) -> list[str]:
         lines.append(f"::warning {where}title={_property('specverify: not run')}::{_message(omission.line())}")
     if report.minimal_case is not None:
         lines.append(f"::error {where}title={_property('specverify: minimal failing case')}::"
-                     f"{_message(report.minimal_case.sentence() + chr(10) + report.minimal_case.code())}")
+                     f"{_message(report.minimal_case.sentence() + chr(10) + report.minimal_case_code())}")
     if report.exit_code == 0:
         lines.append(f"::notice title={_property('specverify: ' + report.verdict)}::{_message(report.summary)}")
     lines.append(f"::notice title={_property('specverify: replay')}::{_message(report.replay_command)}")

@@ -162,7 +162,7 @@ def _diagnosis_section(report: AuditReport) -> str:
         parts.append(f"<h2>Diagnosis</h2><p>{html.escape(report.diagnosis)}</p>")
     if report.minimal_case is not None:
         parts.append(f"<h2>Minimal failing case</h2><p>{html.escape(report.minimal_case.sentence())}; as a "
-                     f"unit test:</p><pre>{html.escape(report.minimal_case.code())}</pre>")
+                     f"unit test:</p><pre>{html.escape(report.minimal_case_code())}</pre>")
     elif report.minimal_case_note:
         parts.append(f"<p class='note'>Minimal case: none: {html.escape(report.minimal_case_note)}.</p>")
     if report.warnings:

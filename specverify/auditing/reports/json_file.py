@@ -22,7 +22,8 @@ function: [{``names``, ``reason``, ``fix``}]), ``power_shortfall`` (null, or {``
 ``ceiling``, ``check``, ``detectable``, ``needed``, ``message``}: the plan cannot detect the
 level's ceiling TV), ``allow_underpowered``, ``minimal_case`` (null, or the step on which the
 function is wrong: {``check``, ``chain``, ``target_probs``, ``draft_probs``, ``draft_tokens``,
-``rows``, ``seed``, ``column``, ``token``, ``expected``, ``observed``, ``z``, ``test``: the pytest
+``rows``, ``seed``, ``column``, ``token``, ``expected``, ``observed``, ``z``, ``follows`` (the wrong
+law its tokens follow, or ""), ``closest`` (the closest catalog entry, or ""), ``test``: the pytest
 code}), ``minimal_case_note``, ``interrupted``, ``timings``, ``isolation`` ({``mode``:
 ``process`` | ``none``, and where present ``note``, ``worker_restarts``, ``stdout``/``stderr``:
 {``bytes``, ``first_lines`` (at most 20), ``truncated``}}).
@@ -107,7 +108,7 @@ def _minimal_case(report: AuditReport) -> dict[str, Any] | None:
         return None
     fields = {name: getattr(case, name) for name in ("check", "chain", "target_probs", "draft_probs", "draft_tokens",
                                                       "rows", "seed", "column", "token", "expected", "observed", "z")}
-    return {**fields, "test": case.code()}
+    return {**fields, "follows": case.follows, "closest": case.closest, "test": report.minimal_case_code()}
 
 
 def deterministic_view(document: dict[str, Any]) -> dict[str, Any]:

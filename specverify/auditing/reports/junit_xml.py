@@ -52,7 +52,7 @@ def junit_tree(report: AuditReport) -> ElementTree.ElementTree:
     counts["tests"] += 1
     text = f"{report.verdict.upper()} (exit {report.exit_code}): {report.summary}"
     details = "\n".join(part for part in (text, report.diagnosis and f"diagnosis: {report.diagnosis}",
-                                          report.minimal_case and report.minimal_case.code(),
+                                          report.minimal_case and report.minimal_case_code(),
                                           f"replay: {report.replay_command}") if part)
     if report.exit_code == 1:
         _outcome(verdict, "failure", text, details)

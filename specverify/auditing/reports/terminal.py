@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specverify.auditing.defaults import FAIL_FAST_SKIP
+from specverify.auditing.defaults import FAIL_FAST_SKIP, MALFORMED_SKIP
 from specverify.auditing.findings import grouped_findings, said_in_summary
 from specverify.auditing.runner import AuditReport
 
@@ -27,8 +27,10 @@ def format_table(report: AuditReport) -> str:
     """One line per check: verdict, samples, the look that decided (sequential checks: "2/5" when
     the second of five looks rejected; "5/5" when every look passed), cells, p-value, the check's α
     share (the look's own level is in the message), observed and detectable TV, wall time.  The
-    checks fail-fast did not run are counted in one line at the end."""
+    checks fail-fast or a malformed output stopped are counted in one line at the end."""
     stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(FAIL_FAST_SKIP)]
+    after_malformed = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(MALFORMED_SKIP)]
+    stopped += after_malformed
     rows = [_COLUMNS] + [_row(c) for c in report.checks if c not in stopped]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     lines = []
@@ -37,16 +39,18 @@ def format_table(report: AuditReport) -> str:
         lines.append("  ".join(cells))
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
-    if stopped:
+    if after_malformed:
+        lines.append(f"(and {len(after_malformed)} checks not run: the audit stopped at the first malformed output)")
+    elif stopped:
         lines.append(f"(and {len(stopped)} checks not run: the audit stopped at the first failing check; "
                      "--no-fail-fast runs them)")
     return "\n".join(lines)
 
 
 def format_report(report: AuditReport, *, table: bool = True) -> str:
-    """The header, the table, what did not run and why, the messages of failing/erroring checks
-    (each finding once; one the verdict line already states is not repeated), the diagnosis and
-    the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
+    """The header, the table, what did not run and why (unless the plan's notes said it), the
+    messages of failing/erroring checks (each finding once; one the verdict line already states is
+    not repeated), the diagnosis and the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
     per-check lines of the progress already went to the same stream); so does an audit in which
     no check ran or every check that ran stopped with the same error."""
     budget = report.budget.describe()
@@ -63,16 +67,16 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
         parts += ["(the results table is the per-check lines above; --json PATH keeps every field)", ""]
     shown = [finding.line() for finding in findings if not said_in_summary(finding, report)]
     parts += shown + ([""] if shown else [])
-    notes = [omission.line() for omission in report.omitted]
-    if report.shortfall is not None and report.verdict != "underpowered":  # else the verdict line says it
+    notes = [] if report.notes_said else [omission.line() for omission in report.omitted]
+    if report.shortfall is not None and report.verdict != "underpowered" and not report.notes_said:
         notes.append(f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
     parts += notes + ([""] if notes else [])
     parts += _isolation_lines(report)
     if report.diagnosis:
-        parts += [f"Diagnosis: {report.diagnosis}", ""]
+        parts += [f"Diagnosis: {report.diagnosis}" + "".join(f" {s}" for s in report.case_reading()), ""]
     if report.minimal_case is not None:
         parts += [report.minimal_case.sentence() + "; paste it into a test:", "",
-                  *["    " + line if line else "" for line in report.minimal_case.code().splitlines()], ""]
+                  *["    " + line if line else "" for line in report.minimal_case_code().splitlines()], ""]
     elif report.minimal_case_note:
         parts += [f"Minimal case: none: {report.minimal_case_note}.", ""]
     parts.append(verdict_line(report))
@@ -97,7 +101,8 @@ def _table_says_something(report: AuditReport, findings: list) -> bool:
     ran = [c for c in report.checks if c.verdict != "skipped"]
     if not ran:
         return False
-    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(("not run", "interrupted"))]
+    stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(("not run", "interrupted"))
+               and not c.message.startswith(MALFORMED_SKIP)]
     return stopped != [] or not (all(c.verdict == "error" for c in ran) and len(findings) == 1)
 
 
