@@ -340,12 +340,15 @@ def is_invalid_for(rule: str, corruption: str) -> bool:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
 def test_every_path_gives_the_detailed_checks_first_error(path, dtype):
+    """Every rule on small trees; at V = 4096 the rules with a native walk (the lossy rules call the
+    validator exactly as the torch path of ``tree_rejection_sample`` or ``point_mass_tree_verify`` does)."""
     skip_without_kernel(path)
-    for shape in [(1, 1, 3), (4, 3, 50), (3, 2, 4096)]:
+    every_rule = [name for name, _, _ in RULES]
+    for shape, names in [((1, 1, 3), every_rule), ((4, 3, 50), every_rule), ((3, 2, 4096), NATIVE_RULES)]:
         seed = derive_seed("tree-identity-validation", shape, str(dtype))
         case = valid_uniforms(random_tree_case(seed, *shape, dtype))
         for label, corrupted in _corruptions(*case):
-            for rule, _, _ in RULES:
+            for rule in names:
                 invalid = is_invalid_for(rule, label)
                 expected = compare(path, rule, *corrupted, valid=not invalid)
                 assert isinstance(expected, str) == invalid, (rule, label)
