@@ -50,6 +50,7 @@ RULES = [
     ("unchanged_target_tree_verify", True, True),
     ("thresholded_tree_verify", True, True),
 ]
+ARGUMENTS = {name: (with_draft, random) for name, with_draft, random in RULES}
 NATIVE_RULES = ("tree_rejection_sample", "point_mass_tree_verify", "greedy_tree_verify")
 
 # --------------------------------------------------------------------------------------------
@@ -97,17 +98,21 @@ def on_path(path: str, function, *args, **kwargs):
 
 def call(name, p, q, tokens, parents, generator=None, *, uniforms=None, validate=True):
     """Rule ``name`` called with the arguments it takes."""
-    _, with_draft, random = next(rule for rule in RULES if rule[0] == name)
-    draft = (q,) if with_draft else ()
-    randomness = ((generator,), {"uniforms": uniforms}) if random else ((), {})
-    return getattr(tree_rules, name)(p, *draft, tokens, parents, *randomness[0], **randomness[1], validate=validate)
+    with_draft, random = ARGUMENTS[name]
+    rule, draft = getattr(tree_rules, name), (q,) if with_draft else ()
+    if not random:
+        return rule(p, *draft, tokens, parents, validate=validate)
+    return rule(p, *draft, tokens, parents, generator, uniforms=uniforms, validate=validate)
 
 
 def detailed_checks(name, p, q, tokens, parents, u):
     """``validate_tree_inputs`` as the rule calls it, its screen flagging every row, so that the
     detailed checks always run."""
-    _, with_draft, random = next(rule for rule in RULES if rule[0] == name)
-    flag_every_row = lambda probs: torch.zeros(probs.shape[:2], dtype=torch.bool, device=probs.device)  # noqa: E731
+    with_draft, random = ARGUMENTS[name]
+
+    def flag_every_row(probs):
+        return torch.zeros(probs.shape[:2], dtype=torch.bool, device=probs.device)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tree_rules, "_rows_look_valid", flag_every_row)
         tree_rules.validate_tree_inputs(p, q if with_draft else None, tokens, parents,
@@ -329,7 +334,7 @@ def _corruptions(p, q, tokens, parents, u):
 
 def is_invalid_for(rule: str, corruption: str) -> bool:
     """Whether ``corruption`` breaks an input that ``rule`` reads."""
-    _, with_draft, random = next(entry for entry in RULES if entry[0] == rule)
+    with_draft, random = ARGUMENTS[rule]
     if corruption == "minus zero":
         return False
     if corruption.startswith("draft"):
