@@ -178,8 +178,6 @@ class BandwidthRow:
     validate_s: float
     validate_fraction: float
     runs: int
-    before_s: float | None = None
-    before_validate_s: float | None = None
     torch_s: float | None = None
     torch_validate_s: float | None = None
 
@@ -193,13 +191,8 @@ class BandwidthRow:
         return self.copy_into_s / self.validate_s if self.copy_into_s else None
 
     @property
-    def before_validate_fraction_into(self) -> float | None:
-        """``copy-into`` bandwidth fraction of the rule before issue 12 (with validation)."""
-        return self.copy_into_s / self.before_validate_s if self.copy_into_s and self.before_validate_s else None
-
-    @property
     def torch_validate_fraction_into(self) -> float | None:
-        """``copy-into`` bandwidth fraction of today's rule on its torch code (with validation)."""
+        """``copy-into`` bandwidth fraction of the rule on its torch code (with validation)."""
         return self.copy_into_s / self.torch_validate_s if self.copy_into_s and self.torch_validate_s else None
 
 
@@ -217,8 +210,7 @@ def bandwidth_rows(records: Sequence[Record], suite: str = "verify") -> list[Ban
         if not {"copy", "verify", "verify+validate"} <= variants.keys():
             continue
         copy, verify, validate = variants["copy"], variants["verify"], variants["verify+validate"]
-        copy_into, before, before_validate, torch_only, torch_validate = (
-            variants.get(v) for v in ("copy-into", "before", "before+validate", "torch", "torch+validate"))
+        copy_into, torch_only, torch_validate = (variants.get(v) for v in ("copy-into", "torch", "torch+validate"))
         nbytes = copy.extra["probability_bytes"]
         rows.append(BandwidthRow(
             batch=batch, num_draft=num_draft, vocab=vocab, dtype=dtype, device=device, megabytes=nbytes / 1e6,
@@ -227,8 +219,6 @@ def bandwidth_rows(records: Sequence[Record], suite: str = "verify") -> list[Ban
             verify_s=verify.median_s, verify_fraction=copy.median_s / verify.median_s,
             validate_s=validate.median_s, validate_fraction=copy.median_s / validate.median_s,
             runs=min(copy.runs, verify.runs, validate.runs),
-            before_s=before.median_s if before else None,
-            before_validate_s=before_validate.median_s if before_validate else None,
             torch_s=torch_only.median_s if torch_only else None,
             torch_validate_s=torch_validate.median_s if torch_validate else None,
         ))
@@ -276,48 +266,44 @@ def bandwidth_goal_lines(rows: Sequence[BandwidthRow]) -> list[str]:
     return lines
 
 
-def before_after_lines(rows: Sequence[BandwidthRow], rule: str = "Rule", size: str = "K") -> list[str]:
-    """The rule before and after issue 12, side by side (same run), against ``copy-into``: the goal
-    is a median >= 0.5 over B, K, V >= 32k and both dtypes, with validation.  ``rule`` names the
-    rule in the title, ``size`` the column of draft positions (``K``; ``N`` nodes for trees)."""
-    rows = [r for r in rows if r.before_validate_s is not None and r.copy_into_s is not None]
+def torch_vs_native_lines(rows: Sequence[BandwidthRow], rule: str = "Rule", size: str = "K") -> list[str]:
+    """The rule's torch code (``torch`` variants, ``SPECVERIFY_NATIVE=0``) and its default path
+    (``verify`` variants: the native kernel where it applies) side by side (same run), against
+    ``copy-into``: the goal is a median >= 0.5 over B, K, V >= 32k and both dtypes, with
+    validation.  ``rule`` names the rule in the title, ``size`` the column of draft positions
+    (``K``; ``N`` nodes for trees)."""
+    rows = [r for r in rows if r.torch_validate_s is not None and r.copy_into_s is not None]
     if not rows:
         return []
-    with_torch = any(r.torch_validate_s is not None for r in rows)
-    lines = [f"{rule} before vs after issue 12, with validation, × `copy-into` bandwidth (same run, same inputs):", "",
-             *header("device", "scope", ">points", ">median before", ">median after", ">median speedup",
-                     ">min after", ">max after", *([">median torch path"] if with_torch else []))]
+    lines = [f"{rule} on its torch code vs its default path (native kernel where it applies), with validation, "
+             "× `copy-into` bandwidth (same run, same inputs):", "",
+             *header("device", "scope", ">points", ">median torch", ">median default", ">median speedup",
+                     ">min default", ">max default")]
     scopes: dict[tuple, list[BandwidthRow]] = defaultdict(list)
     for r in rows:
         if r.vocab >= 32_768:
             scopes[(r.device, "all V ≥ 32k, fp32 + bf16")].append(r)
         scopes[(r.device, f"{r.dtype}, V = {r.vocab}")].append(r)
     for (device, scope), members in sorted(scopes.items()):
-        after = [m.validate_fraction_into for m in members]
+        default = [m.validate_fraction_into for m in members]
         lines.append(
             f"| {device} | {scope} | {len(members)} | "
-            f"{statistics.median(m.before_validate_fraction_into for m in members):.2f} | {statistics.median(after):.2f} | "
-            f"{statistics.median(m.before_validate_s / m.validate_s for m in members):.2f}× | "
-            f"{min(after):.2f} | {max(after):.2f} |"
-            + (f" {_median_or_dash([m.torch_validate_fraction_into for m in members])} |" if with_torch else "")
+            f"{statistics.median(m.torch_validate_fraction_into for m in members):.2f} | "
+            f"{statistics.median(default):.2f} | "
+            f"{statistics.median(m.torch_validate_s / m.validate_s for m in members):.2f}× | "
+            f"{min(default):.2f} | {max(default):.2f} |"
         )
-    lines += ["", *header("device", "dtype", ">V", ">B", f">{size}", ">copy-into ms", ">before ms", ">after ms",
-                          ">before+validate ms", ">after+validate ms", ">× copy-into before", ">× copy-into after",
-                          ">speedup", *([">torch+validate ms", ">× copy-into torch"] if with_torch else []))]
+    lines += ["", *header("device", "dtype", ">V", ">B", f">{size}", ">copy-into ms", ">torch ms", ">default ms",
+                          ">torch+validate ms", ">default+validate ms", ">× copy-into torch",
+                          ">× copy-into default", ">speedup")]
     for r in rows:
         lines.append(
             f"| {r.device} | {r.dtype} | {r.vocab} | {r.batch} | {r.num_draft} | {r.copy_into_s * 1e3:.3g} | "
-            f"{_ms(r.before_s)} | {r.verify_s * 1e3:.3g} | {_ms(r.before_validate_s)} | {r.validate_s * 1e3:.3g} | "
-            f"{_fraction(r.before_validate_fraction_into)} | {_fraction(r.validate_fraction_into)} | "
-            f"{r.before_validate_s / r.validate_s:.2f}× |"
-            + (f" {_ms(r.torch_validate_s)} | {_fraction(r.torch_validate_fraction_into)} |" if with_torch else "")
+            f"{_ms(r.torch_s)} | {r.verify_s * 1e3:.3g} | {_ms(r.torch_validate_s)} | {r.validate_s * 1e3:.3g} | "
+            f"{_fraction(r.torch_validate_fraction_into)} | {_fraction(r.validate_fraction_into)} | "
+            f"{r.torch_validate_s / r.validate_s:.2f}× |"
         )
     return lines
-
-
-def _median_or_dash(values: Sequence[float | None]) -> str:
-    present = [v for v in values if v is not None]
-    return _fraction(statistics.median(present)) if present else "—"
 
 
 def _ms(seconds: float | None) -> str:
@@ -613,12 +599,12 @@ def write_report(paths: Sequence[Path], out: Path) -> Path:
     if bandwidth:
         plot_bandwidth(bandwidth, machine, out / "bandwidth_fraction.png")
         lines += ["## 1. Verification step vs memory copy", "", "![bandwidth](bandwidth_fraction.png)", "",
-                  *bandwidth_goal_lines(bandwidth), "", *before_after_lines(bandwidth), "",
+                  *bandwidth_goal_lines(bandwidth), "", *torch_vs_native_lines(bandwidth), "",
                   *bandwidth_table(bandwidth), ""]
     tree = bandwidth_rows(records, suite="verify-tree")
     if tree:
         lines += ["## 1b. Tree verification step vs memory copy", "",
-                  *before_after_lines(tree, rule="Tree rule", size="N"), ""]
+                  *torch_vs_native_lines(tree, rule="Tree rule", size="N"), ""]
     if of_suite(records, "model-step"):
         lines += ["## 2. Verification share of a decoding step", "", *model_step_table(records), ""]
     if of_suite(records, "audit"):

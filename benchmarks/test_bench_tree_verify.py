@@ -4,13 +4,12 @@ For every (B, N, V, dtype) the group holds, on the same inputs (:func:`benchmark
 tree_verification_inputs`: a complete binary draft tree of N nodes per row):
 
 - ``copy-into``: ``copy_()`` of the target and draft probabilities into buffers allocated before
-  timing (the steady-state copy bandwidth, the reference of issue 12);
+  timing (the steady-state copy bandwidth);
 - ``verify`` / ``verify+validate``: ``specverify.core.tree_rules.tree_rejection_sample`` without
   and with input validation (the default), which takes the native walk
   (``specverify.core.native_rules.tree_verify``) for these contiguous CPU float32/bfloat16 inputs;
-- ``torch`` / ``torch+validate``: the same rule on its torch code (``SPECVERIFY_NATIVE=0``);
-- ``before`` / ``before+validate``: the tree rule before issue 12's speed-up
-  (``benchmarks/legacy_tree_rules.py``, a frozen copy), timed side by side in one run.
+- ``torch`` / ``torch+validate``: the same rule on its torch code (``SPECVERIFY_NATIVE=0``), timed
+  side by side with the native walk in one run.
 
 N = bytes of ``target_probs [B, N+1, V]`` + ``draft_probs [B, N, V]``; the fraction of copy-into
 bandwidth of a variant is ``t(copy-into) / t(variant)`` (``benchmarks/report.py``).  The recursive
@@ -27,7 +26,6 @@ import contextlib
 import pytest
 import torch
 
-from benchmarks.legacy_tree_rules import tree_rejection_sample as tree_rejection_sample_before
 from benchmarks.test_bench_verify import dtype_name
 from benchmarks.workloads import synchronized, tree_verification_inputs
 from specverify.core import native_rules
@@ -37,7 +35,7 @@ BATCHES = (1, 8, 64)
 NUM_NODES = (4, 8)
 VOCABS = (32_768, 131_072)
 DTYPES = (torch.float32, torch.bfloat16)
-VARIANTS = ("copy-into", "verify", "verify+validate", "before", "before+validate", "torch", "torch+validate")
+VARIANTS = ("copy-into", "verify", "verify+validate", "torch", "torch+validate")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -56,13 +54,12 @@ def test_tree_verification_step(benchmark, variant: str, batch: int, num_nodes: 
         def step():
             return target_buffer.copy_(inputs.target_probs), draft_buffer.copy_(inputs.draft_probs)
     else:
-        rule = tree_rejection_sample_before if variant.startswith("before") else tree_rejection_sample
         validate = variant.endswith("+validate")
         torch_only = native_rules.disabled() if variant.startswith("torch") else contextlib.nullcontext()
 
         def step():
             with torch_only:
-                return rule(*inputs, generator, validate=validate)
+                return tree_rejection_sample(*inputs, generator, validate=validate)
 
     benchmark.group = f"tree B={batch} N={num_nodes} V={vocab} {dtype_name(dtype)} {device}"
     benchmark.extra_info.update(

@@ -1,70 +1,151 @@
-"""Proof that the faster ``rejection_sample`` (issue 12) is bit-identical to the rule it replaced.
+"""Every fast path of ``rejection_sample`` gives the tokens and the errors of its plain torch path.
 
-The rule was rewritten to read two length-V rows per request in cache-sized chunks and to screen
-its inputs with one cheap pass per tensor.  This file compares the frozen copy of the rule and of its
-validator as they were at commit ffae46c (``benchmarks/legacy_rules.py``) with the new rule on
-many random inputs: shapes up to V = 128k, ragged ``num_draft``, fp32/bf16/fp16/fp64, exact zeros,
-one-hot rows, the rounding fallback, subnormal masses, injected uniforms (random and at the
-acceptance edges ``u = p/q``) and generators (the same single ``torch.rand`` draw).  Outputs must be
-equal tensors, and corrupted inputs must raise the same ``ValueError`` message.
+The rule is defined once, by its torch code (``specverify.core.rules``).  The faster ways of
+computing it must not change a single token:
 
-The main comparisons run on both paths of the rule (the ``rule_path`` fixture): the fused native
-kernel (``specverify.core.native_rules``, taken for contiguous CPU float32/bfloat16 inputs) and the
-torch code (``SPECVERIFY_NATIVE=0``); the tests of the torch code's internal paths (chunk sizes)
-run on the torch path.  tests/core/test_native_rules.py checks that the native path is taken.
+- the fused C kernel (``specverify.core.native_rules``: contiguous CPU float32/bfloat16, float16
+  widened, strided views copied), on unless ``SPECVERIFY_NATIVE=0``;
+- the final rows gathered in cache-sized chunks of rows (``FINAL_ROWS_CHUNK_ELEMENTS``) or, from
+  ``ROW_BY_ROW_MIN_VOCAB`` on, copied row by row into float64 buffers kept between calls;
+- the validation screen reduced in cache-sized chunks (``SCREEN_CHUNK_BYTES``);
+- CUDA (``pytest -m gpu``).
+
+The plain path (:data:`PLAIN`) is the torch code with the kernel off, one gathered chunk of final
+rows for the whole batch and the screen over whole tensors.  On random inputs (shapes up to
+V = 128k, ragged ``num_draft``, fp64/fp32/bf16/fp16, exact zeros, one-hot rows, the rounding
+fallback, subnormal residual masses, uniforms at the acceptance edge ``u = p/q``, at 0 and just
+below 1) every path must return equal tensors under the same uniforms, and under the same
+generator also leave it in the same state.  With validation, every path must raise the first
+error of the detailed checks (``rules._raise_first_problem``, run unconditionally) or, when they
+find none, return the tokens of the plain path without validation: the screen that lets valid
+inputs skip the detailed checks must miss nothing they find.  Perturbed fast paths are shown to
+fail these comparisons.
+
+The plain path itself is held to the exact law (``specverify.core.exact``) by enumeration under
+injected uniforms in tests/core/test_rules.py (``test_rejection_sample_is_exact_by_enumeration``,
+the point-mass rule, the hand cases of the rounding fallback and of subnormal residuals) and
+tests/core/test_exact.py (``test_step_distribution_of_specverify_rules_is_the_ideal_law``); its
+float32/bfloat16/float16 outputs equal those of the float64 upcast
+(``test_low_precision_inputs_match_their_float64_upcast``), and ragged rows those of truncated
+rows (``test_ragged_rows_match_truncated_single_rows``).  tests/core/test_native_rules.py checks
+the kernel's own pieces and mutants.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
-from benchmarks import legacy_rules
 from specverify.core import native_rules, rules
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
 
-# The frozen copy of the rule at ffae46c is benchmarks/legacy_rules.py, which the benchmark also
-# times side by side with the new rule: one copy, the baseline of both.
-_frozen_rejection_sample = legacy_rules.rejection_sample
+DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+# --------------------------------------------------------------------------------------------
+# The paths: (native kernel on, settings of specverify.core.rules)
+# --------------------------------------------------------------------------------------------
+
+WHOLE = 1 << 62
+"""A chunk size no input reaches: one chunk for the whole tensor."""
+
+PLAIN = {"FINAL_ROWS_CHUNK_ELEMENTS": WHOLE, "ROW_BY_ROW_MIN_VOCAB": WHOLE, "SCREEN_CHUNK_BYTES": WHOLE}
+
+PATHS = {
+    "native kernel": (True, {}),
+    "torch defaults": (False, {}),
+    "gathered final rows, one row a chunk": (False, {"ROW_BY_ROW_MIN_VOCAB": WHOLE, "FINAL_ROWS_CHUNK_ELEMENTS": 1}),
+    "gathered final rows, uneven chunks": (False, {"ROW_BY_ROW_MIN_VOCAB": WHOLE,
+                                                   "FINAL_ROWS_CHUNK_ELEMENTS": 7 * 50 + 5}),
+    "row-by-row final rows, one row a chunk": (False, {"ROW_BY_ROW_MIN_VOCAB": 1, "FINAL_ROWS_CHUNK_ELEMENTS": 1}),
+    "row-by-row final rows, uneven chunks": (False, {"ROW_BY_ROW_MIN_VOCAB": 1,
+                                                     "FINAL_ROWS_CHUNK_ELEMENTS": 3 * 50 + 7}),
+    "chunked screen, one row a chunk": (False, {"SCREEN_CHUNK_BYTES": 1}),
+    "chunked screen, uneven chunks": (False, {"SCREEN_CHUNK_BYTES": 5 * 50 * 2 + 3}),
+}
+SCREEN_PATHS = ["native kernel", "torch defaults", "chunked screen, one row a chunk", "chunked screen, uneven chunks"]
 
 
-@pytest.fixture(params=["native", "torch"])
-def rule_path(request, monkeypatch):
-    """Run the test on the native kernel or on the torch code of the rule.  On the native path,
-    the tests of float32/bfloat16 tokens must have taken it (so that they cannot pass vacuously)."""
-    if request.param == "torch":
-        monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
-        yield request.param
+def outcome(rule, *args, **kwargs):
+    """The rule's result, or the text of the ValueError it raised."""
+    try:
+        result = rule(*args, **kwargs)
+    except ValueError as error:
+        return str(error)
+    assert isinstance(result, VerifyResult)
+    return result
+
+
+def assert_same(expected, actual):
+    if isinstance(expected, str) or isinstance(actual, str):
+        assert expected == actual
         return
-    if not native_rules.enabled():
-        pytest.skip("no C compiler: the native kernel cannot be built")
-    taken = []
-    original = native_rules.verify
-    monkeypatch.setattr(native_rules, "verify", lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
-    yield request.param
-    params = getattr(request.node, "callspec", None)
-    dtype = params.params.get("dtype") if params else None
-    if dtype in (torch.float32, torch.bfloat16) and request.node.originalname.startswith("test_same_tokens"):
-        assert any(result is not None for result in taken), "the native path was never taken"
+    assert torch.equal(expected.emitted, actual.emitted), (expected.emitted, actual.emitted)
+    assert torch.equal(expected.num_accepted, actual.num_accepted)
+
+
+def on_path(path: str, rule, *args, **kwargs):
+    """``outcome(rule, ...)`` on one path (a name of :data:`PATHS`, or ``"plain"``)."""
+    native, settings = (False, PLAIN) if path == "plain" else PATHS[path]
+    with pytest.MonkeyPatch.context() as patch, native_rules.path(native):
+        for name, value in settings.items():
+            patch.setattr(rules, name, value)
+        return outcome(rule, *args, **kwargs)
+
+
+def plain_outcome(p, q, drafts, u, num_draft):
+    """What ``rejection_sample(..., validate=True)`` must give: the first error of the detailed
+    checks, or the plain path's result without validation."""
+    try:
+        rules._check_structure(p, q, drafts, None, u, num_draft, True)
+        rules._raise_first_problem(p, q, drafts, u, num_draft)
+    except ValueError as error:
+        return str(error)
+    return on_path("plain", rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft, validate=False)
+
+
+def compare(path, p, q, drafts, u, num_draft, *, valid=True):
+    """Assert that ``path`` gives the plain outcome, with validation and (for valid inputs) without."""
+    expected = plain_outcome(p, q, drafts, u, num_draft)
+    assert_same(expected, on_path(path, rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft))
+    if valid:
+        assert not isinstance(expected, str), expected
+        assert_same(expected, on_path(path, rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft,
+                                      validate=False))
+    return expected
 
 
 @pytest.fixture
-def torch_path(monkeypatch):
-    """Run the test on the torch code of the rule (its internal paths are what it tests)."""
-    monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
+def kernel_calls(monkeypatch):
+    """The kernel's outcomes during the test (``None``: it declined or flagged the inputs)."""
+    taken: list = []
+    original = native_rules.verify
+    monkeypatch.setattr(native_rules, "verify", lambda *a, **k: taken.append(original(*a, **k)) or taken[-1])
+    return taken
+
+
+def skip_without_kernel(path: str) -> None:
+    if PATHS[path][0] and not native_rules.enabled():
+        pytest.skip("no C compiler: the native kernel cannot be built")
+
+
+def assert_kernel_taken(path: str, dtype: torch.dtype, calls: list) -> None:
+    """On the native path, float32/bfloat16 inputs must have run the kernel (no vacuous pass)."""
+    if PATHS[path][0] and dtype in NATIVE_DTYPES:
+        assert any(result is not None for result in calls), "the native path was never taken"
 
 
 # --------------------------------------------------------------------------------------------
 # Random inputs
 # --------------------------------------------------------------------------------------------
 
-DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
-
-def random_rows(gen: torch.Generator, shape: tuple[int, ...], zero_fraction: float, one_hot_fraction: float) -> torch.Tensor:
+def random_rows(gen: torch.Generator, shape: tuple[int, ...], zero_fraction: float,
+                one_hot_fraction: float) -> torch.Tensor:
     """Float64 probability rows: peaked softmaxes, some entries exactly 0, some rows one-hot."""
     logits = 3.0 * torch.randn(shape, generator=gen, dtype=torch.float64)
     probs = torch.softmax(logits, -1)
@@ -104,116 +185,132 @@ def random_case(seed: int, batch: int, num_draft_tokens: int, vocab: int, dtype:
     u[:, :-1] = torch.where(edge, ratio, u[:, :-1])
     u[near, 0] = math.nextafter(1.0, 0.0)  # rejects the near-copy of q (in float64): the fallback
     num_draft = torch.randint(0, num_draft_tokens + 1, (batch,), generator=gen) if ragged else None
-    if ragged:  # padding beyond num_draft: -1 tokens and zero rows, which both rules must ignore
+    if ragged:  # padding beyond num_draft: -1 tokens and zero rows, which every path must ignore
         pad = torch.arange(num_draft_tokens) >= num_draft[:, None]
         drafts = torch.where(pad, -1, drafts)
         q_cast = torch.where(pad[..., None], torch.zeros((), dtype=dtype), q_cast)
     return p_cast, q_cast, drafts, u, num_draft
 
 
-def outcome(rule, *args, **kwargs):
-    """The rule's result, or the text of the ValueError it raised."""
-    try:
-        result = rule(*args, **kwargs)
-    except ValueError as error:
-        return str(error)
-    assert isinstance(result, VerifyResult)
-    return result
-
-
-def assert_same(old, new):
-    if isinstance(old, str) or isinstance(new, str):
-        assert old == new
-        return
-    assert torch.equal(old.emitted, new.emitted), (old.emitted, new.emitted)
-    assert torch.equal(old.num_accepted, new.num_accepted)
-
-
-def compare(p, q, drafts, u, num_draft, validate=True):
-    old = outcome(_frozen_rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft, validate=validate)
-    new = outcome(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft, validate=validate)
-    assert_same(old, new)
-    return new
-
-
-# (batch, K, V): small and odd vocabularies, several chunks per call (V = 32k: 4 rows a chunk), 128k.
-SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 32), (17, 3, 50), (64, 8, 32), (9, 1, 1000),
-          (33, 5, 257), (9, 2, 32_768), (6, 4, 32_768)]
+# (batch, K, V): small and odd vocabularies, several chunks per call, and V = 32k (row by row by default).
+SHAPES = [(1, 1, 1), (3, 2, 3), (17, 3, 50), (64, 8, 32), (9, 2, 32_768)]
+MORE_SHAPES = [(1, 1, 2), (5, 4, 7), (2, 8, 32), (9, 1, 1000), (33, 5, 257)]
 LARGE_SHAPES = [(3, 2, 131_072), (1, 8, 131_072)]
 
 
-@pytest.mark.usefixtures("rule_path")
+# --------------------------------------------------------------------------------------------
+# The same tokens on every path
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shapes", [
+    pytest.param(SHAPES, id="shapes"),
+    pytest.param(MORE_SHAPES, id="more-shapes", marks=pytest.mark.slow),
+])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("ragged", [False, True], ids=["full", "ragged"])
-def test_same_tokens_as_the_frozen_rule_under_the_same_uniforms(shape, dtype, ragged):
-    for repeat in range(1 if shape[-1] >= 32_768 else 3):
-        seed = derive_seed("rules-identity", shape, str(dtype), ragged, repeat)
-        case = random_case(seed, *shape, dtype, ragged)
-        compare(*case)
-        compare(*case, validate=False)
+@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
+def test_every_path_gives_the_plain_tokens_under_the_same_uniforms(path, dtype, shapes, kernel_calls):
+    skip_without_kernel(path)
+    for shape in shapes:
+        for ragged in (False, True):
+            seed = derive_seed("rules-identity", shape, str(dtype), ragged)
+            compare(path, *random_case(seed, *shape, dtype, ragged))
+    assert_kernel_taken(path, dtype, kernel_calls)
 
 
-@pytest.mark.usefixtures("rule_path")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES, ids=str)
 @pytest.mark.parametrize("shape", LARGE_SHAPES, ids=str)
-def test_same_tokens_at_128k(shape, dtype):
-    case = random_case(derive_seed("rules-identity-128k", shape, str(dtype)), *shape, dtype, ragged=True)
-    compare(*case)
+@pytest.mark.parametrize("path", ["native kernel", "torch defaults"])
+def test_the_same_tokens_at_128k(path, shape, dtype, kernel_calls):
+    """V = 128k: the kernel, and the torch code's row-by-row final rows, against one gathered chunk."""
+    skip_without_kernel(path)
+    compare(path, *random_case(derive_seed("rules-identity-128k", shape, str(dtype)), *shape, dtype, ragged=True))
+    assert_kernel_taken(path, dtype, kernel_calls)
 
 
-@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-def test_same_tokens_under_the_same_generator(dtype):
-    """The generator path draws the same single ``torch.rand(B, K+1, float64)``: equal outputs, and
-    the generators end in the same state."""
+@pytest.mark.parametrize("path", ["native kernel", "torch defaults", "row-by-row final rows, one row a chunk"])
+def test_the_same_tokens_and_generator_state_under_the_same_generator(path, dtype, kernel_calls):
+    """Every path draws the same single ``torch.rand(B, K+1, float64)``: equal outputs, and the
+    generators end in the same state."""
+    skip_without_kernel(path)
     for batch, num_draft_tokens, vocab in [(1, 1, 5), (8, 4, 1000), (64, 8, 64), (5, 3, 32_768)]:
         p, q, drafts, _, num_draft = random_case(derive_seed("rules-identity-gen", batch, str(dtype)),
                                                  batch, num_draft_tokens, vocab, dtype, ragged=True)
         for seed in range(3):
-            old_gen, new_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-            old = _frozen_rejection_sample(p, q, drafts, old_gen, num_draft=num_draft)
-            new = rejection_sample(p, q, drafts, new_gen, num_draft=num_draft)
-            assert_same(old, new)
-            assert torch.equal(old_gen.get_state(), new_gen.get_state())
+            plain_gen, path_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            expected = on_path("plain", rejection_sample, p, q, drafts, plain_gen, num_draft=num_draft)
+            assert_same(expected, on_path(path, rejection_sample, p, q, drafts, path_gen, num_draft=num_draft))
+            assert torch.equal(plain_gen.get_state(), path_gen.get_state())
+    assert_kernel_taken(path, dtype, kernel_calls)
 
 
-@pytest.mark.usefixtures("torch_path")
-def test_chunking_does_not_change_tokens(monkeypatch):
-    """One row per chunk, and a chunk size that does not divide the batch, give the same tokens."""
-    case = random_case(derive_seed("rules-identity-chunks"), 23, 4, 300, torch.float32, ragged=True)
-    reference = compare(*case)
-    for elements in (1, 300, 7 * 300 + 5):
-        monkeypatch.setattr(rules, "FINAL_ROWS_CHUNK_ELEMENTS", elements)
-        assert_same(reference, compare(*case))
-
-
-@pytest.mark.usefixtures("rule_path")
-def test_all_zero_uniforms_and_uniforms_just_below_one():
+@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
+def test_all_zero_uniforms_and_uniforms_just_below_one(path):
+    skip_without_kernel(path)
     for u_value in (0.0, math.nextafter(1.0, 0.0)):
-        p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-extreme-u"), 12, 3, 40, torch.float32, True)
-        compare(p, q, drafts, torch.full_like(u, u_value), num_draft)
+        case = random_case(derive_seed("rules-identity-extreme-u"), 12, 3, 40, torch.float32, True)
+        p, q, drafts, u, num_draft = case
+        compare(path, p, q, drafts, torch.full_like(u, u_value), num_draft)
 
 
-@pytest.mark.usefixtures("rule_path")
-def test_rounding_fallback_and_subnormal_residuals():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
+def test_rounding_fallback_and_subnormal_residuals(path, dtype):
     """Residual with no mass (p = (1 - 1e-9) q in float64 rejects by rounding) and residual masses
-    of ~1e-320 (subnormal), mixed with ordinary rows in one batch."""
+    of ~1e-320 (subnormal in float64), mixed with ordinary rows in one batch."""
+    skip_without_kernel(path)
     vocab = 6
     q = torch.tensor([[0.5, 0.25, 0.125, 0.0625, 0.0625, 0.0]], dtype=torch.float64)
     rows = [q * (1 - 1e-9), q, torch.tensor([[0.5 - 1e-320, 0.25, 0.125, 0.0625, 0.0625, 1e-320]], dtype=torch.float64)]
     p = torch.stack([torch.cat([row, torch.full((1, vocab), 1 / vocab, dtype=torch.float64)]) for row in rows])
-    q_batch = q.expand(3, 1, vocab).clone()
+    p, q_batch = p.to(dtype), q.expand(3, 1, vocab).to(dtype).contiguous()
     drafts = torch.zeros(3, 1, dtype=torch.int64)
     for u0 in (0.0, 0.5, math.nextafter(1.0, 0.0)):
         for u1 in (0.0, 0.3, 0.999999):
-            result = compare(p, q_batch, drafts, torch.tensor([[u0, u1]] * 3, dtype=torch.float64), None)
-            if u0 > 1 - 1e-9:  # row 0 rejected by rounding: its token comes from the fallback p_0
+            result = compare(path, p, q_batch, drafts, torch.tensor([[u0, u1]] * 3, dtype=torch.float64), None)
+            if dtype == torch.float64 and u0 > 1 - 1e-9:  # row 0 rejected by rounding: the fallback p_0
                 assert int(result.num_accepted[0]) == 0
 
 
+@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
+def test_non_contiguous_inputs(path):
+    """Inputs that are slices of larger tensors (advanced-indexing path of the row gather; copied
+    to contiguous tensors for the kernel)."""
+    skip_without_kernel(path)
+    p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-strided"), 6, 3, 200, torch.float32, True)
+    wide_p = torch.cat([p, p], dim=1)[:, :4]  # the same values; first two dims not flattenable
+    wide_q = torch.cat([q, q], dim=1)[:, :3]
+    assert not wide_p.is_contiguous() and wide_p.stride(0) != 4 * wide_p.stride(1)
+    assert_same(compare(path, p, q, drafts, u, num_draft), compare(path, wide_p, wide_q, drafts, u, num_draft))
+    compare(path, p.transpose(0, 1).contiguous().transpose(0, 1), q, drafts, u, num_draft)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
+def test_an_empty_batch_gives_empty_outputs_on_every_rule(path):
+    """B = 0 (an engine's step with no requests) returns empty outputs."""
+    skip_without_kernel(path)
+    target, draft = torch.rand(0, 3, 5), torch.rand(0, 2, 5)
+    tokens = torch.zeros(0, 2, dtype=torch.int64)
+    for rule, args in ((rejection_sample, (target, draft, tokens, torch.Generator().manual_seed(0))),
+                       (rules.point_mass_verify, (target, tokens, torch.Generator().manual_seed(0))),
+                       (rules.greedy_verify, (target, tokens))):
+        result = on_path(path, rule, *args)
+        assert result.emitted.shape == (0, 3) and result.num_accepted.shape == (0,)
+
+
+@pytest.mark.gpu
+def test_cuda_gives_the_plain_tokens_on_cpu():
+    for shape in [(64, 8, 32_768), (5, 3, 1000)]:
+        p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-cuda", shape), *shape, torch.float32, True)
+        expected = on_path("plain", rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
+        on_cuda = rejection_sample(p.cuda(), q.cuda(), drafts.cuda(), uniforms=u.cuda(), num_draft=num_draft.cuda())
+        assert torch.equal(expected.emitted, on_cuda.emitted.cpu())
+        assert torch.equal(expected.num_accepted, on_cuda.num_accepted.cpu())
+
+
 # --------------------------------------------------------------------------------------------
-# Validation: the same error (message and first index) for corrupted inputs, nothing for valid ones
+# Validation: the detailed checks' first error on every path, nothing for valid inputs
 # --------------------------------------------------------------------------------------------
 
 
@@ -228,10 +325,11 @@ def _corruptions(p, q, drafts, u, num_draft):
         return tensor
 
     last = (batch - 1, positions - 1, vocab - 1)
+    tiny_negative = -2.0 ** -24 if p.dtype == torch.float16 else -1e-30  # -1e-30 rounds to -0.0 in float16
     yield "target NaN", (with_entry(p, last, nan), q, drafts, u, num_draft)
     yield "target Inf", (with_entry(p, (0, 0, 0), math.inf), q, drafts, u, num_draft)
     yield "draft NaN", (with_entry(q, (batch - 1, 0, 0), nan), q, drafts, u, num_draft)
-    yield "target negative", (with_entry(p, (0, 0, vocab - 1), -1e-30), q, drafts, u, num_draft)
+    yield "target negative", (with_entry(p, (0, 0, vocab - 1), tiny_negative), q, drafts, u, num_draft)
     yield "draft negative", (with_entry(q, (0, 0, vocab - 1), -1e-3), q, drafts, u, num_draft)
     yield "minus zero (valid)", (with_entry(p, last, -0.0) if float(p[last]) == 0 else p, q, drafts, u, num_draft)
     yield "target scaled", (p * 1.5, q, drafts, u, num_draft)
@@ -246,17 +344,18 @@ def _corruptions(p, q, drafts, u, num_draft):
         yield "num_draft negative", (p, q, drafts, u, with_entry(num_draft, batch - 1, -1))
 
 
-@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("ragged", [False, True], ids=["full", "ragged"])
-def test_same_validation_errors_as_the_frozen_validator(dtype, ragged):
+@pytest.mark.parametrize("path", SCREEN_PATHS)
+def test_every_screen_path_gives_the_detailed_checks_first_error(path, dtype):
+    skip_without_kernel(path)
     for shape in [(1, 1, 3), (4, 3, 50), (3, 2, 4096)]:
-        case = random_case(derive_seed("rules-identity-validation", shape, str(dtype), ragged), *shape, dtype, ragged)
-        for name, corrupted in _corruptions(*case):
-            p, q, drafts, u, num_draft = corrupted
-            old = outcome(_frozen_rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
-            new = outcome(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
-            assert_same(old, new), name
+        for ragged in (False, True):
+            seed = derive_seed("rules-identity-validation", shape, str(dtype), ragged)
+            case = random_case(seed, *shape, dtype, ragged)
+            for name, corrupted in _corruptions(*case):
+                expected = compare(path, *corrupted, valid=name == "minus zero (valid)")
+                # a corruption the rows in use never see (padding beyond num_draft) is no error
+                assert isinstance(expected, str) or name == "minus zero (valid)" or ragged, name
 
 
 def test_screen_flags_minus_zero_but_the_detailed_check_accepts_it():
@@ -266,69 +365,6 @@ def test_screen_flags_minus_zero_but_the_detailed_check_accepts_it():
     drafts = torch.tensor([[1]])
     assert rules._any_problem(p, q, drafts, None, None)
     rules.validate_verify_inputs(p, q, drafts, torch.Generator())
-
-
-@pytest.mark.usefixtures("rule_path")
-def test_non_contiguous_inputs():
-    """Inputs that are slices of larger tensors (advanced-indexing path of the row gather)."""
-    p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-strided"), 6, 3, 200, torch.float32, True)
-    wide_p = torch.cat([p, p], dim=1)[:, :4]  # the same values; first two dims not flattenable
-    wide_q = torch.cat([q, q], dim=1)[:, :3]
-    assert not wide_p.is_contiguous() and wide_p.stride(0) != 4 * wide_p.stride(1)
-    assert_same(compare(p, q, drafts, u, num_draft), compare(wide_p, wide_q, drafts, u, num_draft))
-    compare(p.transpose(0, 1).contiguous().transpose(0, 1), q, drafts, u, num_draft)
-
-
-@pytest.mark.gpu
-def test_cuda_same_tokens_as_the_frozen_rule_on_cpu():
-    for shape in [(64, 8, 32_768), (5, 3, 1000)]:
-        p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-cuda", shape), *shape, torch.float32, True)
-        old = _frozen_rejection_sample(p, q, drafts, uniforms=u, num_draft=num_draft)
-        new = rejection_sample(p.cuda(), q.cuda(), drafts.cuda(), uniforms=u.cuda(), num_draft=num_draft.cuda())
-        assert torch.equal(old.emitted, new.emitted.cpu())
-
-
-# --------------------------------------------------------------------------------------------
-# Every code path of the new rule: the final draw by chunk gathers (small V) and row by row (large
-# V), and the validation screen over the whole tensor and in cache-sized chunks
-# --------------------------------------------------------------------------------------------
-
-PATHS = {
-    "default": {},
-    "row-by-row final draw, one row a chunk": {"ROW_BY_ROW_MIN_VOCAB": 1, "FINAL_ROWS_CHUNK_ELEMENTS": 1},
-    "row-by-row final draw, uneven chunks": {"ROW_BY_ROW_MIN_VOCAB": 1, "FINAL_ROWS_CHUNK_ELEMENTS": 3 * 50 + 7},
-    "gathered final draw at every V": {"ROW_BY_ROW_MIN_VOCAB": 1 << 40},
-    "chunked screen, one row a chunk": {"SCREEN_CHUNK_BYTES": 1},
-    "chunked screen, uneven chunks": {"SCREEN_CHUNK_BYTES": 5 * 50 * 2 + 3},
-}
-
-
-@pytest.mark.usefixtures("torch_path")
-@pytest.mark.parametrize("path", PATHS, ids=list(PATHS))
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_every_path_gives_the_frozen_rule_tokens(path, dtype, monkeypatch):
-    for name, value in PATHS[path].items():
-        monkeypatch.setattr(rules, name, value)
-    for shape in [(1, 1, 2), (5, 4, 7), (17, 3, 50), (64, 8, 32), (9, 2, 1000), (3, 2, 8192)]:
-        for ragged in (False, True):
-            case = random_case(derive_seed("rules-identity-paths", shape, str(dtype), ragged), *shape, dtype, ragged)
-            compare(*case)
-            compare(*case, validate=False)
-
-
-@pytest.mark.usefixtures("torch_path")
-@pytest.mark.parametrize("path", ["default", "chunked screen, one row a chunk", "chunked screen, uneven chunks"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_every_screen_path_gives_the_frozen_validation_errors(path, dtype, monkeypatch):
-    for name, value in PATHS[path].items():
-        monkeypatch.setattr(rules, name, value)
-    for ragged in (False, True):
-        case = random_case(derive_seed("rules-identity-screen", str(dtype), ragged), 6, 3, 50, dtype, ragged)
-        for label, corrupted in _corruptions(*case):
-            p, q, drafts, u, num_draft = corrupted
-            old = outcome(_frozen_rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
-            new = outcome(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
-            assert_same(old, new), label
 
 
 def test_chunked_screen_sums_equal_the_whole_tensor_sums(monkeypatch):
@@ -347,10 +383,6 @@ def test_chunked_screen_sums_equal_the_whole_tensor_sums(monkeypatch):
         monkeypatch.undo()
 
 
-# --------------------------------------------------------------------------------------------
-# Validation rejects each kind of invalid input, on every screen path, naming the argument
-# --------------------------------------------------------------------------------------------
-
 INVALID = {
     "NaN": (math.nan, "contains NaN or Inf"),
     "+Inf": (math.inf, "contains NaN or Inf"),
@@ -359,14 +391,12 @@ INVALID = {
 }
 
 
-@pytest.mark.usefixtures("rule_path")
-@pytest.mark.parametrize("path", ["default", "chunked screen, one row a chunk"])
+@pytest.mark.parametrize("path", ["native kernel", "torch defaults", "chunked screen, one row a chunk"])
 @pytest.mark.parametrize("argument", ["target_probs", "draft_probs"])
 @pytest.mark.parametrize("kind", list(INVALID) + ["not summing to 1"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_validation_rejects_each_kind_of_invalid_value(path, argument, kind, dtype, monkeypatch):
-    for name, value in PATHS[path].items():
-        monkeypatch.setattr(rules, name, value)
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES, ids=str)
+def test_validation_rejects_each_kind_of_invalid_value(path, argument, kind, dtype):
+    skip_without_kernel(path)
     p, q, drafts, u, _ = random_case(derive_seed("rules-identity-invalid", str(dtype)), 8, 3, 40, dtype, False)
     tensor = (p if argument == "target_probs" else q).clone()
     if kind == "not summing to 1":
@@ -376,13 +406,11 @@ def test_validation_rejects_each_kind_of_invalid_value(path, argument, kind, dty
         value, message = INVALID[kind]
         tensor[3, 1, 39] = value
     p, q = (tensor, q) if argument == "target_probs" else (p, tensor)
-    with pytest.raises(ValueError, match=f"^{argument}: {message}"):
-        rejection_sample(p, q, drafts, uniforms=u)
-    with pytest.raises(ValueError, match=f"^{argument}: {message}"):
-        rules.validate_verify_inputs(p, q, drafts, uniforms=u)
+    for check in (rejection_sample, rules.validate_verify_inputs):
+        error = on_path(path, check, p, q, drafts, uniforms=u)
+        assert isinstance(error, str) and error.startswith(f"{argument}: {message}"), error
 
 
-@pytest.mark.usefixtures("rule_path")
 @pytest.mark.parametrize("argument, change, message", [
     ("target_probs", lambda p, q, d: (p.double().long(), q, d), "expected a floating-point tensor"),
     ("target_probs", lambda p, q, d: (p[:, :1], q, d), "speculative verification needs K >= 1"),
@@ -391,19 +419,63 @@ def test_validation_rejects_each_kind_of_invalid_value(path, argument, kind, dty
     ("draft_tokens", lambda p, q, d: (p, q, d.int()), "expected dtype torch.int64"),
     ("draft_tokens", lambda p, q, d: (p, q, d[:, :-1]), "expected shape"),
 ])
-def test_validation_rejects_wrong_dtypes_and_shapes(argument, change, message):
+@pytest.mark.parametrize("path", ["native kernel", "torch defaults"])
+def test_validation_rejects_wrong_dtypes_and_shapes(path, argument, change, message):
+    skip_without_kernel(path)
     p, q, drafts, u, _ = random_case(derive_seed("rules-identity-structure"), 4, 3, 40, torch.float32, False)
-    with pytest.raises(ValueError, match=f"^{argument}: .*{message}"):
-        rejection_sample(*change(p, q, drafts), uniforms=u)
+    error = on_path(path, rejection_sample, *change(p, q, drafts), uniforms=u)
+    assert isinstance(error, str) and re.match(f"{argument}: .*{message}", error), error
 
 
-def test_an_empty_batch_gives_empty_outputs_on_every_rule():
-    """B = 0 (an engine's step with no requests) returns empty outputs; it used to raise from torch.cat."""
-    from specverify.core.rules import greedy_verify, point_mass_verify, rejection_sample
+# --------------------------------------------------------------------------------------------
+# The comparisons catch a fast path that differs from the plain path
+# --------------------------------------------------------------------------------------------
 
-    target, draft = torch.rand(0, 3, 5), torch.rand(0, 2, 5)
-    tokens = torch.zeros(0, 2, dtype=torch.int64)
-    for result in (rejection_sample(target, draft, tokens, generator=torch.Generator().manual_seed(0)),
-                   point_mass_verify(target, tokens, generator=torch.Generator().manual_seed(0)),
-                   greedy_verify(target, tokens)):
-        assert result.emitted.shape == (0, 3) and result.num_accepted.shape == (0,)
+
+def _row_by_row_without_residual(original):
+    """Row by row, every final row drawn from ``p_n`` (the residual never formed)."""
+    return lambda target, draft, accepted, rejected, u: original(target, draft, accepted, torch.zeros_like(rejected), u)
+
+
+def _chunks_reading_the_first_chunk(original):
+    """Chunked gathers whose every chunk reads the rows of the first chunk."""
+
+    def picker(probs, positions):
+        pick = original(probs, positions)
+        return lambda chunk: pick(slice(0, positions[chunk].numel()))
+
+    return picker
+
+
+def _screen_without_the_sign_bit(original):
+    """A screen that checks the row sums only (a tiny negative entry passes it)."""
+
+    def screen(probs):
+        sums = probs.sum(-1).to(torch.float64)
+        return (sums - 1).abs() <= rules.row_sum_tolerance(probs.dtype, probs.shape[-1])
+
+    return screen
+
+
+MUTANTS = {
+    "row by row without the residual": ("_draw_final_tokens_by_row", _row_by_row_without_residual,
+                                        "row-by-row final rows, uneven chunks"),
+    "chunks reading the first chunk": ("_row_picker", _chunks_reading_the_first_chunk,
+                                       "gathered final rows, uneven chunks"),
+    "screen without the sign bit": ("_rows_look_valid", _screen_without_the_sign_bit, "torch defaults"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=list(MUTANTS))
+def test_a_perturbed_fast_path_fails_the_comparison(mutant, monkeypatch):
+    """Each mutant changes only a fast path (the plain path never reaches it, or the detailed checks
+    replace it); the comparisons of the float32 cases above must fail on it."""
+    name, mutate, path = MUTANTS[mutant]
+    monkeypatch.setattr(rules, name, mutate(getattr(rules, name)))
+    with pytest.raises(AssertionError):
+        for shape in SHAPES:
+            for ragged in (False, True):
+                case = random_case(derive_seed("rules-identity", shape, str(torch.float32), ragged), *shape,
+                                   torch.float32, ragged)
+                compare(path, *case)
+                compare(path, *dict(_corruptions(*case))["target negative"], valid=False)
