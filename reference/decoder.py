@@ -67,7 +67,17 @@ from typing import NamedTuple
 
 import torch
 
-from reference.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter, model_device, vocab_size
+from reference.drafters import (
+    Draft,
+    Drafter,
+    HiddenStateDrafter,
+    ModelDrafter,
+    MTPDrafter,
+    MTPHead,
+    PromptLookupDrafter,
+    model_device,
+    vocab_size,
+)
 from reference.kv import RaggedCache
 from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
@@ -124,7 +134,8 @@ def speculative_generate(
     device = model_device(target)
     generators = [torch.Generator(device=device).manual_seed(s) for s in request_seeds(seed, len(prompts))]
     sequences = TokenSequences(prompts, device)
-    target_kv = RaggedCache(target, len(prompts), device)  # empty: the first step's pass is the prefill
+    reads_hidden = isinstance(drafter, HiddenStateDrafter)
+    target_kv = RaggedCache(target, len(prompts), device, keep_hidden=reads_hidden)  # empty: the first pass prefills
     drafter.start(sequences)
     recorder = StatsRecorder(len(prompts), gamma, device)
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
@@ -133,11 +144,14 @@ def speculative_generate(
         gammas = draft_lengths(sequences, finished, gamma, max_new_tokens)
         with Stopwatch(device) as draft_clock:  # 1. draft
             draft = drafter.propose(sequences, gammas, params, generators)
+        seen = target_kv.lengths
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences, draft, params)
             result = verify(target_probs, draft, params, generators)
         target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep the fed context + accepted drafts
         drafter.accepted(result.num_accepted)
+        if reads_hidden:  # the same pass's hidden states at the tokens the target's cache kept
+            drafter.target_hidden(target_kv.hidden, target_kv.lengths - seen)
         sequences.append(result.emitted, result.num_accepted + 1)
         recorder.record_pass(~finished, draft.num_draft, result.num_accepted, draft_clock.seconds, target_clock.seconds)
         finished = finished | request_done(sequences, result, max_new_tokens, eos_token_id)
@@ -357,3 +371,28 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
     )
     return generation.tokens[0].to(input_ids.device)
+
+
+MTP_HEAD_SEED = 0
+"""The seed of the random MTP head of :func:`generate_mtp`."""
+
+
+def generate_mtp(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int,
+    gamma: int = DEFAULT_GAMMA,
+    min_p: float | None = None,
+) -> torch.Tensor:
+    """SPEC §2 with MTP drafting (built-in decoder ``reference-mtp``): :func:`generate` with an
+    :class:`MTPDrafter` whose head, ``MTPHead(target, seed=MTP_HEAD_SEED)``, is built on ``target``
+    (random weights, the same at every call); ``draft`` is ignored."""
+    drafter = MTPDrafter(MTPHead(target, seed=MTP_HEAD_SEED))
+    return generate(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                    top_p=top_p, seed=seed, gamma=gamma, min_p=min_p)
