@@ -272,16 +272,16 @@ class MTPHead(torch.nn.Module):
         config.num_hidden_layers = 1
         if isinstance(getattr(config, "layer_types", None), list):
             config.layer_types = config.layer_types[:1]
-        with torch.random.fork_rng(devices=[]):  # Hugging Face's init draws from the global RNG
+        with torch.random.fork_rng(devices=[]):  # torch's and Hugging Face's inits draw from the global RNG
             block = type(target.get_decoder())(config)
-        block.embed_tokens = None  # its input is the projection below
-        hidden_size = config.hidden_size
+            projection = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        block.embed_tokens = None  # its input is the projection's output
         self.config = config
         self.embed_tokens = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         self.hidden_norm = copy.deepcopy(block.norm)
         self.token_norm = copy.deepcopy(block.norm)
-        self.projection = torch.nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.projection = projection
         self.block = block
         initialise_head(self, seed)
         parameter = next(target.parameters())
