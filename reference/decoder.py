@@ -23,7 +23,10 @@ request has ``max_new_tokens`` tokens or has emitted EOS:
    drafts, greedy matching at temperature 0.  Each emitted token is distributed exactly as the
    target's (Leviathan et al. Theorem 1), so the whole output is;
 4. **roll back**: both KV caches forget the rejected drafts (the target's keeps the last token and
-   the accepted drafts; the newly emitted token is fed at the start of the next step).
+   the accepted drafts; the newly emitted token is fed at the start of the next step).  A drafter
+   that drafts from the target's hidden states (a :class:`~reference.drafters.HiddenStateDrafter`,
+   e.g. the MTP drafter) then gets the target's last hidden state at every token its cache kept,
+   from the same pass (``output_hidden_states``): no extra target pass.
 
 Temperature, top-k, top-p and min-p are applied to draft and target logits by the same function,
 ``specverify.core.processing.SamplingParams.apply``, so ``q`` is the law the draft was drawn from and
@@ -31,9 +34,10 @@ Temperature, top-k, top-p and min-p are applied to draft and target logits by th
 
 Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
 random number of row b comes from it alone.  Per step, row b draws, in this order: its draft tokens
-(a model drafter: one float64 uniform per draft, ``γ_b`` in all, at temperature 0 too; prompt
-lookup: none), then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of
-drafts: ``γ_b`` for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
+(a model drafter: one float64 uniform per draft, ``γ_b`` in all, at temperature 0 too; the MTP
+drafter the same, but none at the first step, where it drafts nothing; prompt lookup: none),
+then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of drafts: ``γ_b``
+for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
 placed in ``specverify.core.rules``' convention: the first ``n_b`` in columns ``0 .. n_b − 1``
 (the accept tests), the last in column ``K = max_b γ_b`` (the inverse CDF of the
 correction-or-bonus token; ``K = 1`` when no row drafts).  Padding columns (``n_b ≤ i < K``) and
@@ -54,7 +58,8 @@ finished row drafts nothing (``γ_b = 0``) and its draws are discarded with its 
 model runs ``max_b γ_b`` passes per step (none when no row drafts), the target one pass over
 ``max_b (unseen_b + n_b)`` columns.
 
-:func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``);
+:func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``;
+:func:`generate_mtp`, drafting with a random MTP head on the target, is ``reference-mtp``);
 :func:`speculative_generate` is the full interface (batches, drafters, EOS, statistics).
 """
 
