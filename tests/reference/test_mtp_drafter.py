@@ -291,7 +291,7 @@ def deep_continuation_pvalue(drafter_class, name: str) -> tuple[float, float]:
 
 @pytest.mark.statistical
 def test_deep_drafts_keep_the_targets_law():
-    """α = 1e-3; 1000 rows detect a TV of 0.17 on the pooled cells with power 0.99."""
+    """α = 1e-3; 1000 rows detect a TV of 0.163 on the pooled cells with power 0.99 (measured p = 0.33)."""
     pvalue, detectable = deep_continuation_pvalue(MTPDrafter, "correct")
     assert detectable <= 0.18
     assert pvalue > DEEP_ALPHA
@@ -299,8 +299,8 @@ def test_deep_drafts_keep_the_targets_law():
 
 @pytest.mark.statistical
 def test_deep_law_check_fails_when_later_drafts_report_the_first_law():
-    """Measured: p ≈ 3e-47 at 2000 rows (pooled TV 0.18, against 0.11 of sampling noise for the
-    correct drafter); invisible to the decoder battery, whose 3 tokens reach one draft per step."""
+    """Measured at this seed: p = 1.1e-28 (the correct drafter: 0.33); at 2000 rows and another seed
+    p = 3e-47.  Invisible to the decoder battery, whose 3 new tokens reach one MTP draft per call."""
     pvalue, _ = deep_continuation_pvalue(ReportsTheFirstLawForEveryDraft, "first-law-for-every-draft")
     assert pvalue <= DEEP_ALPHA
 
