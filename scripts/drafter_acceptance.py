@@ -112,7 +112,8 @@ def target_greedy(target: torch.nn.Module, prompt: torch.Tensor, new_tokens: int
 def table_row(model: str, temperature: float, drafter: str, stats: RequestStats, identical: str) -> str:
     accepted, verified = sum(stats.accepted_by_position), sum(stats.verified_by_position)
     first = f"{stats.acceptance_by_position[0]:.3f}" if stats.verified_by_position[0] else "—"
-    return (f"| {model} | {temperature:g} | {drafter} | {first} | {accepted}/{verified} = {accepted / max(verified, 1):.3f} "
+    rate = accepted / max(verified, 1)
+    return (f"| {model} | {temperature:g} | {drafter} | {first} | {accepted}/{verified} = {rate:.3f} "
             f"| {stats.tokens_per_pass:.3f} | {stats.target_passes} | {identical} |")
 
 
