@@ -23,7 +23,10 @@ request has ``max_new_tokens`` tokens or has emitted EOS:
    drafts, greedy matching at temperature 0.  Each emitted token is distributed exactly as the
    target's (Leviathan et al. Theorem 1), so the whole output is;
 4. **roll back**: both KV caches forget the rejected drafts (the target's keeps the last token and
-   the accepted drafts; the newly emitted token is fed at the start of the next step).
+   the accepted drafts; the newly emitted token is fed at the start of the next step).  A drafter
+   that drafts from the target's hidden states (a :class:`~reference.drafters.HiddenStateDrafter`,
+   e.g. the MTP drafter) then gets the target's last hidden state at every token its cache kept,
+   from the same pass (``output_hidden_states``): no extra target pass.
 
 Temperature, top-k, top-p and min-p are applied to draft and target logits by the same function,
 ``specverify.core.processing.SamplingParams.apply``, so ``q`` is the law the draft was drawn from and
@@ -31,9 +34,10 @@ Temperature, top-k, top-p and min-p are applied to draft and target logits by th
 
 Randomness is per request: row b has its own ``torch.Generator`` on the target's device, and every
 random number of row b comes from it alone.  Per step, row b draws, in this order: its draft tokens
-(a model drafter: one float64 uniform per draft, ``γ_b`` in all, at temperature 0 too; prompt
-lookup: none), then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of
-drafts: ``γ_b`` for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
+(a model drafter: one float64 uniform per draft, ``γ_b`` in all, at temperature 0 too; the MTP
+drafter the same, but none at the first step, where it drafts nothing; prompt lookup: none),
+then the ``n_b + 1`` uniforms its verification reads (``n_b`` = its number of drafts: ``γ_b``
+for a model drafter, up to ``γ_b`` for prompt lookup; at temperature 0 none),
 placed in ``specverify.core.rules``' convention: the first ``n_b`` in columns ``0 .. n_b − 1``
 (the accept tests), the last in column ``K = max_b γ_b`` (the inverse CDF of the
 correction-or-bonus token; ``K = 1`` when no row drafts).  Padding columns (``n_b ≤ i < K``) and
@@ -54,7 +58,8 @@ finished row drafts nothing (``γ_b = 0``) and its draws are discarded with its 
 model runs ``max_b γ_b`` passes per step (none when no row drafts), the target one pass over
 ``max_b (unseen_b + n_b)`` columns.
 
-:func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``);
+:func:`generate` is the SPEC §2 adapter (built-in decoder ``reference`` of ``specverify audit``;
+:func:`generate_mtp`, drafting with a random MTP head on the target, is ``reference-mtp``);
 :func:`speculative_generate` is the full interface (batches, drafters, EOS, statistics).
 """
 
@@ -67,7 +72,17 @@ from typing import NamedTuple
 
 import torch
 
-from reference.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter, model_device, vocab_size
+from reference.drafters import (
+    Draft,
+    Drafter,
+    HiddenStateDrafter,
+    ModelDrafter,
+    MTPDrafter,
+    MTPHead,
+    PromptLookupDrafter,
+    model_device,
+    vocab_size,
+)
 from reference.kv import RaggedCache
 from reference.request_stats import BatchStats, StatsRecorder
 from reference.sequences import TokenSequences
@@ -124,7 +139,8 @@ def speculative_generate(
     device = model_device(target)
     generators = [torch.Generator(device=device).manual_seed(s) for s in request_seeds(seed, len(prompts))]
     sequences = TokenSequences(prompts, device)
-    target_kv = RaggedCache(target, len(prompts), device)  # empty: the first step's pass is the prefill
+    reads_hidden = isinstance(drafter, HiddenStateDrafter)
+    target_kv = RaggedCache(target, len(prompts), device, keep_hidden=reads_hidden)  # empty: the first pass prefills
     drafter.start(sequences)
     recorder = StatsRecorder(len(prompts), gamma, device)
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
@@ -133,11 +149,14 @@ def speculative_generate(
         gammas = draft_lengths(sequences, finished, gamma, max_new_tokens)
         with Stopwatch(device) as draft_clock:  # 1. draft
             draft = drafter.propose(sequences, gammas, params, generators)
+        seen = target_kv.lengths
         with Stopwatch(device) as target_clock:  # 2. score, 3. verify
             target_probs = score_drafts(target_kv, sequences, draft, params)
             result = verify(target_probs, draft, params, generators)
         target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep the fed context + accepted drafts
         drafter.accepted(result.num_accepted)
+        if reads_hidden:  # the same pass's hidden states at the tokens the target's cache kept
+            drafter.target_hidden(target_kv.hidden, target_kv.lengths - seen)
         sequences.append(result.emitted, result.num_accepted + 1)
         recorder.record_pass(~finished, draft.num_draft, result.num_accepted, draft_clock.seconds, target_clock.seconds)
         finished = finished | request_done(sequences, result, max_new_tokens, eos_token_id)
@@ -357,3 +376,28 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
     )
     return generation.tokens[0].to(input_ids.device)
+
+
+MTP_HEAD_SEED = 0
+"""The seed of the random MTP head of :func:`generate_mtp`."""
+
+
+def generate_mtp(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int,
+    gamma: int = DEFAULT_GAMMA,
+    min_p: float | None = None,
+) -> torch.Tensor:
+    """SPEC §2 with MTP drafting (built-in decoder ``reference-mtp``): :func:`generate` with an
+    :class:`MTPDrafter` whose head, ``MTPHead(target, seed=MTP_HEAD_SEED)``, is built on ``target``
+    (random weights, the same at every call); ``draft`` is ignored."""
+    drafter = MTPDrafter(MTPHead(target, seed=MTP_HEAD_SEED))
+    return generate(target, drafter, input_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                    top_p=top_p, seed=seed, gamma=gamma, min_p=min_p)

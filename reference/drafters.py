@@ -13,7 +13,11 @@ Every drafter implements the small :class:`Drafter` protocol used by ``reference
 - ``accepted(num_accepted)``: the target kept the first ``num_accepted[b]`` drafts of row b; roll
   any state back to that.
 
-Three drafters:
+A drafter that also reads the target's hidden states is a :class:`HiddenStateDrafter`: after each
+step's target pass the decoder hands it the target's last hidden state at every token the target's
+cache kept (``target_hidden(hidden, counts)``), from that same pass.
+
+Four drafters:
 
 - :class:`ModelDrafter` — a separate small causal LM sharing the tokenizer, with its own KV cache.
   Draft token ``i`` is drawn from ``q_i = params.apply(draft logits)``, the same processing
@@ -22,6 +26,9 @@ Three drafters:
   Algorithm 1 needs the *actual* sampling law of the draft).
 - :class:`EarlyExitDrafter` — self-speculation: the target's first ``k`` layers followed by its own
   final norm and LM head (a view sharing the target's weights, no copy), drafting like a model.
+- :class:`MTPDrafter` — a multi-token-prediction head on the target (:class:`MTPHead`, DeepSeek-V3's
+  design): it drafts from the target's own last hidden state and its next token, then from its own
+  hidden state, through one transformer block and the target's LM head.
 - :class:`PromptLookupDrafter` — n-gram copy from the context (prompt lookup decoding): the tokens
   that followed the earlier occurrence of the context's last tokens that agrees with it longest
   (other match policies: a parameter).  The drafts are deterministic given the context, i.e. drawn
@@ -30,12 +37,15 @@ Three drafters:
 
 from __future__ import annotations
 
+import abc
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
@@ -74,6 +84,21 @@ class Drafter(Protocol):
     def accepted(self, num_accepted: torch.Tensor) -> None: ...
 
 
+class HiddenStateDrafter(abc.ABC):
+    """A drafter that drafts from the target's hidden states (the :class:`Drafter` protocol, plus this).
+
+    After each step's target pass, rollback and :meth:`Drafter.accepted`, the decoder calls
+    :meth:`target_hidden` with the target's last hidden state at every token the target's KV cache
+    took in that pass (the committed tokens it lacked and the accepted drafts), so the drafter never
+    needs a target pass of its own.
+    """
+
+    @abc.abstractmethod
+    def target_hidden(self, hidden: torch.Tensor, counts: torch.Tensor) -> None:
+        """``hidden [B, m, H]``: row b's first ``counts[b]`` columns are the target's last hidden states
+        (the input of its output head) at the tokens its cache took this step, in order."""
+
+
 def vocab_size(model: torch.nn.Module) -> int:
     """Rows of the model's output head: the ids its distributions range over."""
     return int(model.get_output_embeddings().weight.shape[0])
@@ -88,6 +113,13 @@ def draft_width(gammas: torch.Tensor) -> int:
     """Columns ``K`` of a step's draft: ``max_b gammas[b]``, at least 1 (the rules take ``K >= 1``;
     a column no row uses is padding, which the target pass does not feed)."""
     return max(1, int(gammas.max()))
+
+
+def empty_draft(gammas: torch.Tensor, vocab: int) -> Draft:
+    """No drafts for any row (``num_draft = 0``): the step is plain target decoding.  One padding
+    column of tokens and of (unread) laws, as the rules take ``K >= 1``."""
+    no_probs = torch.zeros(gammas.shape[0], 1, vocab, device=gammas.device)
+    return Draft(torch.zeros_like(gammas)[:, None], no_probs, torch.zeros_like(gammas))
 
 
 def sample_each_row(probs: torch.Tensor, generators: Sequence[torch.Generator], drawing: torch.Tensor) -> torch.Tensor:
@@ -143,9 +175,7 @@ class ModelDrafter:
         passes = int(gammas.max())
         self.fed_drafts = (gammas - 1).clamp(min=0)
         if passes == 0:  # nothing to draft: the draft model does not run
-            batch, vocab = gammas.shape[0], vocab_size(self.model)
-            no_probs = torch.zeros(batch, 1, vocab, device=gammas.device)
-            return Draft(torch.zeros_like(gammas)[:, None], no_probs, torch.zeros_like(gammas))
+            return empty_draft(gammas, vocab_size(self.model))
         block, counts = sequences.tail(self.kv.lengths)
         next_logits = self.kv.extend(block, counts, read_from=counts - 1)[:, 0]
         tokens, probs = [], []
@@ -213,6 +243,158 @@ class EarlyExitDrafter(ModelDrafter):
     def check_target(self, target: torch.nn.Module) -> None:
         if target is not self.target:
             raise ValueError("target: this EarlyExitDrafter was built from a different model; build it from the target")
+
+
+class MTPHead(torch.nn.Module):
+    """A multi-token-prediction head on a target (DeepSeek-V3's MTP module, Liu et al. 2024, §2.2).
+
+    Entry ``j`` of the head's stream pairs a hidden state ``h_j`` (the target's at token ``x_j``, or
+    the head's own) with the embedding of the token after it, ``x_{j+1}``, and predicts ``x_{j+2}``:
+
+        h'_j = W [RMSNorm(h_j); RMSNorm(Emb(x_{j+1}))]        W: 2H → H          (eq. 21)
+        g_{0..j} = TRM(h'_{0..j})                             one causal block    (eq. 22)
+        P(x_{j+2}) = softmax(LMHead(g_j))                     the target's head   (eq. 23)
+
+    ``Emb`` and ``LMHead`` are the target's own modules (shared, not copied); ``TRM`` is one decoder
+    layer of the target's family (a base model of the target's class with one layer, its final
+    norm the head's output norm), with its own KV cache over the stream's entries at position ids
+    ``j``.  ``g_j`` (after that norm: the input of ``LMHead``, as the target's hidden state is) is
+    what the next draft step pairs with the drafted token.
+
+    The head's own weights are random, drawn from a ``torch.Generator`` seeded with ``seed`` (the
+    global RNG is left untouched), in :mod:`specverify.hf.tiny_models`' style: norms 1, every other
+    weight ``N(0, 1/fan_in)``.  Losslessness does not depend on them; acceptance does.
+    """
+
+    def __init__(self, target: torch.nn.Module, *, seed: int = 0) -> None:
+        super().__init__()
+        config = copy.deepcopy(target.config)
+        config.num_hidden_layers = 1
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:1]
+        with torch.random.fork_rng(devices=[]):  # torch's and Hugging Face's inits draw from the global RNG
+            block = type(target.get_decoder())(config)
+            projection = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        block.embed_tokens = None  # its input is the projection's output
+        self.config = config
+        self.embed_tokens = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.hidden_norm = copy.deepcopy(block.norm)
+        self.token_norm = copy.deepcopy(block.norm)
+        self.projection = projection
+        self.block = block
+        initialise_head(self, seed)
+        parameter = next(target.parameters())
+        self.to(device=parameter.device, dtype=parameter.dtype).eval()
+
+    def own_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The head's own weights, by name (the embedding and the LM head are the target's)."""
+        shared = {id(parameter) for module in (self.embed_tokens, self.lm_head) for parameter in module.parameters()}
+        return [(name, parameter) for name, parameter in self.named_parameters() if id(parameter) not in shared]
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        """The target's LM head (as a Hugging Face causal LM names it)."""
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: object,
+        use_cache: bool = True,
+        output_hidden_states: bool = True,
+    ) -> CausalLMOutputWithPast:
+        """``input_ids [B, m]`` are the tokens ``x_{j+1}`` and ``previous_hidden [B, m, H]`` the states
+        ``h_j`` of ``m`` new entries; returns their logits ``[B, m, V]`` and, as ``hidden_states[-1]``,
+        their ``g_j`` ``[B, m, H]`` (always: ``output_hidden_states`` is accepted for the cache's call)."""
+        joined = torch.cat([self.hidden_norm(previous_hidden), self.token_norm(self.embed_tokens(input_ids))], dim=-1)
+        output = self.block(inputs_embeds=self.projection(joined), attention_mask=attention_mask,
+                            position_ids=position_ids, cache=cache, use_cache=use_cache)
+        hidden = output.last_hidden_state
+        return CausalLMOutputWithPast(logits=self.lm_head(hidden), hidden_states=(hidden,))
+
+
+def initialise_head(head: MTPHead, seed: int) -> None:
+    """The head's own weights from ``torch.Generator().manual_seed(seed)``, in name order: norms 1,
+    every other weight ``N(0, 1/fan_in)`` (activations keep unit scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in sorted(head.own_parameters()):
+            if "norm" in name:
+                parameter.fill_(1.0)
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1]))
+
+
+class MTPDrafter(HiddenStateDrafter):
+    """Draft with an :class:`MTPHead` on the target: MTP speculative decoding.
+
+    With ``n`` committed tokens ``x_0 .. x_{n-1}``, the target's cache holds ``x_0 .. x_{n-2}`` and
+    the decoder has handed over their hidden states ``h_j``; the head's stream needs the entries
+    ``(h_j, x_{j+1})`` for ``j <= n − 2``.  A step feeds the entries the head's cache lacks (the
+    hidden states handed over since the last step, paired with the tokens after them): the last,
+    ``(h_{n-2}, x_{n-1})``, gives ``q_1``, the law of the first draft ``d_1``; draft ``i + 1`` is
+    drawn from the entry ``(g, d_i)`` fed next, ``g`` the head's own state at the entry before.  Row b
+    draws ``γ_b = gammas[b]`` drafts (one draw each) from ``q_i = params.apply(logits)``, the law
+    the rules verify; the head runs ``max(1, max_b γ_b)`` passes (the first feeds the new entries
+    even when no row drafts, so the stream never falls behind).
+
+    The first step drafts nothing: the target has not run yet (its first pass, the prefill, hands
+    over the prompt's hidden states).  ``accepted`` forgets every draft entry, accepted or not: an
+    accepted draft is fed again at the next step paired with the target's hidden state instead of
+    the head's, as DeepSeek-V3 pairs the main model's state with every committed token.
+    """
+
+    def __init__(self, head: MTPHead) -> None:
+        self.head = head
+        self.kv: RaggedCache | None = None
+        self.new_hidden: torch.Tensor | None = None  # the target's hidden states not yet fed to the head
+        self.fed_drafts: torch.Tensor | None = None  # per row: draft entries fed this step
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        if target.get_output_embeddings() is not self.head.lm_head:
+            raise ValueError("target: this MTPHead was built on a different model; build it with MTPHead(target)")
+
+    def start(self, sequences: TokenSequences) -> None:
+        self.kv = RaggedCache(self.head, sequences.tokens.shape[0], sequences.tokens.device, keep_hidden=True)
+        self.new_hidden = None
+
+    def target_hidden(self, hidden: torch.Tensor, counts: torch.Tensor) -> None:
+        self.new_hidden = hidden[:, : int(counts.max())]  # the pass's rejected drafts are no entries
+
+    @torch.no_grad()
+    def propose(
+        self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Draft:
+        self.fed_drafts = torch.zeros_like(gammas)
+        if self.new_hidden is None:  # the first step: no hidden state of the target yet
+            return empty_draft(gammas, vocab_size(self.head))
+        next_tokens, counts = sequences.tail(self.kv.lengths + 1)  # x_{j+1} of each new entry j
+        hidden, self.new_hidden = self.new_hidden, None
+        rows = torch.arange(gammas.shape[0], device=gammas.device)
+        next_logits = self.kv.extend(next_tokens, counts, read_from=counts - 1, previous_hidden=hidden)[:, 0]
+        head_hidden = self.kv.hidden[rows, counts - 1]
+        passes = int(gammas.max())
+        if passes == 0:
+            return empty_draft(gammas, vocab_size(self.head))
+        self.fed_drafts = (gammas - 1).clamp(min=0)
+        tokens, probs = [], []
+        for position in range(passes):
+            q = params.apply(next_logits.float())
+            token = sample_each_row(q, generators, position < gammas)
+            tokens.append(token)
+            probs.append(q)
+            if position + 1 < passes:  # feed the drafts of the rows that draft again, with the head's state
+                feeding = (position + 1 < gammas).to(torch.int64)
+                next_logits = self.kv.extend(token[:, None], feeding, previous_hidden=head_hidden[:, None])[:, 0]
+                head_hidden = self.kv.hidden[:, 0]
+        return Draft(torch.stack(tokens, 1), torch.stack(probs, 1), gammas.clone())
+
+    def accepted(self, num_accepted: torch.Tensor) -> None:
+        self.kv.forget(self.fed_drafts)
 
 
 MATCH_POLICIES = ("earliest", "latest", "longest")

@@ -40,27 +40,36 @@ from transformers import DynamicCache
 class RaggedCache:
     """One model's KV cache for ``batch_size`` rows of different lengths (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, batch_size: int, device: torch.device) -> None:
+    def __init__(
+        self, model: torch.nn.Module, batch_size: int, device: torch.device, *, keep_hidden: bool = False
+    ) -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.keep_hidden = keep_hidden
+        self.hidden: torch.Tensor | None = None  # with keep_hidden: the latest block's last hidden states [B, m, H]
 
     @torch.no_grad()
     def extend(
-        self, tokens: torch.Tensor, counts: torch.Tensor, read_from: torch.Tensor | None = None, width: int = 1
+        self, tokens: torch.Tensor, counts: torch.Tensor, read_from: torch.Tensor | None = None, width: int = 1,
+        **model_inputs: torch.Tensor,
     ) -> torch.Tensor:
         """Run the model on a block of new tokens and append their keys/values; return their logits.
 
         ``tokens [B, m]`` holds ``counts[b]`` real tokens of row b at its left and padding after them;
         the logits at padding columns are meaningless.  Row b's real token ``j`` gets position id
         ``lengths[b] + j`` and attends to the row's valid columns plus its own earlier block tokens.
+        ``model_inputs``: further per-column inputs of the model's forward (an MTP head's
+        ``previous_hidden [B, m, H]``).
 
         Returns every column's logits ``[B, m, V]``, or with ``read_from [B]`` only row b's columns
         ``read_from[b] .. read_from[b] + width - 1`` (``[B, width, V]``; columns past the block repeat
         its last).  Then the output head runs only from column ``min(read_from)`` on (Hugging Face's
         ``logits_to_keep``, where the model takes it): a prompt's other positions predict nothing.
+        With ``keep_hidden``, :attr:`hidden` becomes the model's last hidden state at every column of
+        the block, ``[B, m, H]`` (the last of ``output_hidden_states``: the input of the output head).
         """
         block_width = tokens.shape[1]
         offsets = torch.arange(block_width, device=tokens.device)
@@ -69,6 +78,7 @@ class RaggedCache:
         position_ids = self.lengths[:, None] + offsets
         skipped = 0 if read_from is None else int(read_from.min())
         keep = {"logits_to_keep": block_width - skipped} if skipped and self.keeps_logits else {}
+        hidden = {"output_hidden_states": True} if self.keep_hidden else {}
         output = self.model(
             input_ids=tokens,
             attention_mask=attention_mask.to(torch.int64),
@@ -76,9 +86,13 @@ class RaggedCache:
             cache=self.cache,
             use_cache=True,
             **keep,
+            **hidden,
+            **model_inputs,
         )
         self.valid = attention_mask
         self.lengths = self.lengths + counts
+        if self.keep_hidden:
+            self.hidden = output.hidden_states[-1]
         logits = output.logits[:, -(block_width - skipped):]  # [B, m - skipped, V]
         if read_from is None:
             return logits

@@ -50,6 +50,7 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "decoder": {
         "reference": "reference.decoder:generate",
+        "reference-mtp": "reference.decoder:generate_mtp",
         "hf-transformers": "specverify.hf.generate_adapter:generate",
         "hf-transformers-prompt-lookup": "specverify.hf.generate_adapter:generate_prompt_lookup",
     },

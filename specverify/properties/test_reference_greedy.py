@@ -26,6 +26,8 @@ from reference.drafters import (
     MATCH_POLICIES,
     EarlyExitDrafter,
     ModelDrafter,
+    MTPDrafter,
+    MTPHead,
     PromptLookupDrafter,
     truncated_view,
 )
@@ -46,7 +48,8 @@ def models():
 
 def make_drafter(name: str, target, draft):
     return {"model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter,
-            "early-exit": lambda: EarlyExitDrafter(target, num_layers=1)}[name]()
+            "early-exit": lambda: EarlyExitDrafter(target, num_layers=1),
+            "mtp": lambda: MTPDrafter(MTPHead(target))}[name]()
 
 
 def target_greedy(target, prompt) -> list[int]:
@@ -57,7 +60,7 @@ def target_greedy(target, prompt) -> list[int]:
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 @pytest.mark.parametrize("gamma", [1, 4])
-@pytest.mark.parametrize("drafter", ["model", "lookup", "early-exit"])
+@pytest.mark.parametrize("drafter", ["model", "lookup", "early-exit", "mtp"])
 def test_greedy_equals_target_generate(drafter, gamma, batch_size, models):
     target, draft = models
     prompts = PROMPTS[:batch_size]

@@ -26,7 +26,14 @@ from transformers import GenerationConfig
 import reference.decoder
 import reference.drafters
 from reference.decoder import speculative_generate
-from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
+from reference.drafters import (
+    EarlyExitDrafter,
+    HiddenStateDrafter,
+    ModelDrafter,
+    MTPDrafter,
+    MTPHead,
+    PromptLookupDrafter,
+)
 from specverify.hf.tiny_models import tiny_target_and_draft
 
 VOCAB = 16
@@ -42,7 +49,8 @@ def models():
 
 def make_drafter(name: str, target, draft):
     return {"model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter,
-            "early-exit": lambda: EarlyExitDrafter(target, num_layers=1)}[name]()
+            "early-exit": lambda: EarlyExitDrafter(target, num_layers=1),
+            "mtp": lambda: MTPDrafter(MTPHead(target))}[name]()
 
 
 class StepLog:
@@ -67,6 +75,13 @@ class StepLog:
 
     def accepted(self, num_accepted) -> None:
         self.drafter.accepted(num_accepted)
+
+
+class HiddenStateStepLog(StepLog, HiddenStateDrafter):
+    """A :class:`StepLog` of a drafter that reads the target's hidden states, which it hands on."""
+
+    def target_hidden(self, hidden, counts) -> None:
+        self.drafter.target_hidden(hidden, counts)
 
 
 def forward_widths(model, log: list[int]):
@@ -105,7 +120,7 @@ def hf_assisted(target, draft, prompt: torch.Tensor, max_new_tokens: int, gamma:
 
 def reference_run(target, draft, drafter, prompts, max_new_tokens: int, gamma: int, **options):
     """(generation, step log, target pass widths, draft pass count) of one reference decode."""
-    log = StepLog(drafter)
+    log = HiddenStateStepLog(drafter) if isinstance(drafter, HiddenStateDrafter) else StepLog(drafter)
     target_widths, draft_widths = [], []
     handles = [forward_widths(target, target_widths), forward_widths(draft, draft_widths)]
     try:
@@ -171,7 +186,7 @@ def eos_of_first_row(target, draft, drafter: str, gamma: int, max_new_tokens: in
 
 
 @pytest.mark.parametrize("with_eos", [False, True], ids=["no-eos", "eos"])
-@pytest.mark.parametrize("drafter", ["model", "lookup", "early-exit"])
+@pytest.mark.parametrize("drafter", ["model", "lookup", "early-exit", "mtp"])
 def test_rows_draft_what_they_need_and_their_tokens_ignore_their_batch_mates(drafter, with_eos, models):
     """γ = 4, 7 new tokens (not a multiple of γ + 1), temperature 1, one seed per request: each
     request decoded alone equals its row in a batch of four prompts of different lengths, where
@@ -187,6 +202,7 @@ def test_rows_draft_what_they_need_and_their_tokens_ignore_their_batch_mates(dra
     assert_draft_lengths_follow_the_rule(log, widths, draft_passes if drafter == "model" else None, BATCH_PROMPTS,
                                          max_new_tokens, gamma, eos)
     assert any(len(set(gammas.tolist())) > 1 for _, _, gammas, _ in log.steps)  # mates with other γ_b in one step
+    assert any(bool(num_draft.any()) for _, _, _, num_draft in log.steps)  # the drafter drafted
     if with_eos:
         assert int(generation.num_tokens[0]) < max_new_tokens  # row 0 finished early and rode along
     for row, (prompt, seed) in enumerate(zip(BATCH_PROMPTS, SEEDS)):
