@@ -451,9 +451,12 @@ def _padded_paths(paths: _DraftPaths, width: int) -> _DraftPaths:
         raise ValueError(f"width: expected an integer K >= max(num_draft, 1) = {max(num_draft, 1)}, got {width!r}")
     vocab = paths.target.shape[2]
     extra = width - num_draft
-    target = torch.cat([paths.target, paths.target.new_full((count, extra, vocab), decoy_value("target_probs", vocab))], 1)
-    draft = torch.cat([paths.draft, paths.draft.new_full((count, extra, vocab), decoy_value("draft_probs", vocab))], 1)
-    tokens = torch.cat([paths.tokens, paths.tokens.new_full((count, extra), decoy_value("draft_tokens", vocab))], 1)
+    target_padding = paths.target.new_full((count, extra, vocab), decoy_value("target_probs", vocab))
+    draft_padding = paths.draft.new_full((count, extra, vocab), decoy_value("draft_probs", vocab))
+    token_padding = paths.tokens.new_full((count, extra), decoy_value("draft_tokens", vocab))
+    target = torch.cat([paths.target, target_padding], 1)
+    draft = torch.cat([paths.draft, draft_padding], 1)
+    tokens = torch.cat([paths.tokens, token_padding], 1)
     return _DraftPaths(tokens, paths.probs, target, draft, torch.full((count,), num_draft, dtype=torch.int64))
 
 

@@ -437,7 +437,8 @@ class GuardedFunction(_Session):
         for number, rows in enumerate(sizes):
             what = f"the function (in {where})" if len(sizes) == 1 else f"the function (in {where}, call {number + 1} of {len(sizes)})"
             args = tuple(passed[name][start:start + rows] for name in names) + (generator,)
-            keywords = {} if ragged is None else {"num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
+            keywords = {} if ragged is None else {
+                "num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
             started = time.perf_counter()
             try:
                 result = self._in_process(lambda: self.fn(*args, **keywords),

@@ -9,7 +9,8 @@ and answers each one; it never raises out of a request (every exception of the f
   ``("loaded", {"parameters": ...})`` or ``("load-failed", message)``;
 - ``steps``: call the SPEC §1 function once per group of consecutive rows of the shared buffer
   with one persistent generator (and, for a ragged request, the group's ``num_draft_tokens=``),
-  validate each output and copy it into the buffer at once; answer ``("ok", seconds, aliased)`` or ``("fault", kind, message, group)``;
+  validate each output and copy it into the buffer at once; answer ``("ok", seconds, aliased)``
+  or ``("fault", kind, message, group)``;
 - ``tree``: one SPEC §3 call on the four tensors of the shared buffer with a persistent
   generator, the output validated (a root-to-node path) and copied into the buffer; answer
   ``("ok", seconds, aliased)`` or ``("fault", kind, message, 0)``;

@@ -35,8 +35,8 @@ from specverify.core.rules import validate_verify_inputs
 from specverify.core.sampling import inverse_cdf, search_cdf
 
 __all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE", "VOCABULARY_TILE", "LAST_TILE",
-           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "ROW_BLOCK", "Flattened", "flatten_ragged",
-           "verify_flattened", "ragged_reference"]
+           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "ROW_BLOCK", "Flattened",
+           "flatten_ragged", "verify_flattened", "ragged_reference"]
 
 COARSE_UNIFORM_STEP = 2.0**-8  # resolution of the uniforms in `zero_uniform_accepts` (bfloat16-like)
 DRAFT_TEMPERATURE = 0.7  # the temperature `draft_temperature_in_acceptance` re-applies to q
@@ -601,11 +601,11 @@ def ragged_bonus_at_padded_position(target_probs, draft_probs, draft_tokens, gen
     return verify_flattened(flat, u, first, bonus, flat.num_draft_tokens)
 
 
-def ragged_offsets_from_inclusive_cumsum(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
-                                         num_draft_tokens=None) -> torch.Tensor:
-    """Request b's drafts are read from flat row ``cu[b]`` (the inclusive cumsum) instead of ``cu[b] - k_b``."""
+def ragged_offsets_from_padded_width(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                                     num_draft_tokens=None) -> torch.Tensor:
+    """Request b's drafts are read from flat row ``cu[b] - K`` instead of ``cu[b] - k_b``."""
     flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens)
-    first = flat.cu_num_draft_tokens  # BUG: inclusive cumsum used as the start offset
+    first = flat.cu_num_draft_tokens - (u.shape[1] - 1)  # BUG: inclusive cumsum less the padded width K
     return verify_flattened(flat, u, first, flat.bonus, flat.num_draft_tokens)
 
 
@@ -615,7 +615,8 @@ def ragged_empty_row_takes_next_bonus(target_probs, draft_probs, draft_tokens, g
     flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens)
     first = flat.cu_num_draft_tokens - flat.num_draft_tokens
     with_drafts = (flat.num_draft_tokens > 0).nonzero()[:, 0]  # BUG: empty requests dropped from the bonus rows
-    source = with_drafts[torch.arange(len(u)).clamp(max=len(with_drafts) - 1)] if len(with_drafts) else torch.arange(len(u))
+    rows = torch.arange(len(u), device=u.device)
+    source = with_drafts[rows.clamp(max=len(with_drafts) - 1)] if len(with_drafts) else rows
     return verify_flattened(flat, u, first, flat.bonus[source], flat.num_draft_tokens)
 
 
@@ -631,7 +632,7 @@ def ragged_last_row_padding_read(target_probs, draft_probs, draft_tokens, genera
     return verify_flattened(flat, u, first, flat.bonus, flat.num_draft_tokens)
 
 
-for _ragged_rule in (ragged_reference, ragged_bonus_at_padded_position, ragged_offsets_from_inclusive_cumsum,
+for _ragged_rule in (ragged_reference, ragged_bonus_at_padded_position, ragged_offsets_from_padded_width,
                      ragged_empty_row_takes_next_bonus, ragged_last_row_padding_read):
     _ragged_rule.arithmetic = "float64"
 
@@ -988,16 +989,17 @@ _ENTRIES += [
         ragged_only=True,
     ),
     BuggyRule(
-        name="ragged_offsets_from_inclusive_cumsum",
+        name="ragged_offsets_from_padded_width",
         description=(
-            "Ragged rows: request b's drafts are read from flat rows cu[b] .. cu[b] + k_b - 1 with cu the "
-            "inclusive cumsum of the draft counts, instead of cu[b] - k_b ..: each request tests the next "
-            "request's drafts and laws (the last one reads past the end), so it accepts and emits tokens that "
-            "are not its own drafts.  Exact for one row of K drafts only."
+            "Ragged rows: the exclusive offsets are formed from the inclusive cumsum cu of the draft counts as "
+            "cu[b] - K instead of cu[b] - k_b, so a request with k_b < K starts K - k_b rows early and tests the "
+            "previous request's drafts and laws (the first row clamps at flat row 0): it accepts and emits tokens "
+            "that are not its own drafts.  Exact when every row has K drafts."
         ),
-        modelled_on="cu_num_draft_tokens (inclusive cumsum) taken as the start offset instead of cu - num_draft",
+        modelled_on=("start offsets from cu_num_draft_tokens (inclusive) minus the padded width instead of the "
+                     "request's own count"),
         bug_class="indexing",
-        fn=ragged_offsets_from_inclusive_cumsum,
+        fn=ragged_offsets_from_padded_width,
         ragged_only=True,
     ),
     BuggyRule(
