@@ -12,6 +12,9 @@ The sampler battery (:class:`SamplerBattery`, in run order):
 - edge cases (goodness of fit): ``bonus-position`` (q = p, every draft accepted),
   ``correction-position`` (rejection at position 2), ``disjoint-supports``, ``zeros-both-sides``,
   ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8);
+- the call patterns of :mod:`specverify.auditing.sampler.coverage`, with ``ragged-drafts`` and
+  ``exact-ragged-drafts`` (functions taking ``num_draft_tokens=``; the exact one with ``uniforms=``):
+  rows with their own draft counts, as engines verify them;
 - ``exact-large-vocabulary`` (functions taking ``uniforms=``) and ``production-*``: production shapes
   (V up to 151,936, K up to 16, batches of 1,024, bf16/fp16, strided views;
   :mod:`specverify.auditing.sampler.production`);

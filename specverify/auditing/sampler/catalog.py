@@ -20,7 +20,9 @@ draft ``i``, column ``K`` for the inverse-CDF draw of the final token (the first
 (``zero_uniform_accepts`` moves acceptance thresholds by less than 2^-8, which an integrator must
 resolve: its breakpoints sit at ``(floor(256 p/q) + 1) / 256``).  The two random-state entries
 (``integrable=False``) are about where randomness comes from, so they ignore ``uniforms`` (and the
-generator) and can only be caught statistically or by reproducibility.
+generator) and can only be caught statistically or by reproducibility.  The ragged-row entries
+(``ragged_only``) also take ``num_draft_tokens=`` (docs/spec.md §1) and verify in the flattened
+layout of vLLM V1 (:func:`flatten_ragged`, :func:`verify_flattened`).
 """
 
 from __future__ import annotations

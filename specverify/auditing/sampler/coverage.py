@@ -30,6 +30,18 @@ by top-k and by top-p (most tokens exactly 0) against untruncated drafts, with c
 target's most likely tokens, one cell for the rest of its support, and one cell for all tokens of
 probability 0, of expected count 0 — a single emitted zero-probability token fails the check
 (p = 0, certain loss), at any vocabulary size.
+
+Ragged rows.  A function that takes ``num_draft_tokens=`` (docs/spec.md §1) is called as vLLM V1,
+SGLang and EAGLE call their verifiers: each row with its own draft count ``k_b`` in ``0..K``, the
+other columns holding decoy padding (:func:`specverify.testing.harness.propose_ragged`).
+:class:`RaggedStepCheck` (``ragged-drafts``) mixes draft counts 0, 1 and K = 2, start positions 0
+and 1, random and greedy (point-mass target) requests in calls of 1 to 1,000 rows and tests every
+row's first ``k_b + 1`` tokens against the target (χ² on 234 cells, sized like every
+goodness-of-fit check: TV ε at the check's α share with power ``POWER``); a row emitting more
+than ``k_b + 1`` tokens is an impossible output.  :class:`RaggedExactCheck`
+(``exact-ragged-drafts``, with ``uniforms=`` too) integrates single padded rows exactly
+(:func:`specverify.core.exact.step_distribution` with ``width``); cross-row mistakes need the
+statistical check.
 """
 
 from __future__ import annotations
