@@ -3,10 +3,10 @@ detection, the rules, the exact laws of padded rows, the output check, the two r
 the four flattened-layout catalog entries, each killed while correct code written four ways passes.
 
 Statistical figures: ``ragged-drafts`` at ``--budget 3000`` runs at the audit's α = 0.001 (one check,
-so its whole share) with the χ² of its 162 cells; at that n it detects TV ≈ 0.17 with power 0.99
-(``report.checks[0]`` states it).  Correct code can be accused with probability ≤ 0.001 per test; the
-seeds are the audit's fixed default (seed 0, and seed 1 for the row-by-row draws: see the xfail there),
-so each run is the same.
+so its whole share) with the χ² of its 234 cells; at that n it detects TV ≥ 0.109 with power 0.99
+(``stats.detectable_tv``; 0.27 at the 500 samples of the worker-process case).  Correct code can be
+accused with probability ≤ 0.001 per test; the seeds are the audit's fixed default (seed 0, and seed 1
+for the row-by-row draws: see the xfail there), so each run is the same.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def test_correct_code_drawing_its_randomness_row_by_row_passes_the_ragged_check(
 
 @pytest.mark.statistical
 def test_the_ragged_checks_run_the_function_in_a_worker_process():
-    """The worker's ``steps`` requests carry ``num_draft_tokens`` (500 samples: detects TV ≥ 0.3 only)."""
+    """The worker's ``steps`` requests carry ``num_draft_tokens`` (500 samples: detects TV ≥ 0.27 only)."""
     report = specverify.audit("reference", budget=500, checks=["ragged-drafts", "exact-ragged-drafts"],
                               allow_underpowered=True)
     assert report.exit_code == 0 and report.isolation["mode"] == "process", report.explain()
