@@ -1,11 +1,12 @@
 """Checks a battery leaves out for this function, each with the reason and the one-line fix.
 
 A battery builds its checks from what the function offers: the exact checks need the optional
-``uniforms=`` keyword of docs/spec.md, and the tree level audits only the sibling schemes a
-function declares in ``draft_schemes``.  A check left out silently would make a shorter audit
-look like the whole one, so the plan, the verdict and every report name each omission
-(:class:`Omission`) with what to change to get it: the whole note once per run (in the plan
-when a progress display writes one, else in the report), the names alone in the verdict.
+``uniforms=`` keyword of docs/spec.md, the ragged-batch checks ``num_draft_tokens=``, and the
+tree level audits only the sibling schemes a function declares in ``draft_schemes``.  A check
+left out silently would make a shorter audit look like the whole one, so the plan, the verdict
+and every report name each omission (:class:`Omission`) with what to change to get it: the whole
+note once per run (in the plan when a progress display writes one, else in the report), the
+names alone in the verdict.
 
 A battery may list its own with ``omitted(session) -> list[Omission]``; the built-in levels are
 read here from the session, without changing their batteries.
@@ -25,6 +26,10 @@ TREE_UNIFORMS_FIX = ("add a keyword argument `*, uniforms=None` (float64 [B, N+1
                      "node n, when it is tested, iff u_n·q_n(x_n) < p(x_n), column N draws the final token by "
                      "inverse CDF; docs/spec.md §3, specverify.core.tree_rules)")
 """The fix at the tree level: the tree's uniform convention (one column per node, N nodes)."""
+
+
+RAGGED_FIX = ("add a keyword argument `*, num_draft_tokens=None` (int64 [B]: row b uses only its first k_b <= K "
+              "drafts, the other columns are padding to ignore; docs/spec.md §1)")
 
 
 @dataclass(frozen=True)
@@ -57,23 +62,35 @@ def omitted_checks(level: str, battery: Any, session: Any) -> list[Omission]:
     return []
 
 
-def _takes_uniforms(session: Any) -> bool | None:
-    from specverify.core.rules import accepts_uniforms
+def _takes(session: Any, keyword: str) -> bool | None:
+    """Whether the session's function takes ``keyword`` (None when there is no function to ask)."""
+    from specverify.core.rules import accepts_keyword
 
     raw = getattr(session, "raw", None)
     if raw is None:
         return None
     try:
-        return bool(accepts_uniforms(raw))
+        return bool(accepts_keyword(raw, keyword))
     except Exception:
         return None
 
 
+def _takes_uniforms(session: Any) -> bool | None:
+    return _takes(session, "uniforms")
+
+
 def _sampler(session: Any) -> list[Omission]:
-    if _takes_uniforms(session) is not False:
-        return []
-    return [Omission(("exact-step",), "the function takes no `uniforms=` keyword, so its law cannot be integrated "
-                     "exactly (the sampled checks still run)", UNIFORMS_FIX)]
+    found = []
+    ragged = _takes(session, "num_draft_tokens")
+    if _takes_uniforms(session) is False:
+        exact = ("exact-step", "exact-ragged-drafts") if ragged else ("exact-step",)
+        found.append(Omission(exact, "the function takes no `uniforms=` keyword, so its law cannot be "
+                              "integrated exactly (the sampled checks still run)", UNIFORMS_FIX))
+    if ragged is False:
+        found.append(Omission(("ragged-drafts", "exact-ragged-drafts"), "the function takes no `num_draft_tokens=` "
+                              "keyword, so batches whose rows have different draft counts are not audited",
+                              RAGGED_FIX))
+    return found
 
 
 def _tree(session: Any) -> list[Omission]:

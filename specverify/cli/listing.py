@@ -55,6 +55,14 @@ STORED_EXACT_TV: dict[str, float | None] = {
 """:func:`exact_tv` of every entry, rounded to 6 decimals and stored so that ``--list`` is instant
 (the integration takes ~10 s of CPU); ``tests/cli/test_newuser_cli.py`` recomputes them."""
 
+RAGGED_EXACT_TV: dict[str, float | None] = {
+    "ragged_bonus_at_padded_position": 0.3, "ragged_offsets_from_padded_width": None,
+    "ragged_empty_row_takes_next_bonus": None, "ragged_last_row_padding_read": None,
+}
+"""The ragged-row entries (exact on full rows): ``exact.exact_step_tv(fn, example, 0, width=2)``, the
+law of a row of :data:`EXAMPLE_TARGET` with no drafts among two padded columns
+(tests/auditing/test_ragged.py recomputes it); None where that row alone shows no loss."""
+
 PRODUCTION_EXACT_TV: dict[str, float | None] = {
     "vocabulary_tile_drops_high_ids": 0.128464, "partial_last_tile_dropped": 0.011581,
     "half_precision_cdf_at_large_vocab": 0.000229, "bonus_library_top_k": 0.005356,
@@ -131,7 +139,10 @@ def listing() -> str:
               "loss of one step on the V = 4, K = 2 example (specverify.cli.listing):",
               f"  {'name':<33} {'class':<16} {'exact TV':>9}", "      what is wrong"]
     for name, bug_class, description in catalog_entries():
-        if name in PRODUCTION_EXACT_TV:
+        if name in RAGGED_EXACT_TV:
+            tv = RAGGED_EXACT_TV[name]
+            shown = "—‡" if tv is None else f"{tv:.4f}‡"
+        elif name in PRODUCTION_EXACT_TV:
             tv = PRODUCTION_EXACT_TV[name]
             shown = "—†" if tv is None else f"{tv:.4f}*"
         else:
@@ -144,4 +155,7 @@ def listing() -> str:
                  "the randomness-source check)")
     lines.append("  (*: a production-shape bug, exact on the toy example; its exact TV at the production case of "
                  "exact-large-vocabulary; —†: not integrable one row at a time, caught by the production-* checks)")
+    lines.append("  (‡: a ragged-row bug (num_draft_tokens=), exact on full rows; its exact TV on a row of the "
+                 "example with k = 0 drafts padded to K = 2; —‡: it emits impossible outputs there or needs other "
+                 "rows, caught by exact-ragged-drafts and ragged-drafts)")
     return "\n".join(lines)

@@ -283,10 +283,14 @@ def max_abs_difference(d1: Mapping[tuple[int, ...], float], d2: Mapping[tuple[in
     return max((abs(d1.get(key, 0.0) - d2.get(key, 0.0)) for key in set(d1) | set(d2)), default=0.0)
 
 
-def exact_step_tv(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[int, ...] = ()) -> float:
+def exact_step_tv(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[int, ...] = (), *,
+                  width: int | None = None) -> float:
     """TV between the rule's completed one-step law and the target's law of ``K+1`` tokens: 0 for
-    a lossless rule (up to ~1e-13), the exact loss of one step otherwise."""
-    completed = completed_step_distribution(step_distribution(rule, chain, num_draft, prefix), chain, num_draft, prefix)
+    a lossless rule (up to ~1e-13), the exact loss of one step otherwise.  ``width``: a ragged row
+    (see :func:`step_distribution`), whose law is the chain's one-step law truncated at
+    ``k = num_draft`` drafts."""
+    step = step_distribution(rule, chain, num_draft, prefix, width=width)
+    completed = completed_step_distribution(step, chain, num_draft, prefix)
     return total_variation(completed, target_sequence_distribution(chain, num_draft + 1, prefix))
 
 
@@ -303,6 +307,7 @@ class _DraftPaths:
     probs: np.ndarray  # float64 [n]: Π_i q_i(x_i)
     target: torch.Tensor  # float64 [n, K+1, V]
     draft: torch.Tensor  # float64 [n, K, V]
+    num_draft_tokens: torch.Tensor | None = None  # int64 [n]: the real drafts of padded (ragged) paths
 
 
 @dataclass(frozen=True)
@@ -328,8 +333,16 @@ class _Grid:
         return np.clip(low + (high - low) * fractions, low, np.nextafter(high, -np.inf))
 
 
-def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[int, ...] = ()) -> Distribution:
+def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[int, ...] = (), *,
+                      width: int | None = None) -> Distribution:
     """Exact law of the tuple one step of ``rule`` emits after ``prefix``.
+
+    ``width`` (at least ``num_draft``): a ragged row (docs/spec.md §1, ``num_draft_tokens=``): the
+    rule gets ``width`` draft columns of which the first ``k = num_draft`` are real and the rest
+    hold the audit's decoy padding (:func:`specverify.auditing.isolation.presentation.decoy_value`:
+    uniform laws, the last token id), is called with ``num_draft_tokens = k`` and ``width + 1``
+    uniforms, all of which are integrated over; a lossless rule's law is then the chain's one-step
+    law truncated at ``k``, the same as with ``width = k``.
 
     ``P(e) = Σ_x Π_i q_i(x_i) · vol{u ∈ [0,1)^{K+1} : rule(p, q, x, u) emits e}``, the sum over
     draft paths ``x`` (each drawn from the draft law along the path).  ``rule`` is called as
@@ -359,6 +372,8 @@ def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[in
     check_num_draft(num_draft)
     prefix = _as_prefix(prefix, chain)
     paths = _enumerate_draft_paths(chain, num_draft, prefix)
+    if width is not None:
+        paths = _padded_paths(paths, width)
     edges = [_candidate_breakpoints(paths, index) for index in range(len(paths.probs))]
     pending = np.arange(len(paths.probs))
     totals: dict[int, float] = defaultdict(float)
@@ -424,6 +439,25 @@ def _enumerate_draft_paths(chain: Chain, num_draft: int, prefix: tuple[int, ...]
     ).reshape(len(level), num_draft + 1, vocab_size)
     draft = np.array([drafts for _, _, _, drafts in level], dtype=np.float64).reshape(len(level), num_draft, vocab_size)
     return _DraftPaths(torch.from_numpy(tokens), probs, torch.from_numpy(target), torch.from_numpy(draft))
+
+
+def _padded_paths(paths: _DraftPaths, width: int) -> _DraftPaths:
+    """``paths`` (``k`` drafts each) widened to ``width`` draft columns with the decoy padding, and
+    ``num_draft_tokens = k`` on every path."""
+    from specverify.auditing.isolation.presentation import decoy_value
+
+    count, num_draft = paths.tokens.shape
+    if not (isinstance(width, int) and width >= max(num_draft, 1)):
+        raise ValueError(f"width: expected an integer K >= max(num_draft, 1) = {max(num_draft, 1)}, got {width!r}")
+    vocab = paths.target.shape[2]
+    extra = width - num_draft
+    target_padding = paths.target.new_full((count, extra, vocab), decoy_value("target_probs", vocab))
+    draft_padding = paths.draft.new_full((count, extra, vocab), decoy_value("draft_probs", vocab))
+    token_padding = paths.tokens.new_full((count, extra), decoy_value("draft_tokens", vocab))
+    target = torch.cat([paths.target, target_padding], 1)
+    draft = torch.cat([paths.draft, draft_padding], 1)
+    tokens = torch.cat([paths.tokens, token_padding], 1)
+    return _DraftPaths(tokens, paths.probs, target, draft, torch.full((count,), num_draft, dtype=torch.int64))
 
 
 def _candidate_breakpoints(paths: _DraftPaths, index: int) -> list[np.ndarray]:
@@ -508,6 +542,7 @@ def _evaluate(rule: Rule, paths: _DraftPaths, path_of_row: np.ndarray, uniforms:
             paths.draft[rows],
             paths.tokens[rows],
             torch.from_numpy(np.ascontiguousarray(uniforms[start : start + chunk])),
+            None if paths.num_draft_tokens is None else paths.num_draft_tokens[rows],
         )
         codes[start : start + chunk] = _encode_emitted(emitted, vocab_size)
     return codes
@@ -519,11 +554,14 @@ def _call_rule(
     draft_probs: torch.Tensor,
     draft_tokens: torch.Tensor,
     uniforms: torch.Tensor,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> np.ndarray:
     """Call ``rule(target_probs, draft_probs, draft_tokens, None, uniforms=uniforms)`` (the uniforms
-    are the only source of randomness) and return its emitted tokens as int64 ``[B, K+1]``."""
+    are the only source of randomness; ragged rows add ``num_draft_tokens=``) and return its
+    emitted tokens as int64 ``[B, K+1]``."""
+    ragged = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
     try:
-        result = rule(target_probs, draft_probs, draft_tokens, None, uniforms=uniforms)
+        result = rule(target_probs, draft_probs, draft_tokens, None, uniforms=uniforms, **ragged)
     except TypeError as error:
         if "uniforms" in str(error):
             raise ValueError(
@@ -534,7 +572,8 @@ def _call_rule(
     try:
         # The layout only: the integrator also drives tree rules (specverify.core.tree_exact), whose
         # accepted slots hold path tokens rather than the row's draft tokens in order.
-        emitted, _ = outputs.validate_emitted(result, None, target_probs.shape[-1], num_positions=target_probs.shape[1])
+        emitted, _ = outputs.validate_emitted(result, None, target_probs.shape[-1], num_positions=target_probs.shape[1],
+                                              num_draft_tokens=num_draft_tokens)
     except outputs.MalformedOutput as error:
         raise outputs.MalformedOutput([f"rule: {problem}" for problem in error.violations]) from None
     return emitted.numpy()

@@ -81,7 +81,8 @@ def _integral_values(tensor: torch.Tensor) -> torch.Tensor | None:
 
 def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size: int,
                      *, num_positions: int | None = None,
-                     target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     target_probs: torch.Tensor | None = None,
+                     num_draft_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Check one step's output against the SPEC §1 layout and return ``(emitted, lengths)`` on the CPU.
 
     ``draft_tokens [B, K]``: the row's draft tokens, which the accepted slots must repeat (None
@@ -89,7 +90,9 @@ def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size:
     ``num_positions`` gives K+1 and B is taken from the output).  Raises :class:`MalformedOutput`
     with every layout violation found, each naming the first offending row; an output of the right
     layout with a non-draft token in an accepted slot, or (given ``target_probs [B, K+1, V]``) a
-    token of target probability 0, raises :class:`ImpossibleOutput`.
+    token of target probability 0, raises :class:`ImpossibleOutput`; so does, given
+    ``num_draft_tokens [B]`` (ragged rows, docs/spec.md §1), a row with ``k_b`` drafts that emits
+    more than ``k_b + 1`` tokens (it accepted padding).
     """
     tensor = emitted_tensor(result)
     if draft_tokens is not None:
@@ -135,6 +138,15 @@ def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size:
                 f"is {int(draft_tokens[row, col])} ({len(rows)} of {batch} rows hold a non-draft token in an "
                 "accepted slot): only the row's own accepted draft tokens may precede its one correction-or-bonus "
                 "token; a rule that reads another row's drafts (or shifts them) emits exactly this"])
+    if num_draft_tokens is not None:
+        too_long = lengths > num_draft_tokens.cpu() + 1
+        if bool(too_long.any()):
+            row = int(too_long.nonzero()[0, 0])
+            raise ImpossibleOutput([
+                f"emitted {int(lengths[row])} tokens in row {row}, which has num_draft_tokens = "
+                f"{int(num_draft_tokens[row])} ({int(too_long.sum())} of {batch} rows too long): a row with k_b drafts "
+                "emits at most k_b + 1 tokens; a rule that reads the padding after a row's drafts as drafts emits "
+                "exactly this"])
     if target_probs is not None:
         impossible = zero_probability_tokens(emitted, lengths, target_probs)
         if impossible is not None:

@@ -780,7 +780,8 @@ def typical_acceptance_verify(
 
 # --------------------------------------------------------------------------------------------
 # SPEC §1 adapters: (target_probs, draft_probs, draft_tokens, generator) -> emitted [B, K+1].
-# Each also takes ``uniforms=`` so that specverify.core.exact can drive it exactly.
+# Each also takes ``uniforms=`` so that specverify.core.exact can drive it exactly, and
+# ``num_draft_tokens=`` (ragged rows, docs/spec.md §1).
 # --------------------------------------------------------------------------------------------
 
 
@@ -791,9 +792,12 @@ def verify(
     generator: torch.Generator | None = None,
     *,
     uniforms: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The built-in ``reference`` sampler (SPEC §1): :func:`rejection_sample`'s emitted tokens."""
-    return rejection_sample(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms).emitted
+    """The built-in ``reference`` sampler (SPEC §1): :func:`rejection_sample`'s emitted tokens
+    (``num_draft_tokens``: the ragged rows of docs/spec.md §1, passed as ``num_draft``)."""
+    return rejection_sample(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms,
+                            num_draft=num_draft_tokens).emitted
 
 
 def point_mass_as_verify(
@@ -803,10 +807,12 @@ def point_mass_as_verify(
     generator: torch.Generator | None = None,
     *,
     uniforms: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SPEC §1 adapter of :func:`point_mass_verify`; ``draft_probs`` is ignored (each draft is
     treated as a point mass; lossless for any drafts independent of the step's randomness)."""
-    return point_mass_verify(target_probs, draft_tokens, generator, uniforms=uniforms).emitted
+    return point_mass_verify(target_probs, draft_tokens, generator, uniforms=uniforms,
+                             num_draft=num_draft_tokens).emitted
 
 
 def greedy_as_verify(
@@ -816,10 +822,11 @@ def greedy_as_verify(
     generator: torch.Generator | None = None,
     *,
     uniforms: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SPEC §1 adapter of :func:`greedy_verify`; ``draft_probs``, ``generator`` and ``uniforms`` are
     accepted and ignored (greedy verification uses no randomness)."""
-    return greedy_verify(target_probs, draft_tokens).emitted
+    return greedy_verify(target_probs, draft_tokens, num_draft=num_draft_tokens).emitted
 
 
 def typical_acceptance_as_verify(
@@ -829,10 +836,12 @@ def typical_acceptance_as_verify(
     generator: torch.Generator | None = None,
     *,
     uniforms: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SPEC §1 adapter of :func:`typical_acceptance_verify` (LOSSY, Medusa defaults
     ``threshold=0.09``, ``alpha=0.3``); ``draft_probs`` is ignored."""
-    return typical_acceptance_verify(target_probs, draft_tokens, generator, uniforms=uniforms).emitted
+    return typical_acceptance_verify(target_probs, draft_tokens, generator, uniforms=uniforms,
+                                     num_draft=num_draft_tokens).emitted
 
 
 # The rules compute in float64 whatever their inputs' dtype (module docstring), so the exact check
@@ -842,10 +851,22 @@ for _rule in (verify, point_mass_as_verify, greedy_as_verify, typical_acceptance
 del _rule
 
 
-def accepts_uniforms(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn``'s signature has a ``uniforms`` parameter: the uniform convention of the rules
-    above (docs/ARCHITECTURE.md), which lets :mod:`specverify.core.exact` integrate it exactly."""
+def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn``'s signature has a parameter ``name`` (False when it cannot be read): how the
+    audit learns which optional keywords of docs/spec.md §1 a function takes."""
     try:
-        return "uniforms" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def accepts_uniforms(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes ``uniforms=``: the uniform convention of the rules above
+    (docs/ARCHITECTURE.md), which lets :mod:`specverify.core.exact` integrate it exactly."""
+    return accepts_keyword(fn, "uniforms")
+
+
+def accepts_num_draft_tokens(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes ``num_draft_tokens=`` (int64 ``[B]``): row b uses only its first ``k_b``
+    drafts (docs/spec.md §1), so the audit can call it on ragged batches."""
+    return accepts_keyword(fn, "num_draft_tokens")

@@ -5,13 +5,14 @@ Audited: ``vllm.v1.sample.rejection_sampler.RejectionSampler.forward`` of vLLM 0
 (:data:`AUDITED_VERSION`), with a real ``vllm.v1.sample.sampler.Sampler`` drawing the bonus
 tokens, called unmodified in vLLM's own layout, as ``GPUModelRunner`` calls it:
 
-- ``logits [num_tokens + B, V]``: for each request its K draft positions, then its bonus
-  position (the audit's ``target_probs`` flattened; ``log p``, so that the sampler's
-  temperature-1 ``softmax`` gives back ``p``);
+- ``logits [num_tokens + B, V]``: for each request its ``k_b`` draft positions, then its bonus
+  position (the audit's ``target_probs`` flattened, the padding of ragged rows dropped; ``log p``,
+  so that the sampler's temperature-1 ``softmax`` gives back ``p``);
 - ``SpecDecodeMetadata`` as ``GPUModelRunner._calc_spec_decode_metadata`` builds it
   (:func:`spec_decode_metadata`): flattened ``draft_token_ids`` (int32), ``num_draft_tokens``,
   ``cu_num_draft_tokens``, ``cu_num_sampled_tokens``, ``target_logits_indices``,
-  ``bonus_logits_indices``, ``logits_indices``;
+  ``bonus_logits_indices``, ``logits_indices``; every target declares ``num_draft_tokens=``
+  (docs/spec.md §1), which becomes vLLM's ragged ``num_draft_tokens`` (K for every request without it);
 - ``draft_probs [num_tokens, V]`` or ``None`` (n-gram and other drafters without probabilities:
   each draft is then a point mass, accepted with probability ``p(x)``, lossless for any drafts);
 - ``SamplingMetadata`` with per-request ``temperature`` (1 random, 0 greedy; no top-k/top-p:
@@ -100,22 +101,29 @@ def sampling_metadata(temperature: torch.Tensor, generator: torch.Generator | No
     )
 
 
-def _forward(target_probs, draft_probs, draft_tokens, generator, *, greedy_rows: torch.Tensor,
+def _forward(target_probs, draft_probs, draft_tokens, generator, num_draft_tokens, *, greedy_rows: torch.Tensor,
              with_draft_probs: bool) -> torch.Tensor:
+    """One ``RejectionSampler.forward`` on the flattened layout: request b's ``k_b`` drafts
+    (``num_draft_tokens``, K for every row when None) and its ``k_b + 1`` target rows, the padding
+    dropped; the ``[B, max k_b + 1]`` output is padded with -1 to ``[B, K+1]``."""
     batch, positions, vocab = target_probs.shape
-    num_draft = positions - 1
+    counts = torch.full((batch,), positions - 1) if num_draft_tokens is None else num_draft_tokens.cpu()
+    columns = torch.arange(positions)
+    in_draft = (columns[None, :-1] < counts[:, None]).to(target_probs.device)
+    in_target = (columns[None, :] <= counts[:, None]).to(target_probs.device)
     logits = torch.log(target_probs.float())
     if bool(greedy_rows.any()):
         logits = torch.where(greedy_rows[:, None, None], gumbel_perturbed_logits(target_probs, generator), logits)
-    metadata = spec_decode_metadata(draft_tokens.reshape(-1), [num_draft] * batch)
+    metadata = spec_decode_metadata(draft_tokens[in_draft], counts.tolist())
     temperature = torch.where(greedy_rows, 0.0, 1.0).to(device=target_probs.device, dtype=torch.float32)
     output = _REJECTION_SAMPLER(
         metadata,
-        draft_probs.reshape(batch * num_draft, vocab).float().contiguous() if with_draft_probs else None,
-        logits.reshape(batch * positions, vocab).contiguous(),
+        draft_probs[in_draft].float().contiguous() if with_draft_probs else None,
+        logits[in_target].contiguous(),
         sampling_metadata(temperature, generator),
     )
-    return output.sampled_token_ids.long()
+    sampled = output.sampled_token_ids.long()
+    return torch.cat([sampled, sampled.new_full((batch, positions - sampled.shape[1]), -1)], dim=1)
 
 
 def _rows(target_probs: torch.Tensor, greedy: str) -> torch.Tensor:
@@ -123,25 +131,25 @@ def _rows(target_probs: torch.Tensor, greedy: str) -> torch.Tensor:
     return {"none": index < 0, "all": index >= 0, "even": index % 2 == 0}[greedy]
 
 
-def verify(target_probs, draft_probs, draft_tokens, generator):
+def verify(target_probs, draft_probs, draft_tokens, generator, *, num_draft_tokens=None):
     """All-random batch with the draft's probabilities (a draft model or EAGLE keeping its probabilities)."""
-    return _forward(target_probs, draft_probs, draft_tokens, generator, greedy_rows=_rows(target_probs, "none"),
-                    with_draft_probs=True)
+    return _forward(target_probs, draft_probs, draft_tokens, generator, num_draft_tokens,
+                    greedy_rows=_rows(target_probs, "none"), with_draft_probs=True)
 
 
-def verify_no_draft_probs(target_probs, draft_probs, draft_tokens, generator):
+def verify_no_draft_probs(target_probs, draft_probs, draft_tokens, generator, *, num_draft_tokens=None):
     """All-random batch with ``draft_probs=None`` (vLLM's path for drafters without probabilities)."""
-    return _forward(target_probs, draft_probs, draft_tokens, generator, greedy_rows=_rows(target_probs, "none"),
-                    with_draft_probs=False)
+    return _forward(target_probs, draft_probs, draft_tokens, generator, num_draft_tokens,
+                    greedy_rows=_rows(target_probs, "none"), with_draft_probs=False)
 
 
-def verify_greedy(target_probs, draft_probs, draft_tokens, generator):
+def verify_greedy(target_probs, draft_probs, draft_tokens, generator, *, num_draft_tokens=None):
     """All-greedy batch (temperature 0: ``all_greedy``) on Gumbel-perturbed logits."""
-    return _forward(target_probs, draft_probs, draft_tokens, generator, greedy_rows=_rows(target_probs, "all"),
-                    with_draft_probs=True)
+    return _forward(target_probs, draft_probs, draft_tokens, generator, num_draft_tokens,
+                    greedy_rows=_rows(target_probs, "all"), with_draft_probs=True)
 
 
-def verify_mixed(target_probs, draft_probs, draft_tokens, generator):
+def verify_mixed(target_probs, draft_probs, draft_tokens, generator, *, num_draft_tokens=None):
     """Mixed batch: even requests greedy (Gumbel-perturbed logits), odd requests random with draft probabilities."""
-    return _forward(target_probs, draft_probs, draft_tokens, generator, greedy_rows=_rows(target_probs, "even"),
-                    with_draft_probs=True)
+    return _forward(target_probs, draft_probs, draft_tokens, generator, num_draft_tokens,
+                    greedy_rows=_rows(target_probs, "even"), with_draft_probs=True)

@@ -19,12 +19,15 @@ and tests the first L tokens jointly.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from specverify.auditing.isolation.guarded import CallLog, GuardedFunction  # noqa: F401 - re-exported
+from specverify.auditing.isolation.presentation import decoy_value
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank, RowState
 
 DEFAULT_BATCH_ROWS = 4096
@@ -67,6 +70,34 @@ def propose(bank: ChainBank, state: RowState, num_draft: int, generator: torch.G
         draft_table[torch.stack(path_rows, dim=1)],
         torch.stack(tokens, dim=1),
     )
+
+
+class RaggedProposal(NamedTuple):
+    """The inputs of one call with ragged rows (docs/spec.md §1, ``num_draft_tokens=``): row b's
+    drafts ``0..k_b-1`` and targets ``0..k_b`` are real; the rest is padding the function must ignore."""
+
+    target_probs: torch.Tensor      # [N, K+1, V]
+    draft_probs: torch.Tensor       # [N, K, V]
+    draft_tokens: torch.Tensor      # int64 [N, K]
+    num_draft_tokens: torch.Tensor  # int64 [N], entries 0..K
+
+
+def propose_ragged(bank: ChainBank, state: RowState, num_draft_tokens: torch.Tensor, width: int,
+                   generator: torch.Generator, dtype: torch.dtype = INPUT_DTYPE) -> RaggedProposal:
+    """:func:`propose` with ``width`` = K draft columns, of which row b keeps its first
+    ``num_draft_tokens[b] = k_b``.  The padding holds a valid decoy
+    (:func:`~specverify.auditing.isolation.presentation.decoy_value`: uniform laws, the last token
+    id), so a function that reads it as drafts (every decoy draft passes ``u·q < p``) or takes the
+    bonus at position K instead of k_b emits tokens of the wrong law."""
+    full = propose(bank, state, width, generator, dtype)
+    vocab = bank.vocab_size
+    columns = torch.arange(width + 1)
+    padded_target = columns[None, :] > num_draft_tokens[:, None]
+    padded_draft = columns[None, :width] >= num_draft_tokens[:, None]
+    target = torch.where(padded_target[..., None], decoy_value("target_probs", vocab), full.target_probs)
+    draft = torch.where(padded_draft[..., None], decoy_value("draft_probs", vocab), full.draft_probs)
+    tokens = torch.where(padded_draft, decoy_value("draft_tokens", vocab), full.draft_tokens)
+    return RaggedProposal(target.to(dtype), draft.to(dtype), tokens, num_draft_tokens.clone())
 
 
 def complete(bank: ChainBank, state: RowState, emitted: torch.Tensor, lengths: torch.Tensor, upto: int,
@@ -149,6 +180,55 @@ def sample_steps(function: GuardedFunction, bank: ChainBank, *, num_draft: int, 
         accepted += torch.bincount(lengths - 1, minlength=num_draft + 1)
         first_is_draft += int((emitted[:, 0] == proposal.draft_tokens[:, 0]).sum())
     return StepSample(torch.cat(chain_list), torch.cat(windows), accepted, first_is_draft)
+
+
+class RaggedSample(NamedTuple):
+    """Outcome of :func:`sample_ragged_steps`: per row its chain, start position, draft count
+    ``k_b`` and completed tokens ``window [n, K+1]`` at positions ``start..start+K`` (the row's law
+    is judged on its first ``k_b + 1``)."""
+
+    chain: torch.Tensor
+    start: torch.Tensor
+    num_draft_tokens: torch.Tensor
+    window: torch.Tensor
+
+
+def sample_ragged_steps(function: GuardedFunction, bank: ChainBank, *, width: int, draft_counts: tuple[int, ...],
+                        starts: tuple[int, ...], n: int, pattern: tuple[int, ...], harness_seed: int,
+                        function_seed: int, where: str) -> RaggedSample:
+    """Run ``n`` single steps on ragged batches: each row draws its chain, its start position (from
+    ``starts``) and its draft count ``k_b`` (from ``draft_counts``) uniformly; calls take
+    consecutive groups of rows of the sizes in ``pattern`` (cycled), each passing
+    ``num_draft_tokens=``.  Rows are completed by target sampling up to ``K+1`` tokens."""
+    generator = torch.Generator().manual_seed(harness_seed)
+    function_generator = function.generator(function_seed)
+    counts, first_positions = torch.tensor(draft_counts), torch.tensor(starts)
+    sizes = itertools.cycle(pattern)
+    per_call = max(1, MAX_INPUT_ELEMENTS // ((2 * width + 1) * bank.vocab_size))
+    chains, start_list, drafts, windows = [], [], [], []
+    for offset in range(0, n, per_call):
+        rows = min(per_call, n - offset)
+        chain = torch.randint(bank.num_chains, (rows,), generator=generator)
+        start = first_positions[torch.randint(len(starts), (rows,), generator=generator)]
+        num_draft_tokens = counts[torch.randint(len(draft_counts), (rows,), generator=generator)]
+        initial = bank.initial_state(chain)
+        state = RowState(initial.chain, start.clone(), initial.context)
+        proposal = propose_ragged(bank, state, num_draft_tokens, width, generator)
+        groups = _groups(sizes, rows)
+        emitted, lengths = function.call_groups(proposal, function_generator, groups, where=where)
+        windows.append(complete(bank, state, emitted, lengths, width + 1, generator))
+        chains.append(chain)
+        start_list.append(start)
+        drafts.append(num_draft_tokens)
+    return RaggedSample(torch.cat(chains), torch.cat(start_list), torch.cat(drafts), torch.cat(windows))
+
+
+def _groups(sizes: Iterator[int], rows: int) -> list[int]:
+    """Consecutive group sizes from ``sizes`` covering ``rows`` (the last one cut to fit)."""
+    groups: list[int] = []
+    while sum(groups) < rows:
+        groups.append(min(next(sizes), rows - sum(groups)))
+    return groups
 
 
 class RunSample(NamedTuple):

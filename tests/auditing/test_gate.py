@@ -182,7 +182,9 @@ def test_assert_lossless_under_pytest_shows_the_message_first(pytester, monkeypa
     assert "what it checks:" not in output and "SPECVERIFY_VERBOSE=1" in output  # the short message
     captured = [line for line in output.split("Captured stderr call")[-1].split("short test summary")[0].splitlines()
                 if line.strip() and not line.startswith(("---", "==="))]  # the section's own rules
-    assert len(captured) <= 5 and not any(line.startswith("[") for line in captured), captured  # plan and end only
+    # the plan (with the not-run line of the checks it leaves out: the example takes no num_draft_tokens=), an
+    # ETA line re-planned when the function runs slower than planned, and the end: no per-check line
+    assert len(captured) <= 7 and not any(line.startswith("[") for line in captured), captured
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli import main
-from specverify.cli.listing import PRODUCTION_EXACT_TV, STORED_EXACT_TV, catalog_entries, exact_tv
+from specverify.cli.listing import PRODUCTION_EXACT_TV, RAGGED_EXACT_TV, STORED_EXACT_TV, catalog_entries, exact_tv
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -26,7 +26,10 @@ def test_audit_list_shows_builtins_and_every_catalog_entry_with_its_exact_tv(cap
     for name, entry in CATALOG.items():
         line = next(line for line in out.splitlines() if line.strip().startswith(name.replace("_", "-") + " "))
         assert entry.bug_class in line
-        if entry.production_shaped:
+        if entry.ragged_only:
+            tv = RAGGED_EXACT_TV[name]
+            assert (f"{tv:.4f}‡" if tv is not None else "—‡") in line
+        elif entry.production_shaped:
             tv = PRODUCTION_EXACT_TV[name]
             assert (f"{tv:.4f}*" if tv is not None else "—†") in line
         else:

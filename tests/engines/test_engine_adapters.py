@@ -77,6 +77,17 @@ def test_greedy_paths_equal_greedy_verification_of_the_perturbed_logits(engine):
     assert torch.equal(got, greedy_verify(logits, tokens, validate=False).emitted)
 
 
+def test_vllm_ragged_rows_reach_its_flattened_layout():
+    """With num_draft_tokens= (docs/spec.md §1) the vLLM targets pass each row's k_b drafts and k_b + 1
+    target rows only: the greedy path equals specverify's greedy rule on the same ragged rows."""
+    vllm = engine_module("vllm")
+    target, draft, tokens = step_inputs("ragged-vllm")
+    counts = torch.tensor([0, 3, 1, 2] * 4)
+    got = vllm.verify_greedy(target, draft, tokens, torch.Generator().manual_seed(3), num_draft_tokens=counts)
+    logits = gumbel_perturbed_logits(target, torch.Generator().manual_seed(3))
+    assert torch.equal(got, greedy_verify(logits, tokens, num_draft=counts, validate=False).emitted)
+
+
 def test_vllm_metadata_is_gpu_model_runner_s():
     """The worked example in GPUModelRunner._calc_spec_decode_metadata (each request scheduled its
     drafts plus one token): drafts [3, 0, 2, 0, 1]."""

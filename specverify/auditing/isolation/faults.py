@@ -196,11 +196,14 @@ def _malformed_as_fault(validate: Callable[..., Any], *args: Any, **kwargs: Any)
 
 
 def validate_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int,
-                     target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     target_probs: torch.Tensor | None = None,
+                     num_draft_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`specverify.core.outputs.validate_emitted` for a guarded call: the violations of the
     output become one :class:`Fault`, of kind ``malformed`` (layout) or ``impossible`` (tokens no
-    lossless rule emits; ``target_probs`` adds the zero-probability test)."""
-    return _malformed_as_fault(outputs.validate_emitted, result, draft_tokens, vocab_size, target_probs=target_probs)
+    lossless rule emits; ``target_probs`` adds the zero-probability test, ``num_draft_tokens`` the
+    ragged rows' lengths)."""
+    return _malformed_as_fault(outputs.validate_emitted, result, draft_tokens, vocab_size, target_probs=target_probs,
+                               num_draft_tokens=num_draft_tokens)
 
 
 def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch.Tensor, vocab_size: int,

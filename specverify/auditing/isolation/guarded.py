@@ -436,7 +436,8 @@ class GuardedFunction(_Session):
             emitted = self._groups_in_process(proposal, generator, sizes, where, strided)
         else:
             emitted = self._groups_in_worker(proposal, generator, sizes, where, strided)
-        return validate_emitted(emitted, proposal.draft_tokens, vocab, proposal.target_probs)
+        return validate_emitted(emitted, proposal.draft_tokens, vocab, proposal.target_probs,
+                                num_draft_tokens=_num_draft_tokens(proposal))
 
     def _chunks(self, sizes: Sequence[int], per_row: int) -> list[tuple[int, int]]:
         """Consecutive ranges of groups, each one request of about TARGET_REQUEST_S expected seconds
@@ -476,14 +477,17 @@ class GuardedFunction(_Session):
         names = ("target_probs", "draft_probs", "draft_tokens")
         passed = {name: presented(getattr(proposal, name), device=self.device, strided=strided,
                                   decoy=decoy_value(name, vocab)) for name in names}
+        ragged = _num_draft_tokens(proposal)
         outputs, start = [], 0
         for number, rows in enumerate(sizes):
             what = f"the function (in {where})" if len(sizes) == 1 else f"the function (in {where}, call {number + 1} of {len(sizes)})"
             args = tuple(passed[name][start:start + rows] for name in names) + (generator,)
+            keywords = {} if ragged is None else {
+                "num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
             started = time.perf_counter()
             try:
-                result = self._in_process(lambda: self.fn(*args), self.speed.deadline(1, rows * per_row, self.timeout_s),
-                                          what, where)
+                result = self._in_process(lambda: self.fn(*args, **keywords),
+                                          self.speed.deadline(1, rows * per_row, self.timeout_s), what, where)
             except Fault as fault:
                 if fault.kind == "exception" and fault.__cause__ is not None:
                     raise Fault("exception", exception_message(fault.__cause__, what)) from None
@@ -510,8 +514,11 @@ class GuardedFunction(_Session):
         batch, width, vocab = target.shape
         per_row = (2 * width - 1) * vocab
         inputs = {"target_probs": target, "draft_probs": draft, "draft_tokens": tokens}
+        ragged = _num_draft_tokens(proposal)
+        if ragged is not None:
+            inputs["num_draft_tokens"] = ragged
         views, header = self._share(inputs, (batch, width), strided, vocab)
-        header.update(op="steps", generator=generator, where=where)
+        header.update(op="steps", generator=generator, where=where, ragged=ragged is not None)
         first_row = [0]
         for size in sizes:
             first_row.append(first_row[-1] + size)
@@ -539,7 +546,15 @@ class GuardedFunction(_Session):
                                                       (target, draft, tokens)) if not torch.equal(view, tensor)]
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
-        return views[3].clone()
+        return views[-1].clone()
+
+
+def _num_draft_tokens(proposal: Any) -> torch.Tensor | None:
+    """The rows' draft counts of a :class:`~specverify.testing.harness.RaggedProposal` (the call then
+    passes ``num_draft_tokens=``, docs/spec.md §1); None for a plain proposal."""
+    from specverify.testing.harness import RaggedProposal
+
+    return proposal.num_draft_tokens if isinstance(proposal, RaggedProposal) else None
 
 
 class RawProxy:

@@ -8,8 +8,9 @@ and answers each one; it never raises out of a request (every exception of the f
   (target string or pickled callable), build the decoder level's tiny models itself; answer
   ``("loaded", {"parameters": ...})`` or ``("load-failed", message)``;
 - ``steps``: call the SPEC §1 function once per group of consecutive rows of the shared buffer
-  with one persistent generator, validate each output and copy it into the buffer at once;
-  answer ``("ok", seconds, aliased)`` or ``("fault", kind, message, group)``;
+  with one persistent generator (and, for a ragged request, the group's ``num_draft_tokens=``),
+  validate each output and copy it into the buffer at once; answer ``("ok", seconds, aliased)``
+  or ``("fault", kind, message, group)``;
 - ``tree``: one SPEC §3 call on the four tensors of the shared buffer with a persistent
   generator, the output validated (a root-to-node path) and copied into the buffer; answer
   ``("ok", seconds, aliased)`` or ``("fault", kind, message, 0)``;
@@ -108,7 +109,8 @@ class Worker:
         from specverify.auditing.isolation.faults import Fault
         from specverify.auditing.isolation.guarded import checked_emitted, exception_message
 
-        target, draft, tokens, output = self._views(request)
+        target, draft, tokens, *ragged, output = self._views(request)
+        num_draft_tokens = ragged[0] if request.get("ragged") else None
         vocab = target.shape[-1]
         generator = self._generator(request["generator"])
         on_cpu = self.device == "cpu"
@@ -118,9 +120,11 @@ class Worker:
             inputs = (target[rows_slice], draft[rows_slice], tokens[rows_slice])
             drafts = tokens[rows_slice].clone()
             passed = inputs if on_cpu else tuple(_on_device(t, self.device) for t in inputs)
+            keywords = {} if num_draft_tokens is None else {
+                "num_draft_tokens": num_draft_tokens[rows_slice].clone().to(self.device)}
             started = time.perf_counter()
             try:
-                result = self.fn(*passed, generator)
+                result = self.fn(*passed, generator, **keywords)
             except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt/SystemExit are the function's
                 return ("fault", "exception", exception_message(error, "{what}"), number)
             seconds += time.perf_counter() - started

@@ -12,6 +12,9 @@ The sampler battery (:class:`SamplerBattery`, in run order):
 - edge cases (goodness of fit): ``bonus-position`` (q = p, every draft accepted),
   ``correction-position`` (rejection at position 2), ``disjoint-supports``, ``zeros-both-sides``,
   ``near-one-hot``, ``near-uniform``, ``tiny-masses`` (1e-8);
+- the call patterns of :mod:`specverify.auditing.sampler.coverage`, with ``ragged-drafts`` and
+  ``exact-ragged-drafts`` (functions taking ``num_draft_tokens=``; the exact one with ``uniforms=``):
+  rows with their own draft counts, as engines verify them;
 - ``exact-large-vocabulary`` (functions taking ``uniforms=``) and ``production-*``: production shapes
   (V up to 151,936, K up to 16, batches of 1,024, bf16/fp16, strided views;
   :mod:`specverify.auditing.sampler.production`);
@@ -68,7 +71,7 @@ from specverify.auditing.isolation.faults import (
     validate_emitted,
 )
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
-from specverify.core.rules import accepts_uniforms
+from specverify.core.rules import accepts_num_draft_tokens, accepts_uniforms
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
     GuardedFunction,
@@ -560,12 +563,14 @@ class SamplerBattery(Battery):
                 (("random positional", positional_family_bank("exact-random", "random", 3, 2, 1), 2),
                  ("positional with zeros", positional_family_bank("exact-zeros", "zeros", 3, 2, 1), 2),
                  ("order-1 Markov", markov_family_bank("exact-markov", 3, 1, 1), 2))))
-        from specverify.auditing.sampler.coverage import contract_checks, coverage_checks, late_checks
+        from specverify.auditing.sampler.coverage import contract_checks, coverage_checks, late_checks, ragged_checks
         from specverify.auditing.sampler.production import exact_production_check, production_checks
 
         if accepts_uniforms(session.raw):
             checks.append(exact_production_check())
-        checks += steps + coverage_checks() + production_checks(session.function) + loops + [acceptance] + late_checks()
+        ragged = ragged_checks(accepts_uniforms(session.raw)) if accepts_num_draft_tokens(session.raw) else []
+        checks += (steps + coverage_checks() + ragged + production_checks(session.function) + loops + [acceptance]
+                   + late_checks())
         checks.append(InputsUnchangedCheck("inputs-unchanged",
                                            "No call may modify the tensors it is given (engines reuse them)."))
         return checks + contract_checks()

@@ -20,13 +20,16 @@ draft ``i``, column ``K`` for the inverse-CDF draw of the final token (the first
 (``zero_uniform_accepts`` moves acceptance thresholds by less than 2^-8, which an integrator must
 resolve: its breakpoints sit at ``(floor(256 p/q) + 1) / 256``).  The two random-state entries
 (``integrable=False``) are about where randomness comes from, so they ignore ``uniforms`` (and the
-generator) and can only be caught statistically or by reproducibility.
+generator) and can only be caught statistically or by reproducibility.  The ragged-row entries
+(``ragged_only``) also take ``num_draft_tokens=`` (docs/spec.md §1) and verify in the flattened
+layout of vLLM V1 (:func:`flatten_ragged`, :func:`verify_flattened`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -34,7 +37,8 @@ from specverify.core.rules import validate_verify_inputs
 from specverify.core.sampling import inverse_cdf, search_cdf
 
 __all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE", "VOCABULARY_TILE", "LAST_TILE",
-           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "ROW_BLOCK"]
+           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "ROW_BLOCK", "Flattened",
+           "flatten_ragged", "verify_flattened", "ragged_reference"]
 
 COARSE_UNIFORM_STEP = 2.0**-8  # resolution of the uniforms in `zero_uniform_accepts` (bfloat16-like)
 DRAFT_TEMPERATURE = 0.7  # the temperature `draft_temperature_in_acceptance` re-applies to q
@@ -62,7 +66,9 @@ class BuggyRule:
     law on one row depends on the other rows of the call);
     min_vocab_size, min_num_draft, input_dtypes, strided_only: the production-shape bugs show only
     from this vocabulary size or number of drafts, for these input dtypes (None: all), or on inputs
-    passed as strided views (:meth:`shows_at`).
+    passed as strided views (:meth:`shows_at`);
+    ragged_only: the bug shows only on ragged rows (``fn`` takes ``num_draft_tokens=``, docs/spec.md
+    §1, and is exact when every row has all K drafts): only the ragged checks can see it.
     """
 
     name: str
@@ -76,18 +82,21 @@ class BuggyRule:
     min_num_draft: int = 1
     input_dtypes: tuple[str, ...] | None = None
     strided_only: bool = False
+    ragged_only: bool = False
 
     @property
     def production_shaped(self) -> bool:
         """True when the bug cannot show at the toy shapes of the structural checks and the property
-        suite (V ≤ 6, K ≤ 8, two rows, contiguous float32): only the production checks
-        (``exact-large-vocabulary``, ``production-*``) can see it."""
-        return not self.shows_at(vocab_size=6, num_draft=8, batch_size=2)
+        suite (V ≤ 6, K ≤ 8, two rows, contiguous float32) but does on full rows at production
+        shapes: only the production checks (``exact-large-vocabulary``, ``production-*``) can see it."""
+        return not self.ragged_only and not self.shows_at(vocab_size=6, num_draft=8, batch_size=2)
 
     def shows_at(self, *, vocab_size: int, num_draft: int, batch_size: int = 1, dtype: str = "float32",
-                 strided: bool = False) -> bool:
-        """Whether the bug can show on a call of this shape (the production-shape fields)."""
-        return (vocab_size >= self.min_vocab_size and num_draft >= self.min_num_draft
+                 strided: bool = False, ragged: bool = False) -> bool:
+        """Whether the bug can show on a call of this shape (the production-shape fields; ``ragged``:
+        rows with fewer than K drafts, passed as ``num_draft_tokens=``)."""
+        return ((ragged or not self.ragged_only) and vocab_size >= self.min_vocab_size
+                and num_draft >= self.min_num_draft
                 and batch_size >= self.min_batch_size and (self.input_dtypes is None or dtype in self.input_dtypes)
                 and (strided or not self.strided_only))
 
@@ -515,6 +524,122 @@ for _production_bug in (vocabulary_tile_drops_high_ids, partial_last_tile_droppe
 
 
 # ------------------------------------------------------------------------------------------------
+# Ragged-batch bugs: the indexing of the flattened layout in which vLLM V1, SGLang and EAGLE verify
+# requests with their own draft counts k_b (docs/spec.md §1, ``num_draft_tokens=``).  Each entry
+# flattens the batch, verifies it there with one index corrupted, and is exact when every row has
+# all K drafts (so only the ragged checks can see it).
+# ------------------------------------------------------------------------------------------------
+
+
+class Flattened(NamedTuple):
+    """A ragged batch in the flattened layout: request b's drafts are rows ``cu[b] - k_b .. cu[b] - 1``
+    of the ``[T + 1, V]`` tensors (``T = Σ k_b``, ``cu = cumsum(k)`` inclusive, as vLLM's
+    ``cu_num_draft_tokens``); row T is slack after the drafts (a uniform law, token 0)."""
+
+    target: torch.Tensor              # float64 [T+1, V]: p_i at each draft position
+    draft: torch.Tensor               # float64 [T+1, V]: q_i
+    tokens: torch.Tensor              # int64 [T+1]
+    bonus: torch.Tensor               # float64 [B, V]: p_{k_b}, request b's bonus law
+    num_draft_tokens: torch.Tensor    # int64 [B]
+    cu_num_draft_tokens: torch.Tensor  # int64 [B]
+
+
+def flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens):
+    """Validated inputs in the flattened layout, and the step's uniforms ``u [B, K+1]`` (drawn as
+    :func:`_step_inputs` draws them); ``num_draft_tokens=None`` means K drafts in every row."""
+    validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms,
+                           num_draft=num_draft_tokens)
+    batch, positions, vocab = target_probs.shape
+    p, q = target_probs.to(torch.float64), draft_probs.to(torch.float64)
+    u = uniforms.to(torch.float64) if uniforms is not None else torch.rand(
+        batch, positions, generator=generator, dtype=torch.float64, device=p.device)
+    k = num_draft_tokens if num_draft_tokens is not None else torch.full((batch,), positions - 1, device=p.device)
+    in_draft = torch.arange(positions - 1, device=p.device) < k[:, None]
+    slack = torch.full((1, vocab), 1.0 / vocab, dtype=torch.float64, device=p.device)
+    flat = Flattened(torch.cat([p[:, :-1][in_draft], slack]), torch.cat([q[in_draft], slack]),
+                     torch.cat([draft_tokens[in_draft], draft_tokens.new_zeros(1)]),
+                     p[torch.arange(batch, device=p.device), k], k, k.cumsum(0))
+    return flat, u
+
+
+def verify_flattened(flat: Flattened, u: torch.Tensor, first_draft: torch.Tensor, bonus: torch.Tensor,
+                     num_draft_tokens: torch.Tensor) -> torch.Tensor:
+    """Modified rejection sampling on the flattened layout: request b's draft i is flat row
+    ``first_draft[b] + i`` for ``i < num_draft_tokens[b]``, tested with ``u[b, i]``; its final
+    token is drawn with ``u[b, K]`` from the residual of the rejecting row or from ``bonus[b]``.
+    The emitted rows repeat the flat tokens tested (``emitted [B, K+1]``)."""
+    num_draft = u.shape[1] - 1
+    last_row = flat.tokens.shape[0] - 1
+    in_draft = torch.arange(num_draft, device=u.device) < num_draft_tokens[:, None]
+    index = (first_draft[:, None] + torch.arange(num_draft, device=u.device)).clamp(0, last_row)
+    index = torch.where(in_draft, index, last_row)
+    tokens = flat.tokens[index]
+    tested = tokens.unsqueeze(-1)
+    accepted = in_draft & (u[:, :-1] * flat.draft[index].gather(-1, tested)[..., 0]
+                           < flat.target[index].gather(-1, tested)[..., 0])
+    num_accepted = _leading_run(accepted)
+    rejected = (num_accepted < num_draft_tokens).unsqueeze(-1)
+    at = index.gather(1, num_accepted.clamp(max=num_draft - 1).unsqueeze(-1))[:, 0]
+    residual = (flat.target[at] - flat.draft[at]).clamp(min=0)
+    weights = torch.where(rejected, residual, bonus)
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, torch.where(rejected, flat.target[at], bonus))
+    return _emit_final(tokens, num_accepted, inverse_cdf(weights, u[:, -1]))
+
+
+def ragged_reference(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                     num_draft_tokens=None) -> torch.Tensor:
+    """The flattened skeleton without a bug (lossless; the control of the ragged entries)."""
+    flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens)
+    first = flat.cu_num_draft_tokens - flat.num_draft_tokens
+    return verify_flattened(flat, u, first, flat.bonus, flat.num_draft_tokens)
+
+
+def ragged_bonus_at_padded_position(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                                    num_draft_tokens=None) -> torch.Tensor:
+    """The bonus law is read at the padded position K, ``target_probs[b, K]``, not at ``k_b``."""
+    flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens)
+    first = flat.cu_num_draft_tokens - flat.num_draft_tokens
+    bonus = target_probs[:, -1].to(torch.float64)  # BUG: position K of the padded layout, not k_b
+    return verify_flattened(flat, u, first, bonus, flat.num_draft_tokens)
+
+
+def ragged_offsets_from_padded_width(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                                     num_draft_tokens=None) -> torch.Tensor:
+    """Request b's drafts are read from flat row ``cu[b] - K`` instead of ``cu[b] - k_b``."""
+    flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens)
+    first = flat.cu_num_draft_tokens - (u.shape[1] - 1)  # BUG: inclusive cumsum less the padded width K
+    return verify_flattened(flat, u, first, flat.bonus, flat.num_draft_tokens)
+
+
+def ragged_empty_row_takes_next_bonus(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                                      num_draft_tokens=None) -> torch.Tensor:
+    """Bonus laws gathered for the requests with drafts only, then handed out by batch index."""
+    flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft_tokens)
+    first = flat.cu_num_draft_tokens - flat.num_draft_tokens
+    with_drafts = (flat.num_draft_tokens > 0).nonzero()[:, 0]  # BUG: empty requests dropped from the bonus rows
+    rows = torch.arange(len(u), device=u.device)
+    source = with_drafts[rows.clamp(max=len(with_drafts) - 1)] if len(with_drafts) else rows
+    return verify_flattened(flat, u, first, flat.bonus[source], flat.num_draft_tokens)
+
+
+def ragged_last_row_padding_read(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                                 num_draft_tokens=None) -> torch.Tensor:
+    """The last request is verified as if it had all K drafts: its padding is read as drafts."""
+    batch, positions = target_probs.shape[:2]
+    counts = num_draft_tokens.clone() if num_draft_tokens is not None else None
+    if counts is not None and batch:
+        counts[-1] = positions - 1  # BUG: the last request's count taken from the padded width
+    flat, u = flatten_ragged(target_probs, draft_probs, draft_tokens, generator, uniforms, counts)
+    first = flat.cu_num_draft_tokens - flat.num_draft_tokens
+    return verify_flattened(flat, u, first, flat.bonus, flat.num_draft_tokens)
+
+
+for _ragged_rule in (ragged_reference, ragged_bonus_at_padded_position, ragged_offsets_from_padded_width,
+                     ragged_empty_row_takes_next_bonus, ragged_last_row_padding_read):
+    _ragged_rule.arithmetic = "float64"
+
+
+# ------------------------------------------------------------------------------------------------
 # The catalog
 # ------------------------------------------------------------------------------------------------
 
@@ -846,6 +971,69 @@ _ENTRIES = [
         bug_class="dtype",
         fn=bfloat16_cdf_path,
         input_dtypes=("bfloat16",),
+    ),
+]
+
+_ENTRIES += [
+    BuggyRule(
+        name="ragged_bonus_at_padded_position",
+        description=(
+            "Ragged rows: the bonus token of a request that accepted all its k_b drafts is drawn from "
+            "target_probs[b, K], the padded position, instead of target_probs[b, k_b]: for k_b < K it follows the "
+            "padding (or another position's law), not p_{k_b}.  Exact when every row has K drafts."
+        ),
+        modelled_on=(
+            "flattened verify kernels that locate the bonus logits with the batch's max draft count instead of "
+            "the request's own (bonus_logits_indices from K rather than cu_num_sampled_tokens)"
+        ),
+        bug_class="indexing",
+        fn=ragged_bonus_at_padded_position,
+        ragged_only=True,
+    ),
+    BuggyRule(
+        name="ragged_offsets_from_padded_width",
+        description=(
+            "Ragged rows: the exclusive offsets are formed from the inclusive cumsum cu of the draft counts as "
+            "cu[b] - K instead of cu[b] - k_b, so a request with k_b < K starts K - k_b rows early and tests the "
+            "previous request's drafts and laws (the first row clamps at flat row 0): it accepts and emits tokens "
+            "that are not its own drafts.  Exact when every row has K drafts."
+        ),
+        modelled_on=("start offsets from cu_num_draft_tokens (inclusive) minus the padded width instead of the "
+                     "request's own count"),
+        bug_class="indexing",
+        fn=ragged_offsets_from_padded_width,
+        ragged_only=True,
+    ),
+    BuggyRule(
+        name="ragged_empty_row_takes_next_bonus",
+        description=(
+            "Ragged rows: the bonus laws are gathered for the requests with k_b > 0 only and handed out by batch "
+            "index, so from the first request with k_b = 0 on every request draws its correction-free token from "
+            "a later request's bonus law p^{b'}_{k_b'} (an empty request is verified with the next request's target "
+            "law).  Exact when no request has 0 drafts."
+        ),
+        modelled_on=(
+            "requests without drafts dropped from the spec-decode metadata while the bonus rows are still indexed "
+            "by position in the batch"
+        ),
+        bug_class="indexing",
+        fn=ragged_empty_row_takes_next_bonus,
+        ragged_only=True,
+    ),
+    BuggyRule(
+        name="ragged_last_row_padding_read",
+        description=(
+            "Ragged rows: the last request of the call is verified with K drafts whatever its k_b, so its padding "
+            "columns are tested as drafts (the decoy padding passes) and it emits up to K+1 tokens, more than "
+            "k_b + 1.  Exact when the last row has K drafts."
+        ),
+        modelled_on=(
+            "the total of the flattened draft tokens computed as B·K minus the padding of the first B-1 requests "
+            "(an off-by-one over the requests' padding)"
+        ),
+        bug_class="indexing",
+        fn=ragged_last_row_padding_read,
+        ragged_only=True,
     ),
 ]
 

@@ -30,14 +30,27 @@ by top-k and by top-p (most tokens exactly 0) against untruncated drafts, with c
 target's most likely tokens, one cell for the rest of its support, and one cell for all tokens of
 probability 0, of expected count 0 — a single emitted zero-probability token fails the check
 (p = 0, certain loss), at any vocabulary size.
+
+Ragged rows.  A function that takes ``num_draft_tokens=`` (docs/spec.md §1) is called as vLLM V1,
+SGLang and EAGLE call their verifiers: each row with its own draft count ``k_b`` in ``0..K``, the
+other columns holding decoy padding (:func:`specverify.testing.harness.propose_ragged`).
+:class:`RaggedStepCheck` (``ragged-drafts``) mixes draft counts 0, 1 and K = 2, start positions 0
+and 1, random and greedy (point-mass target) requests in calls of 1 to 1,000 rows and tests every
+row's first ``k_b + 1`` tokens against the target (χ² on 234 cells, sized like every
+goodness-of-fit check: TV ε at the check's α share with power ``POWER``); a row emitting more
+than ``k_b + 1`` tokens is an impossible output.  :class:`RaggedExactCheck`
+(``exact-ragged-drafts``, with ``uniforms=`` too) integrates single padded rows exactly
+(:func:`specverify.core.exact.step_distribution` with ``width``); cross-row mistakes need the
+statistical check.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,11 +62,22 @@ from specverify.auditing.sampler.battery import (
     positional_family_bank,
     skipped_result,
 )
-from specverify.auditing.checks import CallLogCheck, Tally, Verdict
-from specverify.auditing.isolation.faults import FaultKind
+from specverify.auditing.checks import (
+    CallLogCheck,
+    Check,
+    CheckKind,
+    ChiSquareCheck,
+    ExactCase,
+    Tally,
+    Verdict,
+    declared_arithmetic_of,
+    exact_cases_result,
+    goodness_of_fit_result,
+)
+from specverify.auditing.isolation.faults import Fault, FaultKind, validate_emitted
 from specverify.core.seeding import derive_seed
 from specverify.core.chains import ChainBank, PositionalBank
-from specverify.testing.harness import StepSample, complete, propose
+from specverify.testing.harness import RaggedSample, StepSample, complete, propose, sample_ragged_steps
 
 LATE_CALLS = 500
 """Calls of the function's life before the late-calls check samples (2.5× the 200 of issue 14's table)."""
@@ -236,6 +260,169 @@ class TruncatedVocabularyCheck(StepLawCheck):
                          else str(int(np.flatnonzero(maps[r, j] == d)[0])) for j, d in enumerate(digits)]
                 labels.append(f"chain {r} tokens ({', '.join(names)})")
         return tuple(labels)
+
+
+RAGGED_WIDTH = 2
+"""K of the ragged checks' calls: each row drafts 0, 1 or 2 tokens (0 and K both included)."""
+
+RAGGED_STARTS = (0, 1)
+"""Positions in their sequences at which the ragged checks' rows start (the laws differ by position)."""
+
+RAGGED_PATTERN = (1, 5, 64, 3, 257, 17, 1000, 2)
+"""Group sizes of the ragged checks' calls: a one-row call, a last row at every offset of the flattened layout."""
+
+
+def ragged_bank(name: str, vocab_size: int, width: int, starts: tuple[int, ...]) -> PositionalBank:
+    """Three context-free chains over ``max(starts) + width + 1`` positions: two random
+    (Dirichlet(1) targets and drafts), one greedy request (each target law a point mass on the
+    argmax of a Dirichlet(1) draw: a temperature-0 target after processing; random drafts)."""
+    rng = np.random.default_rng(derive_seed("test-distributions", name, vocab_size, width, starts))
+    positions = max(starts) + width + 1
+    target = rng.dirichlet(np.ones(vocab_size), size=(3, positions))
+    draft = rng.dirichlet(np.ones(vocab_size), size=(3, positions - 1))
+    greedy = np.zeros((positions, vocab_size))
+    greedy[np.arange(positions), target[2].argmax(axis=-1)] = 1.0
+    target[2] = greedy
+    return PositionalBank(target, draft)
+
+
+@dataclass
+class RaggedStepCheck(ChiSquareCheck):
+    """One step per row on ragged batches (docs/spec.md §1, ``num_draft_tokens=``): each row draws
+    its chain (random or greedy), its start position and its draft count ``k_b`` uniformly, and
+    rows of every kind share calls of the sizes in ``pattern``.  Row b's law is the chain's one-step
+    law truncated at ``k_b`` drafts, so its first ``k_b + 1`` completed tokens follow the target:
+    cells (chain, start, k_b, tokens at positions start..start+k_b), of expected probability
+    ``1/(R·S·C) · Π_j p_{start+j}(x_j)`` (R chains, S starts, C draft counts)."""
+
+    name: str
+    description: str
+    bank: PositionalBank
+    width: int
+    draft_counts: tuple[int, ...]
+    starts: tuple[int, ...]
+    pattern: tuple[int, ...]
+    parameters: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        vocab = self.bank.vocab_size
+        self.block_sizes = [vocab ** (k + 1) for k in self.draft_counts]
+        self.block_starts = np.concatenate([[0], np.cumsum(self.block_sizes)])
+        self.cells_per_start = int(self.block_starts[-1])
+        self.num_cells = self.bank.num_chains * len(self.starts) * self.cells_per_start
+        self.parameters = {"chain": "positional, one greedy chain", "K": self.width, "V": vocab,
+                           "chains": self.bank.num_chains, "draft counts": list(self.draft_counts),
+                           "starts": list(self.starts), "batch sizes": list(self.pattern), "cells": self.num_cells}
+
+    def _block(self, chain: int, start_index: int, count_index: int) -> int:
+        return (chain * len(self.starts) + start_index) * self.cells_per_start + int(self.block_starts[count_index])
+
+    @functools.cached_property
+    def cells(self) -> tuple[np.ndarray, tuple[str, ...]]:
+        """The expected law of the cells and their labels (fixed before sampling)."""
+        expected, labels = np.zeros(self.num_cells), []
+        weight = 1.0 / (self.bank.num_chains * len(self.starts) * len(self.draft_counts))
+        for chain in range(self.bank.num_chains):
+            for start_index, start in enumerate(self.starts):
+                for count_index, k in enumerate(self.draft_counts):
+                    law = np.ones(1)
+                    for j in range(k + 1):
+                        law = np.outer(law, self.bank.target[chain, start + j]).reshape(-1)
+                    first = self._block(chain, start_index, count_index)
+                    expected[first:first + len(law)] = weight * law
+                    labels += [f"chain {chain} start {start} k={k} tokens "
+                               f"{tuple(int(d) for d in np.unravel_index(i, (self.bank.vocab_size,) * (k + 1)))}"
+                               for i in range(len(law))]
+        return expected, tuple(labels)
+
+    def cell_counts(self, sample: RaggedSample) -> np.ndarray:
+        """Counts of the sampled rows in the cells: each row's first ``k_b + 1`` completed tokens."""
+        vocab = self.bank.vocab_size
+        start_index = torch.searchsorted(torch.tensor(self.starts), sample.start)
+        count_index = torch.searchsorted(torch.tensor(self.draft_counts), sample.num_draft_tokens)
+        blocks = torch.tensor([[[self._block(r, s, c) for c in range(len(self.draft_counts))]
+                                for s in range(len(self.starts))] for r in range(self.bank.num_chains)])
+        code = torch.zeros_like(sample.chain)
+        for j in range(self.width + 1):
+            code = torch.where(j <= sample.num_draft_tokens, code * vocab + sample.window[:, j], code)
+        index = blocks[sample.chain, start_index, count_index] + code
+        return torch.bincount(index, minlength=self.num_cells).numpy()
+
+    def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        sample = sample_ragged_steps(session.function, self.bank, width=self.width, draft_counts=self.draft_counts,
+                                     starts=self.starts, n=n, pattern=self.pattern,
+                                     harness_seed=derive_seed(plan.seed, "harness", look),
+                                     function_seed=derive_seed(plan.seed, "function", look), where=self.name)
+        return Tally(n, {"cells": self.cell_counts(sample)})
+
+    def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
+        expected, labels = self.cells
+        return goodness_of_fit_result(self, plan, tally.counts["cells"], expected, labels, None, level=level, look=look)
+
+
+@dataclass
+class RaggedExactCheck(Check):
+    """Exact integration (:func:`specverify.core.exact.step_distribution` with ``width``) of ragged
+    rows: each case ``(label, bank, chain, k, prefix)`` a row with ``k`` real drafts among ``width``
+    columns of decoy padding, after ``prefix`` (its start position) in a chain of the bank; the law
+    must be the chain's one-step law truncated at ``k``.  Cannot flake.  Only for functions that
+    take both ``uniforms=`` and ``num_draft_tokens=``."""
+
+    name: str
+    description: str
+    cases: tuple[tuple[str, PositionalBank, int, int, tuple[int, ...]], ...]
+    width: int
+    kind: ClassVar[CheckKind] = CheckKind.EXACT
+    parameters: dict[str, Any] = field(init=False)
+    num_cells: int = 0
+
+    def __post_init__(self) -> None:
+        self.parameters = {"K": self.width, "cases": [f"{label} (V={bank.vocab_size}, k={k}, start {len(prefix)})"
+                                                      for label, bank, _, k, prefix in self.cases]}
+
+    def run(self, session: Any, plan: Plan) -> CheckResult:
+        from specverify.core import exact
+
+        def rule(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None, num_draft_tokens=None):
+            try:
+                result = session.raw(target_probs, draft_probs, draft_tokens, None, uniforms=uniforms,
+                                     num_draft_tokens=num_draft_tokens)
+            except Exception as error:
+                raise Fault("exception", f"the function (in {self.name}, with uniforms= and num_draft_tokens=) "
+                                         f"raised {type(error).__name__}: {error}") from error
+            return validate_emitted(result, draft_tokens, target_probs.shape[-1],
+                                    num_draft_tokens=num_draft_tokens)[0]
+
+        cases = [ExactCase(label, functools.partial(exact.exact_step_tv, rule, bank.chain(chain), k, prefix,
+                                                    width=self.width), self.width, bank.vocab_size)
+                 for label, bank, chain, k, prefix in self.cases]
+        arithmetic, declared = declared_arithmetic_of(session.function)
+        return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
+
+
+def ragged_checks(exact: bool) -> list[Any]:
+    """The ragged-batch checks of a function that takes ``num_draft_tokens=`` (the exact one when
+    it also takes ``uniforms=``)."""
+    bank = ragged_bank("ragged-drafts", 3, RAGGED_WIDTH, RAGGED_STARTS)
+    checks: list[Any] = []
+    if exact:
+        exact_bank = ragged_bank("exact-ragged-drafts", 3, RAGGED_WIDTH, RAGGED_STARTS)
+        checks.append(RaggedExactCheck(
+            "exact-ragged-drafts",
+            "Ragged rows (num_draft_tokens=) integrated exactly: rows with 0, 1 and K=2 real drafts among K columns "
+            "of decoy padding, at positions 0 and 1 of random and greedy chains; each row's law must be its chain's "
+            "one-step law truncated at its own draft count.",
+            (("random, k=0, start 1", exact_bank, 0, 0, (0,)),
+             ("random, k=1, start 0", exact_bank, 1, 1, ()),
+             ("random, k=K, start 1", exact_bank, 0, RAGGED_WIDTH, (0,)),
+             ("greedy, k=1, start 1", exact_bank, 2, 1, (0,))), RAGGED_WIDTH))
+    checks.append(RaggedStepCheck(
+        "ragged-drafts",
+        "Ragged batches (num_draft_tokens=) as vLLM V1, SGLang and EAGLE verify them: rows with 0, 1 or K=2 drafts, "
+        "at positions 0 or 1, random and greedy (point-mass target) requests mixed in calls of 1 to 1000 rows; each "
+        "row's first k_b+1 tokens must follow the target.",
+        bank, RAGGED_WIDTH, tuple(range(RAGGED_WIDTH + 1)), RAGGED_STARTS, RAGGED_PATTERN))
+    return checks
 
 
 @dataclass
