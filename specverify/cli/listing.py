@@ -106,9 +106,13 @@ def catalog_entries(source: Path = CATALOG_SOURCE) -> list[tuple[str, str, str]]
     constants: dict[str, Any] = {}
     entries: list[tuple[str, str, str]] = []
     for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            target = node.target  # `_ENTRIES += [...]`
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target = node.targets[0]
+        else:
             continue
-        name = node.targets[0].id
+        name = target.id
         if name == "_ENTRIES" and isinstance(node.value, ast.List):
             for call in node.value.elts:
                 fields = {k.arg: _evaluate(k.value, constants) for k in call.keywords
