@@ -30,8 +30,8 @@ import contextlib
 import pytest
 import torch
 
-from benchmarks.workloads import synchronized, verification_inputs
 from benchmarks.legacy_rules import rejection_sample as rejection_sample_before
+from benchmarks.workloads import synchronized, verification_inputs
 from specverify.core import native_rules
 from specverify.core.rules import rejection_sample
 

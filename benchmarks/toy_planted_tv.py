@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "auditing
 
 from endpoint_toy_server import ALPHABET, ToyConfig, ToyLM, ToyState, generate, tokenize  # noqa: E402
 
-from specverify.auditing.sampler.catalog import CATALOG  # noqa: E402
 from specverify.auditing.endpoint.battery import PIT_TOKENS, SAMPLING_PROMPTS, TWO_SAMPLE_TOKENS  # noqa: E402
 from specverify.auditing.endpoint.checks import PIT_BINS  # noqa: E402
 from specverify.auditing.endpoint.pit import pit_value, processed_law, uniform_bins  # noqa: E402
+from specverify.auditing.sampler.catalog import CATALOG  # noqa: E402
 
 
 def _state(rule) -> ToyState:

@@ -45,7 +45,8 @@ import reference.decoder
 from gpu_tests import identity_power
 from reference.decoder import speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
-from specverify.hf import divergence, packaged as models
+from specverify.hf import divergence
+from specverify.hf import packaged as models
 
 MAX_NEW_TOKENS = 64
 GAMMA = 4

@@ -20,8 +20,15 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import report, test_bench_audit, test_bench_batch_sweep, test_bench_decoders
-from benchmarks import test_bench_model_step, test_bench_tree_verify, test_bench_verify
+from benchmarks import (
+    report,
+    test_bench_audit,
+    test_bench_batch_sweep,
+    test_bench_decoders,
+    test_bench_model_step,
+    test_bench_tree_verify,
+    test_bench_verify,
+)
 from benchmarks.workloads import ModelUnderTest
 from specverify.hf.tiny_models import tiny_target_and_draft
 

@@ -45,19 +45,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specverify.core import stats
-from specverify.auditing.checks import POWER, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
-from specverify.auditing.minimal_case import MinimalCase
-from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
-from specverify.auditing.power import PowerShortfall, power_shortfall, sized_for_own_tv, target_tv
-from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
-from specverify.auditing.isolation.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
-from specverify.auditing.isolation.captured import captured_warnings
-from specverify.auditing.isolation.process import check_isolation, preserved_process_state
-from specverify.auditing.loading import LoadError, load_target
-from specverify.core.seeding import derive_seed
-from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
+from specverify.auditing.checks import (
+    POWER,
+    CheckResult,
+    Plan,
+    SampleBudget,
+    Verdict,
+    resolve_budget,
+    result_from_fault,
+    skipped_result,
+)
 from specverify.auditing.defaults import (  # LEVELS is the registry of levels; all re-exported here
     BUDGET_ENV,
     DEFAULT_ALPHA,
@@ -71,6 +69,17 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
+from specverify.auditing.isolation.captured import captured_warnings
+from specverify.auditing.isolation.faults import Fault, FaultKind, preserved_global_rng, seed_global_rng
+from specverify.auditing.isolation.process import check_isolation, preserved_process_state
+from specverify.auditing.loading import LoadError, load_target
+from specverify.auditing.minimal_case import MinimalCase
+from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
+from specverify.auditing.power import PowerShortfall, power_shortfall, sized_for_own_tv, target_tv
+from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
+from specverify.core import stats
+from specverify.core.seeding import derive_seed
+from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to

@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specverify.auditing.defaults import BUDGET_ENV, DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIMEOUT_S, EXIT_ERROR, LEVELS
+from specverify.auditing.defaults import (
+    BUDGET_ENV,
+    DEFAULT_ALPHA,
+    DEFAULT_BUDGET,
+    DEFAULT_TIMEOUT_S,
+    EXIT_ERROR,
+    LEVELS,
+)
 from specverify.core.seeding import parse_base_seed
 
 

@@ -62,7 +62,7 @@ recomputes them); None for the entries it cannot integrate one row at a time (a 
 256 rows; reads through a padded view), which the production step checks catch."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_tv(name: str) -> float | None:
     """Exact one-step TV of catalog entry ``name`` on :data:`EXAMPLE` (None if not integrable)."""
     import numpy as np
@@ -85,8 +85,8 @@ def _first_sentence(text: str, limit: int = 100) -> str:
 
 def listing() -> str:
     """The text ``specverify audit --list`` prints."""
-    from specverify.auditing.sampler.catalog import CATALOG
     from specverify.auditing.loading import BUILTINS
+    from specverify.auditing.sampler.catalog import CATALOG
 
     lines = ["Built-in targets (specverify audit NAME [--level LEVEL]):"]
     for level, names in BUILTINS.items():

@@ -75,7 +75,7 @@ class path(contextlib.ContextDecorator):
     def __init__(self, native: bool) -> None:
         self.native = native
 
-    def __enter__(self) -> "path":
+    def __enter__(self) -> path:
         self._previous = os.environ.get("SPECVERIFY_NATIVE")
         os.environ["SPECVERIFY_NATIVE"] = "1" if self.native else "0"
         return self
@@ -105,7 +105,7 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or ``None`` when no C compiler can build it."""
     return build(SOURCE.read_bytes())

@@ -76,8 +76,13 @@ from typing import NamedTuple
 import torch
 
 from specverify.core import native_rules
-from specverify.core.rules import (_check_device, _distribution_problems, _native_screen_limit, _rows_look_valid,
-                                   check_randomness_source)
+from specverify.core.rules import (
+    _check_device,
+    _distribution_problems,
+    _native_screen_limit,
+    _rows_look_valid,
+    check_randomness_source,
+)
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")

@@ -47,12 +47,12 @@ from specverify.engines.environment import gumbel_perturbed_logits, prepare_engi
 require_engine("sglang")
 INTERPRETED = prepare_engine_import()
 
+from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus  # noqa: E402
 from sglang.kernels.ops.speculative.dspark.blockwise_rejection import (  # noqa: E402
     BlockwiseRejection,
     RejectionNoise,
     blockwise_rejection_triton,
 )
-from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus  # noqa: E402
 from sglang.kernels.ops.speculative.reject_sampling import chain_speculative_sampling_triton  # noqa: E402
 
 AUDITED_VERSION = "0.5.23"

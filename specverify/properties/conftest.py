@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from specverify.properties import budget
 from specverify.core import rules
 from specverify.core.rules import accepts_uniforms
+from specverify.properties import budget
 from specverify.testing.profiles import load_profile
 
 load_profile()

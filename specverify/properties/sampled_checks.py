@@ -40,11 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from specverify.properties import budget
 from specverify.auditing.isolation.faults import validate_emitted
 from specverify.core import exact, stats
 from specverify.core.chains import MarkovBank, MarkovChain, PositionalBank, PositionalChain
 from specverify.core.seeding import derive_seed
+from specverify.properties import budget
 from specverify.testing.harness import (
     Proposal,
     StepSample,

@@ -39,14 +39,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from specverify.properties import budget
-from specverify.core import exact
-from specverify.auditing.sampler.catalog import CATALOG, BuggyRule
 from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.sampler.catalog import CATALOG, BuggyRule
+from specverify.core import exact
 from specverify.core.seeding import derive_seed
-from specverify.properties.test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
+from specverify.properties import budget
 from specverify.properties.sampled_checks import (
-    MAIN_P, MAIN_Q, Check, CheckOutcome, all_checks, probe_cases, step_rule_law, step_target_law, total_variation,
+    MAIN_P,
+    MAIN_Q,
+    Check,
+    CheckOutcome,
+    all_checks,
+    probe_cases,
+    step_rule_law,
+    step_target_law,
+    total_variation,
+)
+from specverify.properties.test_laws import (
+    different_seeds_differ,
+    global_rngs_seeded,
+    same_seed_reproduces,
+    zero_probability_emissions,
 )
 
 EXACT_TOLERANCE = 1e-9

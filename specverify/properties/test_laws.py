@@ -33,13 +33,13 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specverify.properties import budget
 from specverify.core import exact, rules
 from specverify.core.chains import PositionalChain
 from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
-from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
+from specverify.properties import budget
 from specverify.properties.sampled_checks import call_impl
+from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
 
 EXACT_TOLERANCE = 1e-9
 LAW_SETTINGS = dict(

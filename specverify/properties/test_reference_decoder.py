@@ -43,8 +43,8 @@ import reference.drafters
 from reference.decoder import speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
 from reference.request_stats import RequestStats, StatsRecorder
-from specverify.core import exact
 from specverify.auditing.sampler.catalog import CATALOG
+from specverify.core import exact
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
 from specverify.core.stats import binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv

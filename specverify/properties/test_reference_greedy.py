@@ -17,7 +17,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
 pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers models: pip install 'specverify[hf]'")
 
 import reference.kv

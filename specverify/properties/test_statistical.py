@@ -21,10 +21,17 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specverify.properties import budget
-from specverify.properties.sampled_checks import CheckOutcome, LoopCase, StepCase, run_acceptance_check, run_loop_check, run_step_check
 from specverify.core.chains import PositionalChain
 from specverify.core.seeding import derive_seed
+from specverify.properties import budget
+from specverify.properties.sampled_checks import (
+    CheckOutcome,
+    LoopCase,
+    StepCase,
+    run_acceptance_check,
+    run_loop_check,
+    run_step_check,
+)
 from specverify.testing.strategies import draft_target_pairs, markov_chains, positional_chains, probability_vectors
 
 STATISTICAL_SETTINGS = dict(

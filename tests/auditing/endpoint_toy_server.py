@@ -61,9 +61,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -201,7 +202,7 @@ class Sequence:
     done: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
-    def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> "Sequence":
+    def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> Sequence:
         settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
                     params.get("min_p"))
         return cls(list(prompt), max_tokens, settings, seed, np.random.default_rng(seed),
@@ -452,7 +453,7 @@ def _echo_entries(state: ToyState, prompt: list[int], new: list[int], n: int) ->
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "ToyServer"
+    server: ToyServer
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
@@ -524,7 +525,7 @@ class ToyServer(ThreadingHTTPServer):
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._stopped = threading.Event()
 
-    def start(self) -> "ToyServer":
+    def start(self) -> ToyServer:
         self._thread.start()
         return self
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import specverify
-from specverify.core import stats
 from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, assert_lossless, audit, plan_checks, target_tv
 from specverify.auditing.sampler.battery import POWER, SamplerBattery, resolve_budget
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli.listing import PRODUCTION_EXACT_TV
+from specverify.core import stats
 from specverify.core.rules import verify as reference
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, audit
 from specverify.auditing.loading import load_target
+from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, audit
 
 FAULTY = Path(__file__).resolve().parents[2] / "examples" / "faulty.py"
 SMALL = dict(budget=500, checks=["randomness-source", "step-K2", "decoding-loop-order1", "inputs-unchanged"])

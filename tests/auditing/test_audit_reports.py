@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from specverify.auditing.reports import html_page
-from specverify.auditing.runner import audit
 from specverify.auditing.reports.html_page import render_html, write_html
 from specverify.auditing.reports.json_file import SCHEMA, deterministic_view, report_to_dict, write_json
 from specverify.auditing.reports.terminal import format_report
+from specverify.auditing.runner import audit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 VECTORIZED = f"{EXAMPLES / 'vectorized_verify.py'}:verify"

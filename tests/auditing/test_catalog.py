@@ -18,9 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specverify.auditing.loading import load_target
 from specverify.auditing.sampler.catalog import CATALOG, COARSE_UNIFORM_STEP, BuggyRule
 from specverify.core.chains import PositionalChain
-from specverify.auditing.loading import load_target
 from specverify.core.rules import verify
 from specverify.testing.strategies import verify_inputs
 

@@ -24,10 +24,7 @@ import torch
 
 import reference.decoder
 from reference.drafters import ModelDrafter
-from specverify.core import stats
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
 from specverify.auditing.checks import Plan
-from specverify.auditing.sampler.catalog import CATALOG
 from specverify.auditing.decoder.battery import (
     DECODER_BUDGETS,
     FILTER_STRATA,
@@ -35,14 +32,17 @@ from specverify.auditing.decoder.battery import (
     TEMPERATURE_STRATA,
     DecoderBattery,
     DecoderModels,
-    Setting,
     SequenceLawCheck,
+    Setting,
     audit_decoder,
     resolve_decoder_budget,
     sequence_index,
     validate_new_tokens,
 )
 from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
+from specverify.auditing.sampler.catalog import CATALOG
+from specverify.core import stats
 from specverify.core.processing import process_logits
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed

@@ -10,7 +10,6 @@ comparisons.  Without a compiler everything runs on the torch path.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specverify.core import exact
 from specverify.cli.speedup import main, register
+from specverify.core import exact
 from specverify.core.speedup import (
     best_gamma,
     expected_tokens_per_pass,

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from specverify.cli import models as cli_models
-
 from specverify.hf import packaged as models
 
 HIDDEN, FFN = 8, 16

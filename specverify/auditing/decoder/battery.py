@@ -73,7 +73,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from specverify.core import stats
 from specverify.auditing.checks import (
     Check,
     CheckKind,
@@ -89,6 +88,7 @@ from specverify.auditing.checks import (
 )
 from specverify.auditing.isolation.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
 from specverify.auditing.isolation.guarded import GuardedGenerate
+from specverify.core import stats
 from specverify.core.seeding import derive_seed
 
 DECODER_BUDGETS: dict[str, float] = {"quick": 0.25, "standard": 0.1, "thorough": 0.05}

@@ -17,6 +17,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specverify.auditing.checks import (
+    Check,
+    CheckKind,
+    CheckResult,
+    Plan,
+    SequentialCheck,
+    Tally,
+    Verdict,
+    goodness_of_fit_result,
+    level_phrase,
+    look_fields,
+    monte_carlo_draws,
+)
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.greedy import (
     LOGPROB_TOLERANCE,
@@ -34,19 +47,6 @@ from specverify.auditing.endpoint.greedy import (
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
 from specverify.auditing.isolation.faults import Fault
-from specverify.auditing.checks import (
-    Check,
-    CheckKind,
-    CheckResult,
-    Plan,
-    SequentialCheck,
-    Tally,
-    Verdict,
-    goodness_of_fit_result,
-    level_phrase,
-    look_fields,
-    monte_carlo_draws,
-)
 from specverify.core import stats
 from specverify.core.greedy_identity import IdentityResult, judge
 from specverify.core.seeding import derive_seed

@@ -52,6 +52,7 @@ import torch
 
 from specverify.core import outputs
 
+
 class FaultKind(StrEnum):
     """What went wrong in one call (the module table).  The first three leave nothing to judge
     ("could not audit"); ``impossible`` is a loss; the last three are contract violations judged

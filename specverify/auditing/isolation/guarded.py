@@ -38,6 +38,7 @@ from specverify.auditing.isolation.faults import (
     mutated_arguments,
     validate_emitted,
 )
+from specverify.auditing.isolation.presentation import decoy_value, fill_storage, presented, storage_shape
 from specverify.auditing.isolation.process import (
     START_TIMEOUT_S,
     CapturedStream,
@@ -51,7 +52,6 @@ from specverify.auditing.isolation.process import (
     layout,
     worker_target,
 )
-from specverify.auditing.isolation.presentation import decoy_value, fill_storage, presented, storage_shape
 from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0

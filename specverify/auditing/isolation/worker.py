@@ -139,8 +139,8 @@ class Worker:
     def _views(self, request: dict[str, Any]) -> list[Any]:
         import torch
 
-        from specverify.auditing.isolation.process import SharedBuffer
         from specverify.auditing.isolation.presentation import view_of
+        from specverify.auditing.isolation.process import SharedBuffer
 
         path, size = request["buffer"]
         if self.buffer is None or self.buffer.path != path:

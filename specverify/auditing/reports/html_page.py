@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from specverify.auditing.runner import AuditReport
-from specverify.auditing.reports.tree_drawings import tree_sections
 from specverify.auditing.checks import CheckResult
+from specverify.auditing.reports.tree_drawings import tree_sections
+from specverify.auditing.runner import AuditReport
 
 MAX_BARS = 40
 """Observed-vs-expected plots show at most this many cells (the largest deviations)."""

@@ -36,16 +36,17 @@ import torch
 
 from specverify.auditing.checks import (  # the framework names are re-exported for the 0.1 path specverify.battery
     BUDGETS,
+    EXACT_TOLERANCE,
     POWER,
     Battery,
     Check,
     CheckKind,
     CheckResult,
     ChiSquareCheck,
-    EXACT_TOLERANCE,
     ExactCase,
     InputsUnchangedCheck,
     Plan,
+    SampleBudget,
     SequentialCheck,
     Tally,
     Verdict,
@@ -54,7 +55,6 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     binomial_sample_size,
     declared_arithmetic_of,
     exact_cases_result,
-    SampleBudget,
     goodness_of_fit_result,
     resolve_budget,
     result_from_fault,
@@ -69,17 +69,17 @@ from specverify.auditing.isolation.faults import (
 )
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.core.rules import accepts_uniforms
+from specverify.core.seeding import derive_seed
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
     GuardedFunction,
+    StepSample,
     markov_prefix_law,
     positional_window_law,
-    StepSample,
     propose,
     sample_runs,
     sample_steps,
 )
-from specverify.core.seeding import derive_seed
 
 """An exact TV above this fails the exact check (integration rounding is ~1e-13)."""
 

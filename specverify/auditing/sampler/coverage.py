@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from specverify.auditing.checks import CallLogCheck, Tally, Verdict
+from specverify.auditing.isolation.faults import FaultKind
 from specverify.auditing.sampler.battery import (
     CheckResult,
     Plan,
@@ -49,10 +51,8 @@ from specverify.auditing.sampler.battery import (
     positional_family_bank,
     skipped_result,
 )
-from specverify.auditing.checks import CallLogCheck, Tally, Verdict
-from specverify.auditing.isolation.faults import FaultKind
-from specverify.core.seeding import derive_seed
 from specverify.core.chains import ChainBank, PositionalBank
+from specverify.core.seeding import derive_seed
 from specverify.testing.harness import StepSample, complete, propose
 
 LATE_CALLS = 500

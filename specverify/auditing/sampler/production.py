@@ -26,7 +26,7 @@ at moderate V.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,20 +34,18 @@ import numpy as np
 import torch
 
 from specverify.auditing.checks import (
-    BUDGETS,
     Check,
     CheckKind,
     CheckResult,
     ExactCase,
     Plan,
-    SampleBudget,
     SequentialCheck,
     Tally,
     Verdict,
     declared_arithmetic_of,
     exact_cases_result,
-    look_fields,
     level_phrase,
+    look_fields,
 )
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.sampler import production_laws as laws
@@ -157,7 +155,7 @@ class ExactShape:
         return f"{self.case.label} (V={self.case.vocab_size:,}, K={self.case.num_draft}, {self.dtype}, {layout})"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_shapes() -> tuple[ExactShape, ...]:
     """The cases of ``exact-large-vocabulary``, in run order (cheap and broad first)."""
     v = laws.VOCABULARIES
@@ -253,7 +251,7 @@ def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tole
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
     """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.sampler.production_laws.step_family`)."""
     return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))

@@ -185,7 +185,7 @@ def permuted(rng: np.random.Generator, law: np.ndarray) -> np.ndarray:
     return moved
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def step_family(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``p [R, K+1, V]`` and ``q [R, K, V]`` of ``num_chains`` production chains, exact in every dtype.
 

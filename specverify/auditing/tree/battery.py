@@ -68,6 +68,7 @@ from specverify.auditing.checks import (
     CheckKind,
     CheckResult,
     ChiSquareCheck,
+    ExactCase,
     InputsUnchangedCheck,
     Plan,
     SequentialCheck,
@@ -76,10 +77,9 @@ from specverify.auditing.checks import (
     binomial_detectable_rate,
     binomial_result,
     binomial_sample_size,
-    ExactCase,
+    check_report,
     declared_arithmetic_of,
     exact_cases_result,
-    check_report,
     goodness_of_fit_result,
     level_phrase,
     look_fields,
@@ -97,11 +97,11 @@ from specverify.auditing.sampler.coverage import contract_checks
 from specverify.auditing.tree.catalog import rows_at_a_time
 from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
+from specverify.core.identity import identity_detectable_tv, identity_sample_size, identity_test
 from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
-from specverify.core.tree_exact import eagle_shape
-from specverify.core.identity import identity_detectable_tv, identity_sample_size, identity_test
 from specverify.core.transitions import transition_goodness_of_fit
+from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.tree_harness import (
     DEFAULT_TREE_ROWS,
