@@ -12,6 +12,7 @@ Run: PYTHONPATH=$PWD python3 benchmarks/tree_decoder_smollm2.py [--drafter looku
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -60,7 +61,7 @@ def main() -> None:
         make_drafter, label = PromptLookupTreeDrafter, "prompt-lookup tree draft (max n-gram 3)"
     else:
         draft = truncated_view(target, args.draft_layers)
-        make_drafter = lambda: ModelTreeDrafter(draft)
+        make_drafter = functools.partial(ModelTreeDrafter, draft)
         label = f"early-exit draft ({args.draft_layers} of {target.config.num_hidden_layers} layers), top-k children"
     print(f"{DEFAULT_TARGET}, CPU fp32, greedy, {label}, {args.new_tokens} new tokens")
     for num_nodes in args.nodes:

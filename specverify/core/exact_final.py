@@ -217,7 +217,7 @@ def _bounds(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> tuple[
 
 
 def _check_monotone(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> None:
-    for b, (u, c) in enumerate(segments):
+    for b, (_, c) in enumerate(segments):
         valid = c[c >= 0]
         if len(valid) > 1 and np.any(np.diff(valid) < 0):
             at = int(np.flatnonzero(np.diff(valid) < 0)[0])

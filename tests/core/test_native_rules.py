@@ -208,7 +208,7 @@ def test_a_flagged_input_restores_the_generator_and_reruns_the_torch_rule(monkey
 def test_the_same_errors_for_corrupted_inputs(dtype):
     for ragged in (False, True):
         case = random_case(derive_seed("native-errors", str(dtype), ragged), 4, 3, 50, dtype, ragged)
-        for name, (p, q, drafts, u, num_draft) in _corruptions(*case):
+        for _, (p, q, drafts, u, num_draft) in _corruptions(*case):
             both_paths(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
             both_paths(point_mass_verify, p, drafts, uniforms=u, num_draft=num_draft)
             both_paths(greedy_verify, p, drafts, num_draft=num_draft)
@@ -376,7 +376,7 @@ def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, 
             both_paths(point_mass_verify, p, drafts, uniforms=u, num_draft=num_draft)
             both_paths(greedy_verify, p, greedy_friendly(p, drafts, num_draft, 0), num_draft=num_draft)
             corruptions = _corruptions(p, q, drafts, u, num_draft) if shape == (5, 4, 7) else ()
-            for name, (bad_p, bad_q, bad_drafts, bad_u, bad_num_draft) in corruptions:
+            for _, (bad_p, bad_q, bad_drafts, bad_u, bad_num_draft) in corruptions:
                 both_paths(rejection_sample, bad_p, bad_q, bad_drafts, uniforms=bad_u, num_draft=bad_num_draft)
     assert calls.taken >= 24
 

@@ -364,7 +364,7 @@ def test_greedy_tree_verify_gives_the_torch_outputs_and_errors(dtype, monkeypatc
                         on_path(True, tree_rules.greedy_tree_verify, p, tokens, parents, validate=validate))
         assert taken[-1] is not None
         if shape[-1] >= 3:
-            for label, (bad_p, _, bad_tokens, bad_parents, _) in _corruptions(p, q, tokens, parents, u):
+            for _, (bad_p, _, bad_tokens, bad_parents, _) in _corruptions(p, q, tokens, parents, u):
                 assert_same(on_path(False, tree_rules.greedy_tree_verify, bad_p, bad_tokens, bad_parents),
                             on_path(True, tree_rules.greedy_tree_verify, bad_p, bad_tokens, bad_parents))
     ties = torch.tensor([[[0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]]])  # first maximal index

@@ -213,6 +213,6 @@ def _corruptions(p, q, tokens, parents, u):
 def test_same_validation_errors_as_the_frozen_validator(dtype):
     for shape in [(1, 1, 3), (4, 3, 50), (3, 2, 4096)]:
         case = random_tree_case(derive_seed("tree-identity-validation", shape, str(dtype)), *shape, dtype)
-        for label, corrupted in _corruptions(*case):
+        for _, corrupted in _corruptions(*case):
             for name, with_draft, _ in RULES:
                 compare(name, with_draft, *corrupted)

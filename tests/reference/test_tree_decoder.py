@@ -131,7 +131,10 @@ def test_one_tree_pass_equals_path_forwards(name, models):
 def test_tree_pass_check_fails_on_a_broken_mask_or_positions(models, monkeypatch):
     target, _ = models
     assert tree_pass_error(target, TreeShape.of(SHAPES["binary6"]), seed=1) < 1e-5
-    full = lambda ancestors, context: torch.ones(1, 1, ancestors.shape[0], context + ancestors.shape[0], dtype=torch.bool)
+
+    def full(ancestors, context):
+        return torch.ones(1, 1, ancestors.shape[0], context + ancestors.shape[0], dtype=torch.bool)
+
     with monkeypatch.context() as patch:
         patch.setattr(tree_decoder, "tree_attention_mask", full)  # every node sees every sibling
         assert tree_pass_error(target, TreeShape.of(SHAPES["binary6"]), seed=1) > 1e-3

@@ -23,6 +23,7 @@ no call.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import time
@@ -437,7 +438,7 @@ class GuardedFunction(_Session):
             args = tuple(passed[name][start:start + rows] for name in names) + (generator,)
             started = time.perf_counter()
             try:
-                result = self._in_process(lambda: self.fn(*args), self.speed.deadline(1, rows * per_row, self.timeout_s),
+                result = self._in_process(functools.partial(self.fn, *args), self.speed.deadline(1, rows * per_row, self.timeout_s),
                                           what, where)
             except Fault as fault:
                 if fault.kind == "exception" and fault.__cause__ is not None:
