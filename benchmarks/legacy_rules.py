@@ -97,7 +97,8 @@ def _distribution_problems(name: str, probs: torch.Tensor, used: torch.Tensor) -
 
 
 
-def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int, device: torch.device) -> torch.Tensor:
+def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int,
+                device: torch.device) -> torch.Tensor:
     """``n_b`` per row: ``num_draft`` when given, else ``K`` for every row."""
     if num_draft is None:
         return torch.full((batch,), num_draft_tokens, dtype=torch.int64, device=device)
@@ -202,7 +203,8 @@ def rejection_sample(
     ``[B, K]`` scalars and one ``[B, V]`` row per request are upcast to float64.
     """
     if validate:
-        validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms, num_draft=num_draft)
+        validate_verify_inputs(target_probs, draft_probs, draft_tokens, generator, uniforms=uniforms,
+                               num_draft=num_draft)
     u = _step_uniforms(target_probs, generator, uniforms)
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 

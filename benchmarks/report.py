@@ -296,7 +296,8 @@ def before_after_lines(rows: Sequence[BandwidthRow], rule: str = "Rule", size: s
         after = [m.validate_fraction_into for m in members]
         lines.append(
             f"| {device} | {scope} | {len(members)} | "
-            f"{statistics.median(m.before_validate_fraction_into for m in members):.2f} | {statistics.median(after):.2f} | "
+            f"{statistics.median(m.before_validate_fraction_into for m in members):.2f} | "
+            f"{statistics.median(after):.2f} | "
             f"{statistics.median(m.before_validate_s / m.validate_s for m in members):.2f}× | "
             f"{min(after):.2f} | {max(after):.2f} |"
             + (f" {_median_or_dash([m.torch_validate_fraction_into for m in members])} |" if with_torch else "")

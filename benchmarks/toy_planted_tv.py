@@ -42,7 +42,8 @@ def pit_tv(rule, temperature: float, requests: int) -> tuple[float, int]:
     settings = {"temperature": temperature, "top_k": 8, "top_p": 1.0, "min_p": 0.0}
     for r in range(requests):
         context = tokenize(SAMPLING_PROMPTS[r % len(SAMPLING_PROMPTS)].text)
-        for token in generate(state, list(context), PIT_TOKENS, settings, 10_000 + r, {"draft_n": 0, "draft_n_accepted": 0}):
+        for token in generate(state, list(context), PIT_TOKENS, settings, 10_000 + r,
+                              {"draft_n": 0, "draft_n_accepted": 0}):
             law = state.target.logprobs(context)
             top = {ALPHABET[i]: float(law[i]) for i in np.argsort(-law)[:8]}
             u = pit_value(processed_law(top, temperature=temperature, top_k=8), ALPHABET[token], uniforms.random(),

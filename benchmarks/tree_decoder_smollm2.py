@@ -3,8 +3,8 @@
 CPU, fp32, greedy (temperature 0), deterministic children, ``--new-tokens`` tokens per prompt.
 Drafters: ``lookup`` (default; :class:`reference.tree_decoder.PromptLookupTreeDrafter`, children = the
 followers of the last n-gram's earlier occurrences) or ``early-exit`` (the target's first
-``--draft-layers`` layers + its final norm and head, ``reference.drafters.truncated_view``).  Every shape must produce the same tokens (greedy
-decoding is the target's own greedy output whatever the tree); the script checks that.
+``--draft-layers`` layers + its final norm and head, ``reference.drafters.truncated_view``).  Every shape must produce
+the same tokens (greedy decoding is the target's own greedy output whatever the tree); the script checks that.
 
 Run: PYTHONPATH=$PWD python3 benchmarks/tree_decoder_smollm2.py [--drafter lookup] [--prompts 0 1 2] [--new-tokens 64]
 """

@@ -131,7 +131,8 @@ def test_audit_benchmarks_record_throughput(runs: dict[str, OnceBenchmark]) -> N
 
 
 def test_decoder_methods_reproduce_plain_greedy(runs: dict[str, OnceBenchmark]) -> None:
-    names = [f"decoder-{m}" for m in test_bench_decoders.METHODS] + [f"decoder-qwen-{m}" for m in test_bench_decoders.QWEN_METHODS]
+    names = ([f"decoder-{m}" for m in test_bench_decoders.METHODS]
+             + [f"decoder-qwen-{m}" for m in test_bench_decoders.QWEN_METHODS])
     for name in names:
         method = runs[name].extra_info["method"]
         info = runs[name].extra_info

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = Path(os.environ.get("SPECVERIFY_README", ROOT / "README.md")).read_text(encoding="utf-8")  # override: try proposed text
+README = Path(os.environ.get("SPECVERIFY_README",
+                             ROOT / "README.md")).read_text(encoding="utf-8")  # override: try proposed text
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("SPECVERIFY_BUDGET", None)
 

@@ -112,7 +112,8 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
 
 
 def catalog_key(name: str) -> str:
-    """The :data:`~specverify.auditing.sampler.catalog.CATALOG` key of a catalog name written with hyphens or underscores."""
+    """The :data:`~specverify.auditing.sampler.catalog.CATALOG` key of a catalog name written with hyphens or
+    underscores."""
     return name.strip().replace("-", "_")
 
 
@@ -130,7 +131,8 @@ def _load_from_module(module_name: str, attribute: str, *, spec: str) -> Callabl
             sys.path.append(cwd)
             module = importlib.import_module(module_name)
     except Exception as error:  # any import-time failure is "could not audit"
-        raise LoadError(f"target {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {error}") from error
+        raise LoadError(f"target {spec!r}: importing {module_name!r} failed: "
+                        f"{type(error).__name__}: {error}") from error
     return _get_callable(module, attribute, spec=spec)
 
 

@@ -93,8 +93,10 @@ class MinimalCase:
             law = "# modified rejection sampling never emits it given these drafts"
             check = "assert share == 0, share"
         else:
-            law = f"# modified rejection sampling: {self.expected:.6f} given these drafts; this function gave {self.observed:.6f}"
-            check = f"assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share  # 6 standard errors"
+            law = (f"# modified rejection sampling: {self.expected:.6f} given these drafts; "
+                   f"this function gave {self.observed:.6f}")
+            check = (f"assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share  "
+                     "# 6 standard errors")
         return textwrap.dedent(f"""\
             import torch
             from specverify.auditing.loading import load_target
@@ -104,7 +106,8 @@ class MinimalCase:
                 # found by specverify: check {self.check}, chain {self.chain}, seed {self.seed}
                 verify = load_target({self.target!r})
                 rows = {self.rows}
-                target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)  # p_0..p_{k} [K+1={k + 1}, V={v}]
+                # p_0..p_{k} [K+1={k + 1}, V={v}]
+                target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)
                 draft_probs = torch.tensor({_table(self.draft_probs)}).repeat(rows, 1, 1)  # {drafts}
                 draft_tokens = torch.tensor([{list(self.draft_tokens)}]).repeat(rows, 1)
                 emitted = verify(target_probs, draft_probs, draft_tokens, torch.Generator().manual_seed({self.seed}))
@@ -154,7 +157,8 @@ def _path_laws(bank: Any, chain: int, drafts: Sequence[int]) -> tuple[torch.Tens
     return p, q
 
 
-def candidate_paths(bank: Any, chain: int, num_draft: int, preferred: dict[int, int], limit: int) -> list[tuple[int, ...]]:
+def candidate_paths(bank: Any, chain: int, num_draft: int, preferred: dict[int, int],
+                    limit: int) -> list[tuple[int, ...]]:
     """Draft paths to try: the one through ``preferred`` (position → token, the worst cell's
     tokens; the draft's most likely token elsewhere) first, then the ``limit`` most likely under
     q (a beam over positions)."""
@@ -215,7 +219,8 @@ def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
     return chain, preferred
 
 
-def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function: Any, seed: int) -> tuple[MinimalCase | None, str]:
+def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function: Any,
+                      seed: int) -> tuple[MinimalCase | None, str]:
     """The first reproducing case over the failing ``(check, result)`` pairs, calling the guarded
     ``function`` at most :data:`MAX_CANDIDATES` times; else ``None`` and why."""
     from specverify.core.seeding import derive_seed
@@ -232,7 +237,8 @@ def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function:
                 calls += 1
                 case_seed = derive_seed(seed, "minimal-case", check.name, chain, list(drafts)) % 1_000_000
                 p, q = _path_laws(bank, chain, drafts)
-                proposal = Proposal(p.unsqueeze(0).repeat(MINIMAL_ROWS, 1, 1), q.unsqueeze(0).repeat(MINIMAL_ROWS, 1, 1),
+                proposal = Proposal(p.unsqueeze(0).repeat(MINIMAL_ROWS, 1, 1),
+                                    q.unsqueeze(0).repeat(MINIMAL_ROWS, 1, 1),
                                     torch.tensor([list(drafts)]).repeat(MINIMAL_ROWS, 1))
                 emitted = function(proposal, function.generator(case_seed), where=f"minimal case of {check.name}")[0]
                 case = _judge(target, check.name, chain, p, q, drafts, emitted, case_seed)

@@ -29,7 +29,8 @@ class Omission:
     fix: str
 
     def line(self) -> str:
-        shown = ", ".join(self.names) if len(self.names) <= 4 else f"{len(self.names)} checks ({', '.join(self.names[:3])}, …)"
+        shown = (", ".join(self.names) if len(self.names) <= 4
+                 else f"{len(self.names)} checks ({', '.join(self.names[:3])}, …)")
         return f"not run: {shown}: {self.reason}; to run it: {self.fix}"
 
 

@@ -123,7 +123,8 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
                 f"{len(checks)} checks, {samples:,} {unit} in all; the time depends on the servers' speed "
                 f"(SmolLM2-135M on llama-cpp-python, 2 shared cores: ~30 min at `--budget quick`, ~50 min at standard)")
     return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
-            f"{len(checks)} checks, {samples:,} {unit} in all; expected ~{duration(expected_seconds(level, checks, plans))} "
+            f"{len(checks)} checks, {samples:,} {unit} in all; expected "
+            f"~{duration(expected_seconds(level, checks, plans))} "
             f"(at the reference implementation's speed on a 2-core CPU; `--budget quick` or "
             f"SPECVERIFY_BUDGET=quick for a fast run)")
 

@@ -217,7 +217,8 @@ def _fmt(value: float | None) -> str:
 
 
 def target_name(fn: Callable[..., Any] | str) -> str:
-    """A target string for ``fn`` that loads from the current directory (:func:`specverify.auditing.replay.target_name`)."""
+    """A target string for ``fn`` that loads from the current directory
+    (:func:`specverify.auditing.replay.target_name`)."""
     return replay.target_name(fn)
 
 
@@ -257,7 +258,8 @@ def select_checks(available: Sequence[Any], names: Sequence[str] | None, omitted
     return [c for c in available if c.name in names]
 
 
-def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed: int, level: str) -> tuple[list[Plan], float | None]:
+def plan_checks(checks: Sequence[Any], budget: SampleBudget, alpha: float, seed: int,
+                level: str) -> tuple[list[Plan], float | None]:
     """Each check's :class:`Plan` and the Bonferroni share α / m of the m statistical checks.
 
     Named budgets: n = the smallest sample size at which the check detects TV ε with power POWER
@@ -324,7 +326,8 @@ def audit(
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
     at ``level`` and return the :class:`AuditReport`.  Deterministic for a given ``seed``.
 
-    ``budget``: default ``$SPECVERIFY_BUDGET`` or ``standard``; ``quick`` / ``standard`` / ``thorough`` (at the sampler level every statistical
+    ``budget``: default ``$SPECVERIFY_BUDGET`` or ``standard``; ``quick`` / ``standard`` / ``thorough`` (at the
+    sampler level every statistical
     check is sized to detect TV 0.05 / 0.02 / 0.01 with power 0.99; a level's battery may define
     its own ``resolve_budget``) or N samples per check.  ``alpha``: the family-wise
     false-positive rate of the whole audit.  ``timeout_s``: the deadline of each call.
@@ -563,8 +566,9 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         names = ", ".join(r.name for r in failed)
         impossible = [r.name for r in failed if r.fault is FaultKind.IMPOSSIBLE]
         if impossible:
-            return "loss detected", EXIT_FAIL, (f"{len(failed)} check(s) failed: {names}; impossible output in "
-                                                f"{', '.join(impossible)} (tokens no lossless rule can emit)"), detectable
+            message = (f"{len(failed)} check(s) failed: {names}; impossible output in "
+                       f"{', '.join(impossible)} (tokens no lossless rule can emit)")
+            return "loss detected", EXIT_FAIL, message, detectable
         if any(r.kind.detects_loss for r in failed):
             return "loss detected", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
         return "contract violated", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable

@@ -102,7 +102,8 @@ def listing() -> str:
         else:
             tv = STORED_EXACT_TV[name] if name in STORED_EXACT_TV else exact_tv(name)
             shown = "—" if tv is None else f"{tv:.4f}"
-        lines.append(f"  {name.replace('_', '-'):<33} {entry.bug_class:<16} {shown:>9}  {_first_sentence(entry.description)}")
+        lines.append(f"  {name.replace('_', '-'):<33} {entry.bug_class:<16} {shown:>9}  "
+                     f"{_first_sentence(entry.description)}")
     lines.append("  (—: a randomness bug; it ignores injected uniforms, so it has no exact loss and is caught by "
                  "the randomness-source check)")
     lines.append("  (*: a production-shape bug, exact on the toy example; its exact TV at the production case of "

@@ -238,7 +238,8 @@ class ChainBank:
     def __init__(self, target: np.ndarray, draft: np.ndarray, order: int, prompts: np.ndarray) -> None:
         target, draft = np.asarray(target, dtype=np.float64), np.asarray(draft, dtype=np.float64)
         if target.ndim != 3:
-            raise ValueError(f"target: expected tables [R, S, V] (chains, states, tokens), got shape {list(target.shape)}")
+            raise ValueError("target: expected tables [R, S, V] (chains, states, tokens), "
+                             f"got shape {list(target.shape)}")
         if draft.shape != target.shape:
             raise ValueError(f"draft: expected the target's shape {list(target.shape)}, got {list(draft.shape)}")
         self.target, self.draft, self.order = target, draft, order
@@ -355,7 +356,8 @@ class MarkovBank(ChainBank):
             raise ValueError(f"chains: expected equal V and order for every chain, got {sorted(shapes)}")
         order = chains[0].order
         prompts = np.array([chain.prompt for chain in chains], dtype=np.int64).reshape(len(chains), order)
-        return cls(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order, prompts)
+        return cls(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order,
+                   prompts)
 
     def local_state(self, state: RowState) -> torch.Tensor:
         return _context_states(state.context, self.vocab_size)
@@ -372,7 +374,8 @@ class MarkovBank(ChainBank):
         return (local * self.vocab_size + tokens) % self.num_states
 
     def chain(self, index: int) -> MarkovChain:
-        return MarkovChain(self.target[index], self.draft[index], self.order, tuple(int(t) for t in self.prompts[index]))
+        return MarkovChain(self.target[index], self.draft[index], self.order,
+                           tuple(int(t) for t in self.prompts[index]))
 
 
 def random_markov_chain(

@@ -182,7 +182,9 @@ def _codes(case: FinalDrawCase, evaluate: Evaluator, branch_of: np.ndarray, u_fi
     return np.where(right, emitted[:, n], -1)
 
 
-def _bounds(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> tuple[float, float, float, tuple[int, float, float], list[tuple[int, int]]]:
+def _bounds(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> tuple[float, float, float,
+                                                                                tuple[int, float, float],
+                                                                                list[tuple[int, int]]]:
     """TV bounds from the evaluated points of every branch, and the open brackets ``(branch, i)``
     (consecutive points ``i, i+1`` with different outputs, farther apart than one ulp)."""
     vocab = case.vocab_size

@@ -286,7 +286,8 @@ def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tr
     shape = (batch, positions - 1, vocab)
     tokens, parent_ptr = tree_tokens.data_ptr(), parents.data_ptr()
     if lib.sv_tree_check(dtype, target, draft, *shape, tokens, parent_ptr,
-                         injected.data_ptr() if injected is not None else None, int(validate), limit, limit) == _FLAGGED:
+                         injected.data_ptr() if injected is not None else None, int(validate), limit,
+                         limit) == _FLAGGED:
         return None
     u = draw_uniforms().contiguous()
     s = torch.ones(batch, dtype=torch.float64)  # a fresh target row counts as normalised

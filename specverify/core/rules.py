@@ -166,7 +166,9 @@ def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft, *
         target_ok |= torch.arange(positions, device=target_probs.device) > drafts[:, None]
     if draft_probs is not None:
         if q_at_token is None:
-            q_at_token = draft_probs.gather(-1, _screen_tokens(draft_tokens, draft_used, tokens_in_range)[..., None])[..., 0]
+            q_at_token = draft_probs.gather(-1,
+                                            _screen_tokens(draft_tokens, draft_used,
+                                                           tokens_in_range)[..., None])[..., 0]
         tokens_in_range &= _rows_look_valid(draft_probs) & (q_at_token > 0)
     flags = [~target_ok.all(), ~(tokens_in_range | ~draft_used).all()]
     if num_draft is not None:
@@ -338,7 +340,8 @@ def _check_device(name: str, actual: torch.device, expected: torch.device) -> No
         actual.index is None or expected.index is None or actual.index == expected.index
     )
     if not same:
-        raise ValueError(f"{name}: on device {actual} but target_probs is on {expected}; move it with .to({str(expected)!r})")
+        raise ValueError(f"{name}: on device {actual} but target_probs is on {expected}; move "
+                         f"it with .to({str(expected)!r})")
 
 
 def _distribution_problems(name: str, probs: torch.Tensor, used: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -363,7 +366,8 @@ def _distribution_problems(name: str, probs: torch.Tensor, used: torch.Tensor) -
 # --------------------------------------------------------------------------------------------
 
 
-def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int, device: torch.device) -> torch.Tensor:
+def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int,
+                device: torch.device) -> torch.Tensor:
     """``n_b`` per row: ``num_draft`` when given, else ``K`` for every row."""
     if num_draft is None:
         return torch.full((batch,), num_draft_tokens, dtype=torch.int64, device=device)
@@ -766,7 +770,8 @@ def typical_acceptance_verify(
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 
     draft_positions = target_probs[:, :-1]
-    entropy_input = draft_positions if draft_positions.dtype in (torch.float32, torch.float64) else draft_positions.float()
+    entropy_input = draft_positions if draft_positions.dtype in (torch.float32,
+                                                                 torch.float64) else draft_positions.float()
     entropy = torch.special.entr(entropy_input).sum(-1, dtype=torch.float64)  # [B, K]
     bar = torch.clamp(alpha * torch.exp(-entropy), max=threshold)
     p_at_draft = _prob_at_tokens(draft_positions, draft_tokens, in_draft)

@@ -262,7 +262,8 @@ class DraftedTree:
     draft: np.ndarray  # float64 [N, V]: the law each node was drawn from
 
 
-def enumerate_trees(chain: Chain, parents: Sequence[int], scheme: str, prefix: tuple[int, ...] = ()) -> list[DraftedTree]:
+def enumerate_trees(chain: Chain, parents: Sequence[int], scheme: str,
+                    prefix: tuple[int, ...] = ()) -> list[DraftedTree]:
     """Every drafted tree of positive probability: ``P = Π_n law_n(x_n)`` with ``law_n`` from
     :func:`sibling_law` at the path of node ``n``'s parent."""
     shape = check_shape(parents)
@@ -395,7 +396,8 @@ def _tree_breakpoints(tree: DraftedTree, shape: tuple[int, ...]) -> list[np.ndar
             x, q_x = tree.tokens[node], tree.draft[node, tree.tokens[node]]
             p_parent = tree.target[parent + 1]
             grand = shape[parent] if parent >= 0 else None
-            values = [stage[node][x] / q_x, p_parent[x] / q_x, stage[node][x], p_parent[x], tree.target[node + 1, x] / q_x]
+            values = [stage[node][x] / q_x, p_parent[x] / q_x, stage[node][x], p_parent[x],
+                      tree.target[node + 1, x] / q_x]
             if grand is not None:
                 values.append(tree.target[grand + 1, x] / q_x)
             columns.append(np.array(values))

@@ -200,4 +200,5 @@ def eagle_style_verify_tree(target_probs, draft_probs, tree_tokens, parents, gen
     rejection sampling on it.  Lossless for every scheme."""
     tree_mask, positions = to_eagle_layout(tree_tokens, parents)
     recovered = from_eagle_layout(tree_mask, positions)
-    return tree_rejection_sample(target_probs, draft_probs, tree_tokens, recovered, generator, uniforms=uniforms).emitted
+    return tree_rejection_sample(target_probs, draft_probs, tree_tokens, recovered, generator,
+                                 uniforms=uniforms).emitted

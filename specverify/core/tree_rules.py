@@ -140,7 +140,8 @@ def validate_tree_inputs(
     problems.append((f"tree_tokens: token ids must be -1 (absent node) or lie in [0, V) = [0, {vocab}); "
                      "map the draft's ids into the target vocabulary", (tree_tokens < -1) | (tree_tokens >= vocab)))
     problems.append(("tree_tokens: an absent node (-1) comes before a present node; absent nodes must come "
-                     "last (compact each row's nodes to the front)", present & ~present.to(torch.int64).cumprod(-1).bool()))
+                     "last (compact each row's nodes to the front)",
+                     present & ~present.to(torch.int64).cumprod(-1).bool()))
     problems.append(("parents: an absent node (tree_tokens == -1) must have parent -1", ~present & (parents != -1)))
     problems.append((f"parents: entries must be -1 or a node index in [0, N) = [0, {num_nodes})",
                      present & ((parents < -1) | (parents >= num_nodes))))

@@ -88,7 +88,8 @@ class DirectCall:
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
 
-    def __call__(self, proposal: Proposal, generator: torch.Generator, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, proposal: Proposal, generator: torch.Generator, *,
+                 where: str) -> tuple[torch.Tensor, torch.Tensor]:
         return call_impl(self.impl, *proposal, generator)
 
 
@@ -259,7 +260,8 @@ def with_fixed_companions(rule: Impl, case: StepCase, chain_index: int) -> Impl:
     def rule_in_batch(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
         rows = target_probs.shape[0]
         group_p, group_q = p.repeat(rows, 1, 1, 1), q.repeat(rows, 1, 1, 1)
-        group_tokens, group_u = tokens.repeat(rows, 1, 1), torch.full((rows, num_chains, num_draft + 1), 0.5, dtype=torch.float64)
+        group_tokens, group_u = tokens.repeat(rows, 1, 1), torch.full((rows, num_chains, num_draft + 1), 0.5,
+                                                                      dtype=torch.float64)
         group_p[:, chain_index], group_q[:, chain_index] = target_probs, draft_probs
         group_tokens[:, chain_index], group_u[:, chain_index] = draft_tokens, uniforms
         result = rule(
@@ -356,7 +358,8 @@ def run_loop_check(
     n = n or budget.sample_size(case.num_cells, alpha=alpha)
     counts = sample_loop(impl, case, n, seed)
     result = stats.goodness_of_fit(
-        counts, loop_target_law(case), seed=derive_seed("monte-carlo", seed), monte_carlo_draws=_monte_carlo_draws(alpha)
+        counts, loop_target_law(case), seed=derive_seed("monte-carlo", seed),
+        monte_carlo_draws=_monte_carlo_draws(alpha)
     )
     detectable = budget.detectable_at(n, case.num_cells, alpha=alpha)
     return CheckOutcome(name, result.pvalue, alpha, n, case.num_cells, detectable, (result,))

@@ -168,7 +168,8 @@ def examine(entry: BuggyRule, checks: tuple[Check, ...], alpha: float, base_seed
 
 
 def format_table(reports: list[EntryReport]) -> str:
-    header = f"{'entry':<34} {'class':<16} {'exact TV':>9} {'case':<5} {'killed by':<24} {'n':>7} {'n_req':>8} {'p-value':>9}  laws violated"
+    header = (f"{'entry':<34} {'class':<16} {'exact TV':>9} {'case':<5} {'killed by':<24} {'n':>7} {'n_req':>8} "
+              f"{'p-value':>9}  laws violated")
     lines = [header, "-" * len(header)]
     for r in reports:
         exact_tv = f"{r.exact_tv:.4g}" if r.exact_tv is not None else "n/a"  # ignores uniforms: not integrable

@@ -49,7 +49,8 @@ NARROW_TOP_CELL_STEP = PositionalChain(
         [0.09152243225885004, 0.90847756774115],
         [0.5022159443300198, 0.49778405566998013],
     ],
-    [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893], [0.09152243225885004, 0.90847756774115]],
+    [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893],
+     [0.09152243225885004, 0.90847756774115]],
 )
 """Hypothesis 6.170.17's failing example (issue 9): p_1 and q_1 differ by 1e-14, so column 1 has a
 cell of width ~1e-13 just below 1, where a scan point rounded up to the uniform 1.0."""
@@ -82,7 +83,8 @@ def test_completed_step_law_is_the_target_law(uniform_rule, chain):
     num_draft = chain.num_draft
     step = exact.step_distribution(uniform_rule.fn, chain, num_draft)
     completed = exact.completed_step_distribution(step, chain, num_draft)
-    assert_same_law(completed, exact.target_sequence_distribution(chain, num_draft + 1), f"{uniform_rule.name}, {chain}")
+    assert_same_law(completed, exact.target_sequence_distribution(chain, num_draft + 1),
+                    f"{uniform_rule.name}, {chain}")
 
 
 @settings(max_examples=25, **EXACT_SETTINGS)
@@ -96,7 +98,8 @@ def test_whole_run_law_is_the_target_law(uniform_rule, shape):
     target sampling; steps end anywhere inside the window."""
     chain, num_draft, length = shape
     law = exact.sequence_distribution(uniform_rule.fn, chain, num_draft, length)
-    assert_same_law(law, exact.target_sequence_distribution(chain, length), f"{uniform_rule.name}, {chain}, K={num_draft}, L={length}")
+    assert_same_law(law, exact.target_sequence_distribution(chain, length), f"{uniform_rule.name}, "
+                    f"{chain}, K={num_draft}, L={length}")
 
 
 @st.composite

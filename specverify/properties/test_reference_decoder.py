@@ -36,7 +36,8 @@ import torch
 
 from specverify.properties import budget
 
-pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers models: pip install 'specverify[hf]'")
+pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers "
+                    "models: pip install 'specverify[hf]'")
 
 import reference.decoder
 import reference.drafters
@@ -312,7 +313,8 @@ def tokens_per_pass_checks(setting: Setting, models, alpha: float, base_seed: in
 @pytest.mark.statistical
 @pytest.mark.parametrize("setting", TOKENS_PER_PASS_SETTINGS, ids=str)
 def test_tokens_per_pass_match_the_exact_expectation(setting, models, alpha, specverify_base_seed):
-    measured, expected, tolerance, positions, stats = tokens_per_pass_checks(setting, models, alpha, specverify_base_seed)
+    measured, expected, tolerance, positions, stats = tokens_per_pass_checks(setting, models, alpha,
+                                                                             specverify_base_seed)
     assert abs(measured - expected) <= tolerance
     assert all(result.pvalue > alpha for result in positions), [str(r) for r in positions]
     # the position-dependent formula evaluated at the measured rates is the measured mean (bookkeeping)

@@ -81,7 +81,8 @@ def test_point_mass_tree_rule_is_exact_on_deterministic_trees(chain, shape):
     _assume_drawable(chain, shape, "deterministic")
     step = tree_exact.tree_step_distribution(tree_rules.point_mass_verify_tree, chain, shape, "deterministic")
     completed = tree_exact.completed_tree_step_distribution(step, chain, shape)
-    deviation = exact.max_abs_difference(completed, exact.target_sequence_distribution(chain, tree_exact.tree_depth(shape) + 1))
+    deviation = exact.max_abs_difference(completed,
+                                         exact.target_sequence_distribution(chain, tree_exact.tree_depth(shape) + 1))
     _record("one step (point mass, deterministic)", deviation)
     assert deviation <= EXACT_TOLERANCE
 
@@ -143,7 +144,8 @@ def test_tree_step_laws(data, chain):
         for token, position in zip(emitted, positions):
             assert batch.target_probs[b, position, token] > 0
         alone = tree_rules.tree_rejection_sample(batch.target_probs[b:b + 1], batch.draft_probs[b:b + 1],
-                                                 batch.tree_tokens[b:b + 1], batch.parents[b:b + 1], uniforms=u[b:b + 1])
+                                                 batch.tree_tokens[b:b + 1], batch.parents[b:b + 1],
+                                                 uniforms=u[b:b + 1])
         assert torch.equal(alone.emitted[0], result.emitted[b])
 
 

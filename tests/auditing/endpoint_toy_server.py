@@ -6,8 +6,8 @@ seeded from them) plus an induction bonus for the character that followed the pr
 occurrence of the last three, so repetitive prompts make n-gram drafts fire and continuations
 repeat.  The law is computed in float64 and is identical in every request: τ = 0.
 
-The candidate decodes speculatively: a draft toy LM (0.6 × the target's logits plus independent noise, a weaker induction bonus) proposes K = 3 tokens
-from its processed law, and a SPEC §1 ``verify`` function (default the correct
+The candidate decodes speculatively: a draft toy LM (0.6 × the target's logits plus independent noise, a weaker
+induction bonus) proposes K = 3 tokens from its processed law, and a SPEC §1 ``verify`` function (default the correct
 :func:`specverify.core.rules.verify`; plant a catalog rule with ``rule=``) decides what is
 emitted; at temperature 0 the drafts are checked by greedy matching (plant ``greedy_bug``: accept
 a draft the target scores within a factor 2 of its argmax; ``batch_bug``: do that only while
@@ -105,7 +105,8 @@ class ToyLM:
             rng = np.random.default_rng(derive_seed("toy-lm", self.seed, key[0]) % (2**32))
             logits = rng.standard_normal(V) * self.scale
             if self.noise:
-                logits += np.random.default_rng(derive_seed("toy-noise", self.seed, key[0]) % (2**32)).standard_normal(V) * self.noise
+                logits += np.random.default_rng(derive_seed("toy-noise", self.seed,
+                                                            key[0]) % (2**32)).standard_normal(V) * self.noise
             if follower >= 0:
                 logits[follower] += self.induction
             cached = logits - np.logaddexp.reduce(logits)

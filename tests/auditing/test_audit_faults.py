@@ -38,7 +38,8 @@ def test_malformed_or_raising_adapters_could_not_be_audited(name, fragment):
     assert fragment in report.summary, report.summary
     errored = [c for c in report.checks if c.verdict == "error"]
     assert len(errored) == 3 and all(fragment in c.message for c in errored)
-    assert next(c for c in report.checks if c.name == "inputs-unchanged").verdict == ("skipped" if name == "raises" else "pass")
+    inputs_unchanged = next(c for c in report.checks if c.name == "inputs-unchanged")
+    assert inputs_unchanged.verdict == ("skipped" if name == "raises" else "pass")
 
 
 @pytest.mark.parametrize(
@@ -56,7 +57,8 @@ def test_impossible_outputs_are_losses_not_adapter_errors(name, fragment, checks
     assert report.exit_code == EXIT_FAIL and report.verdict == "loss detected", report.summary
     assert "impossible output" in report.summary
     failed = [c for c in report.checks if c.verdict == "fail"]
-    assert failed and all(c.fault == "impossible" and fragment in c.message for c in failed), [c.message for c in failed]
+    assert failed and all(c.fault == "impossible" and fragment in c.message for c in failed), \
+        [c.message for c in failed]
 
 
 def test_a_hanging_adapter_times_out_and_the_rest_is_skipped():

@@ -26,7 +26,8 @@ FEW = "randomness-source,step-K1"
 
 def cli(name: str, *options: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / name}.py:verify", "--budget", "quick", *options]
+    command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / name}.py:verify", "--budget", "quick",
+               *options]
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd or ROOT, env=environment, timeout=timeout)
 
 

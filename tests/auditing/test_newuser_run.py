@@ -259,7 +259,8 @@ def test_module_only_importable_through_an_inserted_folder_replays_by_file(tmp_p
 def test_a_target_file_imports_modules_next_to_it(tmp_path):
     make_project(tmp_path)
     completed = run_like_the_console_script(
-        f"specverify audit {tmp_path / 'kernels' / 'rule.py'}:verify --budget 100 --checks step-K1 --allow-underpowered",
+        f"specverify audit {tmp_path / 'kernels' / 'rule.py'}:verify --budget 100 --checks step-K1 "
+        "--allow-underpowered",
         tmp_path, tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
 

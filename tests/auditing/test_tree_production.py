@@ -126,7 +126,8 @@ def _kill(label: str, fn, tv: float | None) -> None:
     failed = report.failed
     first = failed[0] if failed else None
     ROWS.append(f"[tree production] {label} | {'—' if tv is None else f'{tv:.4f}'} | "
-                f"{first.name if first else 'none'} | {first.look if first else '—'}/{first.num_looks if first else '—'} | "
+                f"{first.name if first else 'none'} | "
+                f"{first.look if first else '—'}/{first.num_looks if first else '—'} | "
                 f"{first.n if first else '—'} | {seconds:.1f}")
     assert report.exit_code == 1, report.explain()
 

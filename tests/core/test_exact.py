@@ -117,7 +117,8 @@ def _correct_correction(p, q, path, n):
 def _chain_cases():
     """Small chains over V 2..5, K 0..3, order 0..2, both kinds (ids readable in the test names)."""
     cases = []
-    for vocab_size, num_draft, order, kind in itertools.product((2, 3, 5), (0, 1, 2, 3), (0, 1, 2), ("mixture", "sparse")):
+    for vocab_size, num_draft, order, kind in itertools.product((2, 3, 5), (0, 1, 2, 3), (0, 1, 2),
+                                                                ("mixture", "sparse")):
         if vocab_size**num_draft * vocab_size**order > 700:
             continue
         cases.append(pytest.param(vocab_size, num_draft, order, kind, id=f"V{vocab_size}-K{num_draft}-o{order}-{kind}"))
@@ -398,7 +399,8 @@ def test_every_uniform_handed_to_the_rule_lies_in_the_unit_interval(rule, chain)
 
 def test_a_rule_that_ignores_the_uniforms_is_refused():
     def sampling_rule(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
-        return _reference(target_probs, draft_probs, draft_tokens, uniforms=torch.rand(uniforms.shape, dtype=torch.float64))
+        return _reference(target_probs, draft_probs, draft_tokens,
+                          uniforms=torch.rand(uniforms.shape, dtype=torch.float64))
 
     with pytest.raises(ValueError, match="draws randomness other than the injected uniforms"):
         exact.step_distribution(sampling_rule, _markov(3, 1, "mixture", "ignores"), 2)

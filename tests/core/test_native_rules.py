@@ -22,7 +22,8 @@ from specverify.core.rules import greedy_verify, point_mass_verify, rejection_sa
 from specverify.core.seeding import derive_seed
 from tests.core.test_rules_identity import _corruptions, assert_same, outcome, random_case
 
-needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the native kernel cannot be built")
+needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the "
+                                    "native kernel cannot be built")
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 33), (17, 3, 50), (64, 8, 32), (9, 1, 1000),

@@ -20,7 +20,8 @@ from tests.core.test_native_rules import mutated_library, use_portable_build
 from tests.core.test_tree_rules_identity import _corruptions, assert_same, outcome
 from tests.core.test_tree_rules_identity import random_tree_case as identity_case
 
-needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the native kernel cannot be built")
+needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the "
+                                    "native kernel cannot be built")
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 33), (17, 3, 50), (64, 8, 32), (9, 1, 1000),
@@ -119,7 +120,8 @@ def test_the_native_path_is_not_taken_where_it_does_not_apply(monkeypatch):
 def test_both_rules_give_the_torch_outputs(shape, dtype, monkeypatch):
     calls = Calls(monkeypatch)
     for repeat in range(2):
-        p, q, tokens, parents, u = random_tree_case(derive_seed("native-tree", shape, str(dtype), repeat), *shape, dtype)
+        p, q, tokens, parents, u = random_tree_case(derive_seed("native-tree", shape, str(dtype), repeat), *shape,
+                                                    dtype)
         both_rules(p, q, tokens, parents, uniforms=u)
         both_rules(p, q, tokens, parents, uniforms=u, validate=False)
     assert calls.taken == 8

@@ -64,7 +64,8 @@ def torch_path(monkeypatch):
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
-def random_rows(gen: torch.Generator, shape: tuple[int, ...], zero_fraction: float, one_hot_fraction: float) -> torch.Tensor:
+def random_rows(gen: torch.Generator, shape: tuple[int, ...], zero_fraction: float,
+                one_hot_fraction: float) -> torch.Tensor:
     """Float64 probability rows: peaked softmaxes, some entries exactly 0, some rows one-hot."""
     logits = 3.0 * torch.randn(shape, generator=gen, dtype=torch.float64)
     probs = torch.softmax(logits, -1)
@@ -191,7 +192,8 @@ def test_chunking_does_not_change_tokens(monkeypatch):
 @pytest.mark.usefixtures("rule_path")
 def test_all_zero_uniforms_and_uniforms_just_below_one():
     for u_value in (0.0, math.nextafter(1.0, 0.0)):
-        p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-extreme-u"), 12, 3, 40, torch.float32, True)
+        p, q, drafts, u, num_draft = random_case(derive_seed("rules-identity-extreme-u"), 12, 3, 40, torch.float32,
+                                                 True)
         compare(p, q, drafts, torch.full_like(u, u_value), num_draft)
 
 

@@ -197,7 +197,8 @@ def _corruptions(p, q, tokens, parents, u):
     yield "target NaN", (with_entry(p, (batch - 1, 0, vocab - 1), math.nan), q, tokens, parents, u)
     yield "target Inf", (with_entry(p, (0, 0, 0), math.inf), q, tokens, parents, u)
     yield "target negative", (with_entry(p, (0, 0, vocab - 1), -1e-30), q, tokens, parents, u)
-    yield "minus zero", (with_entry(p, (0, 0, vocab - 1), -0.0) if float(p[0, 0, -1]) == 0 else p, q, tokens, parents, u)
+    yield "minus zero", (with_entry(p, (0, 0, vocab - 1), -0.0) if float(p[0, 0, -1]) == 0 else p, q, tokens, parents,
+                         u)
     yield "draft NaN", (p, with_entry(q, (0, 0, 1), math.nan), tokens, parents, u)
     yield "draft negative", (p, with_entry(q, (0, 0, vocab - 1), -1e-3), tokens, parents, u)
     yield "target scaled", (p * 1.5, q, tokens, parents, u)

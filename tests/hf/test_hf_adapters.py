@@ -250,7 +250,8 @@ def test_decoder_audit_of_transformers_assisted_generation_quick():
 
 @pytest.mark.slow
 @pytest.mark.statistical
-@pytest.mark.parametrize(("target", "budget"), [("hf-transformers", "standard"), ("hf-transformers-prompt-lookup", "quick"),
+@pytest.mark.parametrize(("target", "budget"),
+                         [("hf-transformers", "standard"), ("hf-transformers-prompt-lookup", "quick"),
                                                ("hf-transformers-prompt-lookup", "standard")])
 def test_decoder_audit_of_transformers(target, budget):
     report = audit(target, level="decoder", budget=budget)

@@ -260,7 +260,8 @@ class DeterminismCheck(Check):
                 first, repeat, other = (self._call(session, stratum, seed, derive_seed(plan.seed, "global", number, g))
                                         for g in (1, 1, 2))
             if not torch.equal(first, repeat):
-                return self._failed(plan, f"two calls with the same seed and the same global RNG states returned different "
+                return self._failed(plan, "two calls with the same seed and the same global "
+                                    "RNG states returned different "
                                     f"tokens ({stratum_label(stratum)}): the decoder draws randomness from outside "
                                     "both (OS entropy, time, threads); derive everything from `seed`")
             if not torch.equal(first, other):
@@ -309,7 +310,8 @@ class SeedSensitivityCheck(Check):
                                           where=f"{self.name}, call {i}").tolist())
                    for i in range(self.calls)}
         if len(outputs) == 1:
-            message = (f"{self.calls} different seeds all gave {next(iter(outputs))} ({stratum_label(self.stratum)}); a "
+            message = (f"{self.calls} different seeds all gave {next(iter(outputs))} "
+                       f"({stratum_label(self.stratum)}); a "
                        f"lossless decoder does so with probability {self.false_alarm:.2g}: the output ignores `seed`, "
                        "so it cannot follow the target's law")
             return self.report(plan, Verdict.FAIL, message)

@@ -87,7 +87,8 @@ def checked_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) ->
     except Fault:
         raise
     except Exception as error:  # reading the output itself failed
-        raise Fault("malformed", f"returned output the audit could not read ({type(error).__name__}: {error})") from None
+        raise Fault("malformed",
+                    f"returned output the audit could not read ({type(error).__name__}: {error})") from None
 
 
 def exception_message(error: BaseException, what: str) -> str:
@@ -320,7 +321,8 @@ class _Session:
         buffer when ``strided``), after them an int64 output region of ``output_shape``; return the
         input views, the output view and the request fields that let the worker rebuild them."""
         shapes = [tuple(t.shape) for t in inputs.values()] + [output_shape]
-        parts = [(t.dtype, storage_shape(tuple(t.shape), strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
+        parts = [(t.dtype, storage_shape(tuple(t.shape),
+                                         strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
         offsets, nbytes = layout(parts)
         buffer = self._ensure_buffer(nbytes)
         storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
@@ -403,7 +405,8 @@ class GuardedFunction(_Session):
             stop = start + 1
             if self.speed.known:
                 rows = sizes[start]
-                while stop < len(sizes) and self.speed.expected(stop + 1 - start, (rows + sizes[stop]) * per_row) <= TARGET_REQUEST_S:
+                while stop < len(sizes) and self.speed.expected(stop + 1 - start,
+                                                                (rows + sizes[stop]) * per_row) <= TARGET_REQUEST_S:
                     rows += sizes[stop]
                     stop += 1
             chunks.append((start, stop))
@@ -434,11 +437,13 @@ class GuardedFunction(_Session):
                                   decoy=decoy_value(name, vocab)) for name in names}
         outputs, start = [], 0
         for number, rows in enumerate(sizes):
-            what = f"the function (in {where})" if len(sizes) == 1 else f"the function (in {where}, call {number + 1} of {len(sizes)})"
+            what = (f"the function (in {where})" if len(sizes) == 1
+                    else f"the function (in {where}, call {number + 1} of {len(sizes)})")
             args = tuple(passed[name][start:start + rows] for name in names) + (generator,)
             started = time.perf_counter()
             try:
-                result = self._in_process(functools.partial(self.fn, *args), self.speed.deadline(1, rows * per_row, self.timeout_s),
+                result = self._in_process(functools.partial(self.fn, *args),
+                                          self.speed.deadline(1, rows * per_row, self.timeout_s),
                                           what, where)
             except Fault as fault:
                 if fault.kind == "exception" and fault.__cause__ is not None:

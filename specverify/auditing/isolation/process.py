@@ -284,7 +284,8 @@ class CapturedStream:
             total = self.total
         lines = text.splitlines()
         shown = [line[:200] for line in lines[:REPORT_LINES]]
-        truncated = total > len(self.head) or len(lines) > REPORT_LINES or any(len(line) > 200 for line in lines[:REPORT_LINES])
+        truncated = (total > len(self.head) or len(lines) > REPORT_LINES
+                     or any(len(line) > 200 for line in lines[:REPORT_LINES]))
         return {"bytes": total, "first_lines": shown, "truncated": truncated}
 
 
@@ -325,7 +326,8 @@ class WorkerProcess:
         parent_end, child_end = socket.socketpair()
         environment = dict(os.environ)
         package_root = str(Path(specverify.__file__).resolve().parents[1])
-        environment["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p])
+        inherited = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+        environment["PYTHONPATH"] = os.pathsep.join([package_root] + inherited)
         environment["PYTHONUNBUFFERED"] = "1"
         self.process = subprocess.Popen(
             [sys.executable, "-u", "-m", "specverify.auditing.isolation.worker", str(child_end.fileno())],

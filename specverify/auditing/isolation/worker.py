@@ -175,7 +175,8 @@ class Worker:
         except Fault as fault:
             return ("fault", fault.kind.value, fault.message, 0)
         except Exception as error:
-            return ("fault", "malformed", f"returned output the audit could not read ({type(error).__name__}: {error})", 0)
+            return ("fault", "malformed", f"returned output the audit could not read ({type(error).__name__}: {error})",
+                    0)
         output.copy_(emitted)
         if not on_cpu:
             for view, tensor in zip(inputs, passed):
@@ -199,7 +200,8 @@ class Worker:
             except Exception as error:
                 return ("raw-error", type(error).__name__, f"the output cannot be sent to the audit: {error}")
         if isinstance(result, torch.Tensor):
-            result = result.detach().cpu().clone() if result.layout == torch.strided and result.device.type != "meta" else result
+            if result.layout == torch.strided and result.device.type != "meta":
+                result = result.detach().cpu().clone()
         return ("raw-ok", result)
 
     def generate(self, request: dict[str, Any]) -> tuple:

@@ -80,7 +80,8 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
     if report.warnings:
         shown_warnings = [w if len(w) <= 160 else w[:157] + "…" for w in report.warnings[:3]]
         more = f" (and {len(report.warnings) - 3} more in --json)" if len(report.warnings) > 3 else ""
-        parts.append(f"{len(report.warnings)} warning(s) from the code under audit, kept out of the run's output{more}:")
+        parts.append(f"{len(report.warnings)} warning(s) from the code under audit, "
+                     f"kept out of the run's output{more}:")
         parts += [f"  {w}" for w in shown_warnings]
     if report.exit_code != 0:
         parts.append(f"replay: {report.replay_command}")

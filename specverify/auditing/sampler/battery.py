@@ -260,7 +260,8 @@ class StepLawCheck(ChiSquareCheck):
     def _expected(self, maps: np.ndarray) -> np.ndarray:
         bank = self.bank
         if bank.kind == "positional":
-            laws = [positional_window_law(bank, r, self.window, maps[r], self.cells_per_position) for r in range(bank.num_chains)]
+            laws = [positional_window_law(bank, r, self.window, maps[r],
+                                          self.cells_per_position) for r in range(bank.num_chains)]
         else:
             laws = [markov_prefix_law(bank, r, self.window[1]) for r in range(bank.num_chains)]
         return np.concatenate(laws) / bank.num_chains
@@ -294,7 +295,8 @@ class StepLawCheck(ChiSquareCheck):
 
     @functools.cached_property
     def cells(self) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-        """The cell maps (:meth:`_cell_maps`), the expected law of the cells and their labels (fixed before sampling)."""
+        """The cell maps (:meth:`_cell_maps`), the expected law of the cells and their labels (fixed before
+        sampling)."""
         maps = self._cell_maps()
         return maps, self._expected(maps), self._labels(maps)
 

@@ -116,7 +116,8 @@ class GroupedStepCheck(StepLawCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         sample, calls = sample_steps_in_groups(
             session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n, pattern=self.pattern,
-            harness_seed=derive_seed(plan.seed, "harness", look), function_seed=derive_seed(plan.seed, "function", look),
+            harness_seed=derive_seed(plan.seed, "harness", look),
+            function_seed=derive_seed(plan.seed, "function", look),
             where=self.name)
         tally = self.tally(sample, n)
         return Tally(n, dict(tally.counts, calls=np.array(calls)))

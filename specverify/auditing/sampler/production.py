@@ -167,7 +167,8 @@ def exact_shapes() -> tuple[ExactShape, ...]:
     )
 
 
-def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str, where: str) -> Callable[..., torch.Tensor]:
+def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
+                         where: str) -> Callable[..., torch.Tensor]:
     """The :data:`specverify.core.exact_final.Evaluator` of one case: the function called with
     ``uniforms=`` (generator withheld) on the case's laws in ``dtype`` and ``shape``'s layout, in
     chunks within MAX_INPUT_ELEMENTS; outputs validated for their layout only (a wrong accepted
@@ -188,7 +189,8 @@ def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
             rows = len(tokens)
             batch = (("target_probs", target.expand(rows, -1, -1)), ("draft_probs", draft.expand(rows, -1, -1)),
                      ("draft_tokens", tokens))
-            inputs = [presented(tensor, device=torch.device("cpu"), strided=shape.strided, decoy=decoy_value(name, vocab))
+            inputs = [presented(tensor, device=torch.device("cpu"), strided=shape.strided,
+                                decoy=decoy_value(name, vocab))
                       for name, tensor in batch]
             try:
                 result = raw(*inputs, None, uniforms=uniforms[start:start + per_call])
@@ -253,7 +255,8 @@ def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tole
 
 @functools.cache
 def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
-    """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.sampler.production_laws.step_family`)."""
+    """``num_chains`` production chains of ``family``
+    (:func:`specverify.auditing.sampler.production_laws.step_family`)."""
     return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))
 
 
@@ -386,7 +389,8 @@ class ProductionStepCheck(SequentialCheck):
         shown = ", ".join(f"{x:.2f}" for x in reached)
         tv = max(test.empirical_tv for *_, test in results)
         if worst.impossible_count and failed:
-            message = (f"emitted {worst.impossible_count} token(s) of target probability 0 at position {j} of chain {r}: "
+            message = (f"emitted {worst.impossible_count} token(s) of target probability 0 "
+                       f"at position {j} of chain {r}: "
                        "certain loss")
         elif failed:
             parts = "; ".join(f"{part.name} p={part.pvalue:.3g}" for part in worst.parts)
@@ -447,6 +451,8 @@ def exact_production_check() -> ExactFinalDrawCheck:
         exact_shapes())
 
 
-__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck", "balanced_chains", "bonus_case",
-           "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype", "production_bank",
+__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck",
+           "balanced_chains", "bonus_case",
+           "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype",
+           "production_bank",
            "production_checks", "production_proposal", "rows_per_call", "sparse_law"]

@@ -125,7 +125,8 @@ def parse_schemes(declared: Any) -> tuple[str, ...]:
     """The schemes of a ``draft_schemes`` value (None: all three); a malformed value is a Fault."""
     if declared is None:
         return DRAFT_SCHEMES
-    schemes = (declared,) if isinstance(declared, str) else tuple(declared) if isinstance(declared, (tuple, list)) else ()
+    schemes = (declared,) if isinstance(declared,
+                                        str) else tuple(declared) if isinstance(declared, (tuple, list)) else ()
     unknown = [s for s in schemes if s not in DRAFT_SCHEMES]
     if unknown or not schemes:
         raise Fault("malformed", f"draft_schemes = {declared!r}: expected a non-empty tuple of "
@@ -295,7 +296,8 @@ class TreeTransitionCheck(ChiSquareCheck):
         bank = self.bank
         reachable = sum(min(bank.num_states, bank.vocab_size**j) for j in range(self.length))
         self.num_cells = bank.num_chains * reachable * (bank.vocab_size - 1) + 1  # degrees of freedom + 1
-        self.parameters = {"scheme": self.scheme, **shape_parameters(self.shapes, self.call_rows, self.orders, self.strided),
+        self.parameters = {"scheme": self.scheme,
+                           **shape_parameters(self.shapes, self.call_rows, self.orders, self.strided),
                            "chain": f"markov order {bank.order}", "V": bank.vocab_size, "chains": bank.num_chains,
                            "L": self.length, "blocks": bank.num_chains * reachable, "cells": self.num_cells,
                            "test": "transitions", **_scale_parameter(self.tv_scale)}
@@ -326,7 +328,8 @@ class TreeTransitionCheck(ChiSquareCheck):
                        f"conditional TV {position_tv[worst]:.4f}; per position "
                        f"{', '.join(f'{tv:.3f}' for tv in position_tv)})")
         else:
-            message = f"every position follows the target's law given the state before it (p-value {fit.pvalue:.3g} > {where})"
+            message = (f"every position follows the target's law given the state before it "
+                       f"(p-value {fit.pvalue:.3g} > {where})")
         expected = (totals[..., None] * probs / max(1, int(totals.sum()))).reshape(-1)
         return check_report(self, plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n,
                             num_cells=fit.dof + 1, statistic=float(fit.statistic), pvalue=float(fit.pvalue),
@@ -410,7 +413,8 @@ class TreeIdentityCheck(SequentialCheck):
         self.law = self.bank.target[0, 0]
         self.length = max(tree_exact.tree_depth(s) for s in self.shapes) + 1
         self.num_cells = self.bank.vocab_size
-        self.parameters = {"scheme": list(self.schemes), **shape_parameters(self.shapes, self.call_rows, None, self.strided),
+        self.parameters = {"scheme": list(self.schemes),
+                           **shape_parameters(self.shapes, self.call_rows, None, self.strided),
                            "chain": "context-free Zipf(1.1)", "V": self.bank.vocab_size, "chains": self.bank.num_chains,
                            "L": self.length, "tokens per step": self.length, "test": "identity",
                            **_scale_parameter(self.tv_scale)}
@@ -585,7 +589,8 @@ class TreeRandomnessCheck(Check):
             raise Fault("malformed", session.scheme_error)
         chain = torch.arange(self.rows) % self.bank.num_chains
         shape_of_row = torch.zeros(self.rows, dtype=torch.int64)
-        drafted = draft_trees(self.bank, chain, self.bank.prompt_states(chain), padded_parents([self.shape], shape_of_row),
+        drafted = draft_trees(self.bank, chain, self.bank.prompt_states(chain),
+                              padded_parents([self.shape], shape_of_row),
                               present_nodes([self.shape], shape_of_row), self.scheme,
                               torch.Generator().manual_seed(derive_seed(plan.seed, "harness")))
 
@@ -730,7 +735,8 @@ class TreeBattery:
                     acceptance=False, orders=tree_exact.NODE_ORDERS, tv_scale=PRODUCTION_TV_SCALE),
             ]
         checks.append(TreeLawCheck(
-            "tree-small-batches", f"The wide 60-node trees of tree-dynamic-wide (V={WIDE_VOCAB}), rows of every declared "
+            "tree-small-batches", "The wide 60-node trees of tree-dynamic-wide "
+            f"(V={WIDE_VOCAB}), rows of every declared "
             "scheme mixed, called with 1 to 4 rows at a time (the single-request latency path and small batches "
             "engines serve by separate kernels): the first token.",
             tree_bank("tree-small-batches", WIDE_VOCAB, 1), production_trees(top_k=10, concentration=1.0, expand=3),
