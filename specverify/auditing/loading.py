@@ -1,6 +1,6 @@
 """Resolve an implementation under test from a string.
 
-Accepted forms (shared/SPEC.md §1):
+Accepted forms (docs/spec.md §1):
 - ``path/to/file.py:function`` — a file anywhere on disk, imported under a private module name,
   with the file's folder on ``sys.path`` (as ``python file.py`` does), so it can import the
   modules next to it;
@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from specverify.errors import SpecverifyError
 
 # level -> name -> "module:attribute"; resolved lazily so that optional extras load only when used.
 BUILTINS: dict[str, dict[str, str]] = {
@@ -67,7 +69,7 @@ BUILTINS: dict[str, dict[str, str]] = {
 }
 
 
-class LoadError(ValueError):
+class LoadError(SpecverifyError, ValueError):
     """The target string could not be resolved to a callable (exit status 2 in the CLI)."""
 
 

@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
+from specverify.errors import SpecverifyError
 
-class MalformedOutput(ValueError):
+
+class MalformedOutput(SpecverifyError, ValueError):
     """An output that breaks the SPEC layout; ``violations`` lists every problem found."""
 
     def __init__(self, violations: list[str]) -> None:
@@ -34,7 +36,7 @@ class MalformedOutput(ValueError):
         super().__init__("; ".join(violations))
 
 
-class ImpossibleOutput(ValueError):
+class ImpossibleOutput(SpecverifyError, ValueError):
     """An output of the right layout whose tokens no lossless rule can emit; ``violations`` lists them."""
 
     def __init__(self, violations: list[str]) -> None:

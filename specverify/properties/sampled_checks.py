@@ -1,6 +1,6 @@
 """The property suite's sampled checks, run on the library's harness.
 
-Every check drives the implementation under test (``--impl``) through the SPEC §1 signature
+Every check drives the implementation under test (``--specverify-impl``) through the SPEC §1 signature
 only, ``impl(target_probs, draft_probs, draft_tokens, generator)``, with the sampler harness of
 :mod:`specverify.testing.harness`: it proposes drafts from the draft law along each row's path of
 a bank of toy chains (:mod:`specverify.core.chains`), reads the target law along the same path,

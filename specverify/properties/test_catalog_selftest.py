@@ -204,11 +204,11 @@ SUITE_FILES = ("test_exact_properties.py", "test_laws.py", "test_statistical.py"
 
 
 def run_suite(impl: str) -> subprocess.CompletedProcess:
-    """``pytest <suite files> -m "uses_impl and not slow" -x --impl <impl>``: only the tests that
+    """``pytest <suite files> -m "uses_impl and not slow" -x --specverify-impl <impl>``: only the tests that
     exercise the implementation, so that a failure is the implementation's."""
     here = Path(__file__).resolve().parent
     command = [sys.executable, "-m", "pytest", *(str(here / f) for f in SUITE_FILES), "-x", "-q",
-               "-p", "no:cacheprovider", "-m", "uses_impl and not slow", f"--impl={impl}"]
+               "-p", "no:cacheprovider", "-m", "uses_impl and not slow", f"--specverify-impl={impl}"]
     return subprocess.run(command, capture_output=True, text=True, cwd=here.parents[1], timeout=1800)
 
 
@@ -218,7 +218,7 @@ def _explain(completed: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 def test_suite_run_passes_on_the_reference():
-    """The control: the same command with ``--impl reference`` exits 0."""
+    """The control: the same command with ``--specverify-impl reference`` exits 0."""
     completed = run_suite("reference")
     assert completed.returncode == 0, _explain(completed)
 
@@ -226,6 +226,6 @@ def test_suite_run_passes_on_the_reference():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(entry.name for entry in TOY_SHAPED))
 def test_suite_run_fails_on_catalog_entry(name):
-    """The same command with ``--impl catalog:<name>`` exits 1 (tests failed) for every entry."""
+    """The same command with ``--specverify-impl catalog:<name>`` exits 1 (tests failed) for every entry."""
     completed = run_suite(f"catalog:{name}")
     assert completed.returncode == 1, _explain(completed)

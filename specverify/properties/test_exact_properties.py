@@ -8,7 +8,7 @@ sampling, and a whole run has the law of target sampling.  Laws are compared ent
 :data:`EXACT_TOLERANCE`.
 
 Rules checked: the built-in reference (``specverify.core.rules.verify``), the point-mass rule with
-one-hot drafts, and ``--impl`` when it takes ``uniforms=`` (the ``uniform_rule`` fixture).
+one-hot drafts, and ``--specverify-impl`` when it takes ``uniforms=`` (the ``uniform_rule`` fixture).
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ NARROW_TOP_CELL_STEP = PositionalChain(
     [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893],
      [0.09152243225885004, 0.90847756774115]],
 )
-"""Hypothesis 6.170.17's failing example (issue 9): p_1 and q_1 differ by 1e-14, so column 1 has a
+"""Hypothesis 6.170.17's failing example: p_1 and q_1 differ by 1e-14, so column 1 has a
 cell of width ~1e-13 just below 1, where a scan point rounded up to the uniform 1.0."""
 
 NEAR_ONE_POINT_MASS_STEP = PositionalChain(
     [[0.0, 0.4139739726860432, 0.5860260273139569], [1.4022777344283394e-13, 0.999999999999, 8.59772226557166e-13]],
     [[0.0, 0.0, 1.0]],
 )
-"""Hypothesis 6.170.17's failing example (issue 9): bonus masses near 1e-13 put a cumulative edge
+"""Hypothesis 6.170.17's failing example: bonus masses near 1e-13 put a cumulative edge
 within ~1e-12 of 1, the same rounding to a uniform of 1.0 in the bonus column."""
 
 

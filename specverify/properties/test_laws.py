@@ -1,14 +1,14 @@
 """Laws of speculative verification: exact ones for the rules that take injected uniforms, and
 sure-event ones that any lossless SPEC §1 implementation satisfies on every single call.
 
-Exact (``uniform_rule``: the built-in reference, and ``--impl`` when it takes ``uniforms=``):
+Exact (``uniform_rule``: the built-in reference, and ``--specverify-impl`` when it takes ``uniforms=``):
 - acceptance rate = Σ_x min(p(x), q(x)) = 1 − TV(p, q) at the first position, and
   E[#tokens] = Σ_j Π_{i<j} α_i + 1 (Leviathan et al. 2023, §3.1 and eq. (1));
 - draft == target accepts everything; disjoint supports accept nothing; a token of target
   probability 0 is never emitted (the support of the step law);
 - batched = row by row under the same uniforms.
 
-Sure events on the implementation under test (``--impl``; a single violation is a failure, so
+Sure events on the implementation under test (``--specverify-impl``; a single violation is a failure, so
 there is no α): the SPEC §1 output format with 1 ≤ tokens ≤ K+1 (on every dtype), inputs left
 unmodified, disjoint supports accept nothing and a token of target probability 0 is never emitted
 (both follow from losslessness: an accepted draft of target probability 0 would be emitted),

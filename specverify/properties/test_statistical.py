@@ -1,7 +1,7 @@
-"""Sampled statistical checks of the implementation under test (``--impl``, default the reference).
+"""Sampled statistical checks of the implementation under test (``--specverify-impl``, default the reference).
 
 Hypothesis draws the cases (toy chains, drafts per step, windows); every example runs one check of
-``sampled_checks`` (the library's harness driving ``--impl`` through the SPEC §1 signature only,
+``sampled_checks`` (the library's harness driving ``--specverify-impl`` through the SPEC §1 signature only,
 completion by target sampling, Pearson or exact binomial tests against the exact target law).
 
 Statistics (see ``budget.py``): each Hypothesis example is one test at level

@@ -67,6 +67,7 @@ import torch
 
 import specverify
 from specverify.auditing.isolation.faults import Fault
+from specverify.errors import SpecverifyError
 
 ISOLATION_MODES = ("process", "none")
 
@@ -301,7 +302,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-class WorkerLost(Exception):
+class WorkerLost(SpecverifyError):
     """The worker ended or stopped answering; ``fault`` says how (see the module docstring)."""
 
     def __init__(self, fault: Fault) -> None:
@@ -444,5 +445,5 @@ class WorkerProcess:
                                   "returning")
 
 
-class LoadFailed(Exception):
+class LoadFailed(SpecverifyError):
     """The worker could not load the target (the message says why)."""
