@@ -1,4 +1,4 @@
-"""The CI gate a user can trust and act on (issue 20): no pass without power, a first failure that
+"""The CI gate a user can trust and act on: no pass without power, a first failure that
 names the bug with a minimal case to paste, what did not run said with its fix, one error said
 once with the expected signature, the replay of what failed, CI formats, the ETA at the user's speed."""
 

@@ -1,6 +1,6 @@
-"""Issue 14: the audit survives what it runs.  One test per row of the issue's table: a hostile or
-buggy implementation under tests/auditing/hostile/, audited through the CLI (or the API), and the
-exit status and message the table asks for."""
+"""The audit survives what it runs.  One test per hostile behaviour: a hostile or buggy
+implementation under tests/auditing/hostile/, audited through the CLI (or the API), and the exit
+status and message the audit owes the user for it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Report details from issue 13: footer units, bars sorted by deviation with readable labels, the
+"""Report details for a new user: footer units, bars sorted by deviation with readable labels, the
 acceptance legend with every step check in its own colour, third-party warnings kept in the report."""
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def test_a_correct_rule_runs_every_look_to_the_planned_size():
 
 
 def test_fail_fast_is_the_default_for_quick_and_standard():
-    """Fail-fast stops at the first failure, but the locating checks still run (issue 20), so the
+    """Fail-fast stops at the first failure, but the locating checks still run, so the
     first report already says where the loss is."""
     report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none")
     skipped = [c for c in report.checks if c.verdict is Verdict.SKIPPED]

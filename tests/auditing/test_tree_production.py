@@ -1,4 +1,4 @@
-"""The tree level at production shapes (issue 19 item 3): the five production-shape catalog entries
+"""The tree level at production shapes: the five production-shape catalog entries
 are exact on small trees and lossy beyond them, the production checks plan the TV they state,
 and the standard tree audit kills the entries and other bugs of their classes.
 

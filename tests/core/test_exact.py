@@ -8,7 +8,6 @@ written here, with the loss equal to a value derived by hand or by an independen
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import itertools
 import math
@@ -250,10 +249,6 @@ def test_step_distribution_after_a_prefix_and_with_a_result_object():
     assert exact.max_abs_difference(integrated, exact.ideal_step_distribution(chain, 2, prefix=(2, 0))) < EXACT
 
 
-_HAS_RULES = importlib.util.find_spec("specverify.core.rules") is not None
-
-
-@pytest.mark.skipif(not _HAS_RULES, reason="specverify/rules.py does not exist yet")
 @pytest.mark.parametrize(("vocab_size", "num_draft", "order", "kind"), _INTEGRATION_CASES[:5])
 def test_step_distribution_of_specverify_rules_is_the_ideal_law(vocab_size, num_draft, order, kind):
     from specverify.core import rules
@@ -346,7 +341,7 @@ def test_grid_edges_and_points_stay_inside_the_unit_interval():
     assert edges[0] == 0.0 and edges[-1] == 1.0
     assert np.all(np.diff(edges) >= exact.MIN_CELL_WIDTH)
     # The narrowest legal top cell [1 - MIN_CELL_WIDTH, 1): a scan fraction 1 - 8**-7 rounds
-    # low + width * f to exactly 1.0 without the clamp (issue 9).
+    # low + width * f to exactly 1.0 without the clamp.
     top = np.array([0.0, 1.0 - exact.MIN_CELL_WIDTH, 1.0])
     grid = exact._build_grid([[edges, top]], np.array([0]))
     fractions = np.concatenate([[0.0], exact.SCAN_FRACTIONS, [np.nextafter(1.0, 0.0)]])
@@ -380,7 +375,7 @@ def test_grid_edges_and_points_stay_inside_the_unit_interval():
     ids=["narrow-top-cell", "bonus-masses-near-1e-13"],
 )
 def test_every_uniform_handed_to_the_rule_lies_in_the_unit_interval(rule, chain):
-    # The two fresh-machine failures of issue 9 (Hypothesis 6.170.17): cells ~1e-13 wide just below 1.
+    # Hypothesis 6.170.17's two failing examples on a fresh machine: cells ~1e-13 wide just below 1.
     from specverify.core import rules
 
     rule = rules.point_mass_as_verify if rule is None else rule

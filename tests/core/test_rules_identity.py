@@ -1,7 +1,7 @@
-"""Proof that the faster ``rejection_sample`` (issue 12) is bit-identical to the rule it replaced.
+"""Proof that the faster ``rejection_sample`` is bit-identical to the rule it replaced.
 
-The rule was rewritten to read two length-V rows per request in cache-sized chunks and to screen
-its inputs with one cheap pass per tensor.  This file compares the frozen copy of the rule and of its
+The rule reads two length-V rows per request in cache-sized chunks and screens its inputs with
+one cheap pass per tensor.  This file compares the frozen copy of the rule and of its
 validator as they were at commit ffae46c (``benchmarks/legacy_rules.py``) with the new rule on
 many random inputs: shapes up to V = 128k, ragged ``num_draft``, fp32/bf16/fp16/fp64, exact zeros,
 one-hot rows, the rounding fallback, subnormal masses, injected uniforms (random and at the
@@ -400,7 +400,7 @@ def test_validation_rejects_wrong_dtypes_and_shapes(argument, change, message):
 
 
 def test_an_empty_batch_gives_empty_outputs_on_every_rule():
-    """B = 0 (an engine's step with no requests) returns empty outputs; it used to raise from torch.cat."""
+    """B = 0 (an engine's step with no requests) returns empty outputs, not an error."""
     from specverify.core.rules import greedy_verify, point_mass_verify, rejection_sample
 
     target, draft = torch.rand(0, 3, 5), torch.rand(0, 2, 5)

@@ -74,7 +74,7 @@ def test_first_rejection():
 
 def test_final_look_inflation_table():
     """The final look's size at α_final against the fixed design at α (power 0.99, ε = 0.02):
-    ≤ 15% everywhere (issue 12); with the default spending it is ≤ 1.3%."""
+    ≤ 15% everywhere; with the default spending it is ≤ 1.3%."""
     epsilon, power = 0.02, 0.99
     print(f"\nfinal-look inflation, power {power} at TV {epsilon}, looks {DEFAULT_LOOKS}, default spending "
           "(alpha t^3); in brackets: TV the first look alone detects with power 0.99, in units of epsilon")

@@ -1,4 +1,4 @@
-"""Proof that the faster tree rules (issue 12) are bit-identical to the ones they replaced.
+"""Proof that the faster tree rules are bit-identical to the ones they replaced.
 
 ``benchmarks/legacy_tree_rules.py`` is a frozen copy of ``specverify/core/tree_rules.py`` before the
 speed-up (the draft row read whole only after a rejection, accepted rows updated in place, and a

@@ -56,10 +56,12 @@ from specverify.core.seeding import derive_seed
 from specverify.testing.harness import StepSample, complete, propose
 
 LATE_CALLS = 500
-"""Calls of the function's life before the late-calls check samples (2.5× the 200 of issue 14's table)."""
+"""Calls of the function's life before the late-calls check samples (2.5× the 200 of
+tests/auditing/hostile/drift_calls.py)."""
 
 LATE_ROWS = 1 << 19
-"""Rows of the function's life before the late-calls check samples (2× the 250 000 of issue 14's table)."""
+"""Rows of the function's life before the late-calls check samples (2× the 250 000 of
+tests/auditing/hostile/drift_rows.py)."""
 
 LATE_ROWS_PER_SAMPLE = 10
 """Under a fixed budget of N samples (``--budget N``, a smoke test) the late-calls check warms the

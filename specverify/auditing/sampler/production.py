@@ -1,5 +1,5 @@
 """Sampler checks at the shapes engines serve (SPEC §1): real vocabularies, K up to 16, batches of
-1,024 rows, bfloat16 / float16 inputs, strided views (issue 19).
+1,024 rows, bfloat16 / float16 inputs, strided views.
 
 The battery's other checks run at toy shapes (V ≤ 8, K ≤ 8, contiguous float32), where a
 vocabulary tile, a partial last tile, a half-precision CDF, a K-specialised kernel, a row block or
