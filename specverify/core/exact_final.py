@@ -82,11 +82,11 @@ class FinalDrawCase:
 
     @property
     def num_draft(self) -> int:
-        return self.draft.shape[0]
+        return int(self.draft.shape[0])
 
     @property
     def vocab_size(self) -> int:
-        return self.target.shape[1]
+        return int(self.target.shape[1])
 
 
 @dataclass(frozen=True)
