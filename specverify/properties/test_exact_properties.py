@@ -13,6 +13,8 @@ one-hot drafts, and ``--specverify-impl`` when it takes ``uniforms=`` (the ``uni
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
@@ -26,7 +28,7 @@ EXACT_TOLERANCE = 1e-9
 to float64 rounding of sums of cell volumes (~1e-14) and edges merged closer than
 ``exact.MIN_CELL_WIDTH`` (1e-13); 1e-9 leaves room for both and is far below any loss of interest."""
 
-EXACT_SETTINGS = dict(
+EXACT_SETTINGS: dict[str, Any] = dict(
     deadline=None,
     database=None,
     # No shrinking: an integration costs up to a second, and Hypothesis would spend minutes

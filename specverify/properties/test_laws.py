@@ -33,7 +33,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specverify.core import exact, rules
+from specverify.core import acceptance, exact, rules
 from specverify.core.chains import PositionalChain
 from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
@@ -42,7 +42,7 @@ from specverify.properties.sampled_checks import call_impl
 from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
 
 EXACT_TOLERANCE = 1e-9
-LAW_SETTINGS = dict(
+LAW_SETTINGS: dict[str, Any] = dict(
     deadline=None,
     database=None,
     phases=(Phase.explicit, Phase.generate),
@@ -92,7 +92,7 @@ def test_acceptance_rate_is_one_minus_tv_exactly(uniform_rule, chain):
     assert abs(accepted - alphas[0]) <= EXACT_TOLERANCE, \
         f"{uniform_rule.name}: acceptance {accepted} != 1 - TV = {alphas[0]}"
     mean_tokens = exact.mean_emitted_length(step)
-    expected = exact.expected_tokens_per_step(alphas)
+    expected = acceptance.expected_tokens_per_step(alphas)
     assert abs(mean_tokens - expected) <= EXACT_TOLERANCE, \
         f"{uniform_rule.name}: E[#tokens] {mean_tokens} != {expected}"
 
@@ -244,7 +244,7 @@ def test_greedy_rule_equals_argmax_decoding(chain, num_draft, specverify_base_se
     """A whole run of greedy verification (drafts sampled from the draft chain, so both matches and
     mismatches occur) emits exactly the target's argmax decoding (first maximal index on ties)."""
     length = 6
-    greedy = []
+    greedy: list[int] = []
     for _ in range(length):
         greedy.append(int(np.argmax(chain.target(tuple(greedy)))))
     rng = np.random.default_rng(derive_seed("test_greedy_rule_equals_argmax_decoding",

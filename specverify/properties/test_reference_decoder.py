@@ -45,7 +45,7 @@ from reference.decoder import speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
 from reference.request_stats import RequestStats, StatsRecorder
 from specverify.auditing.sampler.catalog import CATALOG
-from specverify.core import exact
+from specverify.core import acceptance
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
 from specverify.core.stats import binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
@@ -288,7 +288,7 @@ def tokens_per_pass_checks(setting: Setting, models, alpha: float, base_seed: in
     target, draft = models
     drafter_model = draft if setting.drafter == "model" else truncated_view(target, 1)
     alphas = first_pass_acceptance(target, drafter_model, PROMPTS[0], setting)
-    expected = exact.expected_tokens_per_step(alphas)
+    expected = acceptance.expected_tokens_per_step(alphas)
     # accepted count a: P(a >= j) = Π_{i<=j} α_i, so E[a^2] = Σ_j (2j - 1) P(a >= j)
     tail = np.cumprod(alphas)
     variance = float(((2 * np.arange(1, setting.gamma + 1) - 1) * tail).sum() - tail.sum() ** 2)

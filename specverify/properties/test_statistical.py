@@ -34,7 +34,7 @@ from specverify.properties.sampled_checks import (
 )
 from specverify.testing.strategies import draft_target_pairs, markov_chains, positional_chains, probability_vectors
 
-STATISTICAL_SETTINGS = dict(
+STATISTICAL_SETTINGS: dict[str, Any] = dict(
     deadline=None,
     database=None,
     # No shrinking: a search over failing examples would be a search for an unlucky draw.

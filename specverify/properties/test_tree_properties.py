@@ -11,6 +11,8 @@ seen, printed at the end of the module (``pytest -s``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -31,9 +33,9 @@ from specverify.testing.tree_strategies import (
 EXACT_TOLERANCE = 1e-9
 """Largest accepted ``|P_rule(y) − P_target(y)|`` (integration is exact up to ~1e-14 rounding)."""
 
-EXACT_SETTINGS = dict(deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+EXACT_SETTINGS: dict[str, Any] = dict(deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FAST_SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FAST_SETTINGS: dict[str, Any] = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 LARGEST_DEVIATION: dict[str, float] = {}
 

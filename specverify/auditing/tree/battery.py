@@ -209,7 +209,7 @@ class TreeLawCheck(ChiSquareCheck):
     description: str
     bank: MarkovBank
     shapes: tuple[tuple[int, ...], ...]
-    scheme: str
+    scheme: str | tuple[str, ...]
     length: int
     loop: bool = False
     call_rows: tuple[int, ...] | None = None
@@ -482,7 +482,7 @@ class TreeAcceptanceCheck(SequentialCheck):
     scheme: str
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.BINOMIAL
-    num_cells: ClassVar[int] = 2
+    num_cells: ClassVar[int] = 2  # type: ignore[misc]  # one value for every instance (Check declares it per instance)
 
     def __post_init__(self) -> None:
         bounds, optimum = [], []
