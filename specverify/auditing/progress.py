@@ -132,6 +132,8 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
 class _Tracker:
     """State shared by both displays: the plan, the rows read from the call log, the ETA."""
 
+    stream: TextIO
+
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
               plans: Sequence[Any], log: Any) -> None:
         self.level, self.checks, self.plans, self.log = level, list(checks), list(plans), log
