@@ -57,7 +57,8 @@ def main() -> None:
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    options = dict(model_path=str(smollm2_gguf()), n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False, logits_all=True)
+    options = dict(model_path=str(smollm2_gguf()), n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False,
+                   logits_all=True)
     baseline = Llama(**options)
     candidate = Llama(**options, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=DRAFT))
     calls: list[tuple[int, list[int]]] = []

@@ -77,7 +77,8 @@ def report(paths: list[Path]) -> str:
             if row is None:
                 cells.append("—")
                 continue
-            where = f"{row['first_failing']}, {row['look']}/{row['num_looks']}" if row["look"] else (row["first_failing"] or f"exit {row['exit']}")
+            where = (f"{row['first_failing']}, {row['look']}/{row['num_looks']}" if row["look"]
+                     else (row["first_failing"] or f"exit {row['exit']}"))
             cells.append(f"{row['seconds']:.1f} ({where})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for run, rows in runs.items():

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "auditing
 
 from endpoint_toy_server import ALPHABET, ToyConfig, ToyLM, ToyState, generate, tokenize  # noqa: E402
 
-from specverify.auditing.sampler.catalog import CATALOG  # noqa: E402
 from specverify.auditing.endpoint.battery import PIT_TOKENS, SAMPLING_PROMPTS, TWO_SAMPLE_TOKENS  # noqa: E402
 from specverify.auditing.endpoint.checks import PIT_BINS  # noqa: E402
 from specverify.auditing.endpoint.pit import pit_value, processed_law, uniform_bins  # noqa: E402
+from specverify.auditing.sampler.catalog import CATALOG  # noqa: E402
 
 
 def _state(rule) -> ToyState:
@@ -42,7 +42,8 @@ def pit_tv(rule, temperature: float, requests: int) -> tuple[float, int]:
     settings = {"temperature": temperature, "top_k": 8, "top_p": 1.0, "min_p": 0.0}
     for r in range(requests):
         context = tokenize(SAMPLING_PROMPTS[r % len(SAMPLING_PROMPTS)].text)
-        for token in generate(state, list(context), PIT_TOKENS, settings, 10_000 + r, {"draft_n": 0, "draft_n_accepted": 0}):
+        for token in generate(state, list(context), PIT_TOKENS, settings, 10_000 + r,
+                              {"draft_n": 0, "draft_n_accepted": 0}):
             law = state.target.logprobs(context)
             top = {ALPHABET[i]: float(law[i]) for i in np.argsort(-law)[:8]}
             u = pit_value(processed_law(top, temperature=temperature, top_k=8), ALPHABET[token], uniforms.random(),

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "auditing"))
 
-from endpoint_toy_server import V, ToyLM, process, tokenize  # noqa: E402
+from endpoint_toy_server import ToyLM, V, process, tokenize  # noqa: E402
 
 from specverify.auditing.endpoint.battery import PROMPTS  # noqa: E402
 from specverify.core.seeding import derive_seed  # noqa: E402

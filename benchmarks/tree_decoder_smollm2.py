@@ -3,8 +3,8 @@
 CPU, fp32, greedy (temperature 0), deterministic children, ``--new-tokens`` tokens per prompt.
 Drafters: ``lookup`` (default; :class:`reference.tree_decoder.PromptLookupTreeDrafter`, children = the
 followers of the last n-gram's earlier occurrences) or ``early-exit`` (the target's first
-``--draft-layers`` layers + its final norm and head, ``reference.drafters.truncated_view``).  Every shape must produce the same tokens (greedy
-decoding is the target's own greedy output whatever the tree); the script checks that.
+``--draft-layers`` layers + its final norm and head, ``reference.drafters.truncated_view``).  Every shape must produce
+the same tokens (greedy decoding is the target's own greedy output whatever the tree); the script checks that.
 
 Run: PYTHONPATH=$PWD python3 benchmarks/tree_decoder_smollm2.py [--drafter lookup] [--prompts 0 1 2] [--new-tokens 64]
 """
@@ -12,6 +12,7 @@ Run: PYTHONPATH=$PWD python3 benchmarks/tree_decoder_smollm2.py [--drafter looku
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -60,7 +61,7 @@ def main() -> None:
         make_drafter, label = PromptLookupTreeDrafter, "prompt-lookup tree draft (max n-gram 3)"
     else:
         draft = truncated_view(target, args.draft_layers)
-        make_drafter = lambda: ModelTreeDrafter(draft)
+        make_drafter = functools.partial(ModelTreeDrafter, draft)
         label = f"early-exit draft ({args.draft_layers} of {target.config.num_hidden_layers} layers), top-k children"
     print(f"{DEFAULT_TARGET}, CPU fp32, greedy, {label}, {args.new_tokens} new tokens")
     for num_nodes in args.nodes:

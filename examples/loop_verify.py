@@ -12,7 +12,8 @@ def verify(target_probs, draft_probs, draft_tokens, generator):
     batch, positions, _ = target_probs.shape
     num_draft = positions - 1
     emitted = torch.full((batch, positions), -1, dtype=torch.int64)
-    uniforms = torch.rand(batch, positions, generator=generator, dtype=torch.float64, device=target_probs.device).tolist()
+    uniforms = torch.rand(batch, positions, generator=generator, dtype=torch.float64,
+                          device=target_probs.device).tolist()
     p_at_draft = target_probs[:, :num_draft].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).tolist()
     q_at_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).tolist()
     tokens = draft_tokens.tolist()
@@ -31,5 +32,6 @@ def verify(target_probs, draft_probs, draft_tokens, generator):
 
 def _inverse_cdf(weights, u):
     cumulative = weights.cumsum(dim=0)
-    token = int(torch.searchsorted(cumulative, torch.tensor([u * float(cumulative[-1])], dtype=cumulative.dtype), right=True))
+    token = int(torch.searchsorted(cumulative, torch.tensor([u * float(cumulative[-1])], dtype=cumulative.dtype),
+                                   right=True))
     return min(token, weights.shape[0] - 1)

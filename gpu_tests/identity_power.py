@@ -148,7 +148,8 @@ def identity_power(
         start = time.perf_counter()
         with planted(name):
             generation = reference.decoder.speculative_generate(target, PromptLookupDrafter(), encoded,
-                                                                max_new_tokens=max_new_tokens, gamma=GAMMA, temperature=0.0)
+                                                                max_new_tokens=max_new_tokens, gamma=GAMMA,
+                                                                temperature=0.0)
         report = divergence.check_identity(target, encoded, list(generation.tokens), calibration=calibration,
                                            float32_model=None if exact else float32_target,
                                            labels=[f"prompt{i}" for i in range(len(prompts))])

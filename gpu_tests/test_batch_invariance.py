@@ -23,8 +23,8 @@ import torch
 
 from reference.decoder import speculative_generate
 from reference.drafters import ModelDrafter, PromptLookupDrafter
-from specverify.hf import divergence
 from specverify.core.seeding import derive_seed
+from specverify.hf import divergence
 
 PROMPTS = (
     "def is_prime(n):\n",

@@ -29,12 +29,12 @@ import torch
 
 import reference.decoder
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
-from specverify.core import exact, rules, stats
-from specverify.hf import packaged as models
 from specverify.auditing.sampler.catalog import CATALOG
+from specverify.core import exact, rules, stats
 from specverify.core.chains import PositionalChain
 from specverify.core.rules import VerifyResult
 from specverify.core.seeding import derive_seed
+from specverify.hf import packaged as models
 from specverify.hf.tiny_models import continuation_distribution, tiny_target_and_draft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.statistical]

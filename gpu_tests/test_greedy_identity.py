@@ -45,7 +45,8 @@ import reference.decoder
 from gpu_tests import identity_power
 from reference.decoder import speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
-from specverify.hf import divergence, packaged as models
+from specverify.hf import divergence
+from specverify.hf import packaged as models
 
 MAX_NEW_TOKENS = 64
 GAMMA = 4
@@ -71,7 +72,8 @@ CPU_BATCH_PROMPTS = ("edit/0", "code/0")  # cycled to fill a CPU batch (rows of 
 ONE_PER_KIND = ("code/0", "json/0", "edit/0", "prose/0")
 
 
-def settings(*, cpu: Sequence[tuple[torch.dtype, bool]], cuda: Sequence[torch.dtype] = (torch.float16, torch.bfloat16, torch.float32)):
+def settings(*, cpu: Sequence[tuple[torch.dtype, bool]],
+             cuda: Sequence[torch.dtype] = (torch.float16, torch.bfloat16, torch.float32)):
     """(device, dtype) parameters: CPU ones as given ``(dtype, slow)``, CUDA ones marked ``gpu``."""
     for dtype, slow in cpu:
         yield "cpu", dtype, [pytest.mark.slow] if slow else []
@@ -131,7 +133,8 @@ def context(load_pair, identity_log) -> Callable[[str, str, torch.dtype], Identi
         if (choice, device, dtype) not in contexts:
             pair = load_pair(choice, device, dtype)
             float32_target = None if dtype in EXACT else load_pair(choice, device, torch.float32).target
-            contexts[choice, device, dtype] = IdentityContext(pair, float32_target, choice, models.resolve_device(device),
+            contexts[choice, device, dtype] = IdentityContext(pair, float32_target, choice,
+                                                              models.resolve_device(device),
                                                               dtype, identity_log)
         return contexts[choice, device, dtype]
 
@@ -232,7 +235,8 @@ def reference_cases():
             for batch_size in (1, 4) if device == "cpu" else (1, 4, 16):
                 default = device == "cpu" and kind == "prompt-lookup" and (batch_size == 1 or dtype in EXACT)
                 slow = [] if device == "cuda" or default else [pytest.mark.slow]
-                yield pytest.param(device, dtype, kind, batch_size, id=param_id(device, dtype, kind, f"batch{batch_size}"),
+                yield pytest.param(device, dtype, kind, batch_size,
+                                   id=param_id(device, dtype, kind, f"batch{batch_size}"),
                                    marks=marks + slow)
 
 
@@ -275,7 +279,8 @@ POWER_CASES = [
     for device, dtype, marks, prompts, tokens in [
         ("cpu", torch.float32, [], 4, 32),
         ("cpu", torch.float32, [pytest.mark.slow], len(identity_power.POWER_PROMPTS), MAX_NEW_TOKENS),
-    ] + [(device, dtype, marks, len(identity_power.POWER_PROMPTS), MAX_NEW_TOKENS) for device, dtype, marks in settings(cpu=[])]
+    ] + [(device, dtype, marks, len(identity_power.POWER_PROMPTS), MAX_NEW_TOKENS) for device, dtype,
+         marks in settings(cpu=[])]
 ]
 
 
@@ -296,7 +301,8 @@ def test_identity_catches_buggy_decoders(context, identity_log, device, dtype, p
 
 QWEN_CASES = [
     pytest.param(device, dtype, decoder, id=param_id(device, dtype, decoder), marks=marks + [pytest.mark.slow])
-    for device, dtype, marks in settings(cpu=[(torch.float32, True), (torch.bfloat16, True)], cuda=(torch.float16, torch.bfloat16))
+    for device, dtype, marks in settings(cpu=[(torch.float32, True), (torch.bfloat16, True)],
+                                         cuda=(torch.float16, torch.bfloat16))
     for decoder in ("hf-assistant", "reference")
 ]
 

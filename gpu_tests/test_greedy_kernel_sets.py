@@ -47,11 +47,13 @@ def kernel_cases():
         if capability == "default":
             # The scalar fp16 kernels are ~10x slower: the default run takes one prompt of 16 tokens.
             yield pytest.param(capability, "float16", 1, 16, FAST_FP16, id=f"{capability}-float16")
-            yield pytest.param(capability, "float16", 2, 32, ALL, id=f"{capability}-float16-2x32", marks=pytest.mark.slow)
+            yield pytest.param(capability, "float16", 2, 32, ALL, id=f"{capability}-float16-2x32",
+                               marks=pytest.mark.slow)
         else:
             yield pytest.param(capability, "float16", 2, 24, FAST_FP16, id=f"{capability}-float16",
                                marks=beyond_default_run)
-            yield pytest.param(capability, "float16", 8, 64, ALL, id=f"{capability}-float16-8x64", marks=pytest.mark.slow)
+            yield pytest.param(capability, "float16", 8, 64, ALL, id=f"{capability}-float16-8x64",
+                               marks=pytest.mark.slow)
 
 
 @pytest.mark.parametrize("capability,dtype,prompts,tokens,decoders", list(kernel_cases()))

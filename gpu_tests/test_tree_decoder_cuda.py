@@ -59,7 +59,8 @@ def test_tree_pass_equals_path_forwards_cuda(cuda_pair, dtype, name):
     device = next(target.parameters()).device
     prompt = pair.tokenizer(PROMPTS[0], return_tensors="pt").input_ids[0].to(device)
     shape = TreeShape.of(SHAPES[name])
-    tokens = torch.randint(target.config.vocab_size, (shape.num_nodes,), generator=torch.Generator().manual_seed(0)).to(device)
+    tokens = torch.randint(target.config.vocab_size, (shape.num_nodes,),
+                           generator=torch.Generator().manual_seed(0)).to(device)
     laws = torch.softmax(TargetTreeCache(target, prompt).score(prompt[-1], TreeDraft(tokens, None), shape).float(), -1)
     worst = 0.0
     for node in range(-1, shape.num_nodes):
@@ -80,7 +81,8 @@ def test_tree_decoder_greedy_identity_cuda(cuda_pair, identity_log, dtype, name)
     prompts = [pair.tokenizer(text, return_tensors="pt").input_ids[0].to(device) for text in PROMPTS]
     float32_target = None if dtype == torch.float32 else cuda_pair(torch.float32).target
     calibration = None if dtype == torch.float32 else divergence.calibrate(
-        target, prompts, max_new_tokens=MAX_NEW_TOKENS, batch_sizes=(1, 4), float32_model=float32_target, pad_token_id=pad)
+        target, prompts, max_new_tokens=MAX_NEW_TOKENS, batch_sizes=(1, 4), float32_model=float32_target,
+        pad_token_id=pad)
     drafter = ModelTreeDrafter(truncated_view(target, DRAFT_LAYERS))
     generations = [tree_speculative_generate(target, drafter, prompt, parents=SHAPES[name],
                                              max_new_tokens=MAX_NEW_TOKENS, temperature=0.0) for prompt in prompts]

@@ -186,7 +186,8 @@ def draft_lengths(sequences: TokenSequences, finished: torch.Tensor, gamma: int,
     return torch.where(finished, 0, (remaining - 1).clamp(max=gamma))
 
 
-def score_drafts(target_kv: RaggedCache, sequences: TokenSequences, draft: Draft, params: SamplingParams) -> torch.Tensor:
+def score_drafts(target_kv: RaggedCache, sequences: TokenSequences, draft: Draft,
+                 params: SamplingParams) -> torch.Tensor:
     """ONE target pass over each row's unseen committed tokens followed by its drafts: ``target_probs
     [B, K+1, V]`` after processing (``K`` = the draft's width, ``max_b γ_b`` or 1).
 
@@ -364,7 +365,8 @@ def generate(
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise ValueError(f"input_ids: expected an int64 tensor [1, T], got {shape}; batch prompts with speculative_generate")
+        raise ValueError(f"input_ids: expected an int64 tensor [1, T], got {shape}; batch "
+                         "prompts with speculative_generate")
     if draft is None:
         drafter: Drafter = PromptLookupDrafter()
     elif isinstance(draft, torch.nn.Module):

@@ -210,7 +210,8 @@ def truncated_view(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
         )
     if not 1 <= num_layers < len(layers):
         raise ValueError(
-            f"num_layers: expected 1..{len(layers) - 1} (fewer than the target's {len(layers)} layers), got {num_layers}"
+            f"num_layers: expected 1..{len(layers) - 1} (fewer than the target's "
+            f"{len(layers)} layers), got {num_layers}"
         )
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = num_layers

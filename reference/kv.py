@@ -96,7 +96,8 @@ class RaggedCache:
         logits = output.logits[:, -(block_width - skipped):]  # [B, m - skipped, V]
         if read_from is None:
             return logits
-        columns = (read_from[:, None] - skipped + torch.arange(width, device=tokens.device)).clamp(max=logits.shape[1] - 1)
+        columns = (read_from[:, None] - skipped + torch.arange(width,
+                                                               device=tokens.device)).clamp(max=logits.shape[1] - 1)
         return logits[torch.arange(tokens.shape[0], device=tokens.device)[:, None], columns]
 
     def forget(self, counts: torch.Tensor) -> None:

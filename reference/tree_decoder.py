@@ -125,7 +125,8 @@ def run_block(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor,
     """Append a block ``tokens [m]`` to ``cache`` under the block mask ``ancestors [m, m]`` at position ids
     ``positions [m]``; return its logits ``[m, V]``."""
     mask = tree_attention_mask(ancestors, cache.get_seq_length())
-    output = model(input_ids=tokens[None], attention_mask=mask, position_ids=positions[None], cache=cache, use_cache=True)
+    output = model(input_ids=tokens[None], attention_mask=mask, position_ids=positions[None], cache=cache,
+                   use_cache=True)
     return output.logits[0]
 
 

@@ -21,5 +21,6 @@ with torch.no_grad():
     for layers in (10, 15, 20, 24):
         top2 = truncated_view(target, layers)(input_ids=ids).logits[0].topk(2, -1).indices
         print(f"{layers} of {target.config.num_hidden_layers} layers: top-1 agreement "
-              f"{(top2[:, 0] == full).float().mean():.3f}, target argmax in top-2 {(top2 == full[:, None]).any(-1).float().mean():.3f}"
+              f"{(top2[:, 0] == full).float().mean():.3f}, target argmax in top-2 "
+              f"{(top2 == full[:, None]).any(-1).float().mean():.3f}"
               f" ({ids.shape[1]} positions)")

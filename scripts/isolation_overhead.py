@@ -43,7 +43,8 @@ def main() -> None:
     args = parser.parse_args()
     from specverify.core.rules import verify
 
-    cases = [(4096, 2, 4, args.calls, None), (1, 2, 4, 20 * args.calls, 1000), (170, 1, 32768, max(5, args.calls // 20), None)]
+    cases = [(4096, 2, 4, args.calls, None), (1, 2, 4, 20 * args.calls, 1000),
+             (170, 1, 32768, max(5, args.calls // 20), None)]
     print(f"{'B':>5} {'K':>2} {'V':>6}  {'none ms/call':>12}  {'process ms/call':>15}  {'overhead ms/call':>16}")
     for batch, num_draft, vocab, calls, group in cases:
         times = {}

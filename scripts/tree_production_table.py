@@ -25,9 +25,11 @@ def describe(check) -> dict[str, str]:
         depth = str(max(tree_exact.tree_depth(s) for s in shapes))
         children = str(max(tree_exact.max_children(s) for s in shapes))
     elif "shape" in p:
-        nodes, depth, children = str(len(p["shape"])), str(tree_exact.tree_depth(p["shape"])), str(tree_exact.max_children(p["shape"]))
+        nodes, depth, children = (str(len(p["shape"])), str(tree_exact.tree_depth(p["shape"])),
+                                  str(tree_exact.max_children(p["shape"])))
     else:
-        nodes, depth, children = "/".join(str(n) for n in p.get("N", [])), str(p.get("depth", "")), str(p.get("children", ""))
+        nodes, depth, children = "/".join(str(n) for n in p.get("N", [])), str(p.get("depth",
+                                                                                     "")), str(p.get("children", ""))
     orders = ",".join(o.replace("_first", "").replace("interleaved", "inter") for o in p.get("orders", ["breadth"]))
     scheme = p.get("scheme", "")
     scheme = "mixed" if isinstance(scheme, list) else str(scheme).replace("without_replacement", "w/o-repl")

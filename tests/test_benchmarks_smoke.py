@@ -20,8 +20,15 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import report, test_bench_audit, test_bench_batch_sweep, test_bench_decoders
-from benchmarks import test_bench_model_step, test_bench_tree_verify, test_bench_verify
+from benchmarks import (
+    report,
+    test_bench_audit,
+    test_bench_batch_sweep,
+    test_bench_decoders,
+    test_bench_model_step,
+    test_bench_tree_verify,
+    test_bench_verify,
+)
 from benchmarks.workloads import ModelUnderTest
 from specverify.hf.tiny_models import tiny_target_and_draft
 
@@ -124,7 +131,8 @@ def test_audit_benchmarks_record_throughput(runs: dict[str, OnceBenchmark]) -> N
 
 
 def test_decoder_methods_reproduce_plain_greedy(runs: dict[str, OnceBenchmark]) -> None:
-    names = [f"decoder-{m}" for m in test_bench_decoders.METHODS] + [f"decoder-qwen-{m}" for m in test_bench_decoders.QWEN_METHODS]
+    names = ([f"decoder-{m}" for m in test_bench_decoders.METHODS]
+             + [f"decoder-qwen-{m}" for m in test_bench_decoders.QWEN_METHODS])
     for name in names:
         method = runs[name].extra_info["method"]
         info = runs[name].extra_info

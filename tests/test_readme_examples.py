@@ -1,10 +1,10 @@
-"""The README's examples, read from README.md and run exactly as printed (issue 13).
+"""The README's examples, read from README.md and run exactly as printed.
 
 - the CI example (the ```python block calling ``specverify.assert_lossless``) must use a fast
   stated budget, and passes as a test file of a project whose ``my_engine.sampling.verify`` is
   the reference rule;
 - the printed first failure is what the CI example gives on a lossy rule (the diagnosis and a
-  minimal failing case in the first message, issue 20);
+  minimal failing case in the first message);
 - the replay line of the printed failure (``replay with `specverify audit my_engine...```) runs,
   pasted in that project's root, as the installed console script would run it (the current
   directory is not on ``sys.path``) and reports the same failing checks (exit 1), not an import
@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = Path(os.environ.get("SPECVERIFY_README", ROOT / "README.md")).read_text(encoding="utf-8")  # override: try proposed text
+README = Path(os.environ.get("SPECVERIFY_README",
+                             ROOT / "README.md")).read_text(encoding="utf-8")  # override: try proposed text
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("SPECVERIFY_BUDGET", None)
 

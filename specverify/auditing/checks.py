@@ -423,7 +423,8 @@ class Tally:
 
     def __add__(self, other: Tally) -> Tally:
         if set(self.counts) != set(other.counts):
-            raise ValueError(f"other: a tally of {sorted(other.counts)} cannot be added to one of {sorted(self.counts)}")
+            raise ValueError(f"other: a tally of {sorted(other.counts)} cannot be added to one of "
+                             f"{sorted(self.counts)}")
         return Tally(self.n + other.n, {key: self.counts[key] + other.counts[key] for key in self.counts})
 
 
@@ -507,8 +508,8 @@ _detectable_tv = functools.lru_cache(maxsize=4096)(stats.detectable_tv)
 
 
 class ChiSquareCheck(SequentialCheck):
-    """A sequential Pearson goodness-of-fit check; its planning on ``num_cells`` cells: the n that detects TV ε with the given
-    power at level α, and the TV detectable at a given n (noncentral χ², :mod:`specverify.core.stats`)."""
+    """A sequential Pearson goodness-of-fit check; its planning on ``num_cells`` cells: the n that detects TV ε with
+    the given power at level α, and the TV detectable at a given n (noncentral χ², :mod:`specverify.core.stats`)."""
 
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
 
@@ -586,12 +587,14 @@ def exact_cases_result(check: Check, plan: Plan, cases: Sequence[ExactCase], dea
         summary += f"; {len(labels) - len(outcome)} later case(s) not integrated"
     assumed = "" if declared else (f" (the function declares no `arithmetic`, so {arithmetic} is assumed; declare "
                                    "`arithmetic = 'float64'` for the tight bound)")
-    bound = f"the {arithmetic} rounding bound {tolerances[worst]:.3g} for K={cases[worst].num_draft}, V={cases[worst].vocab_size}"
+    bound = (f"the {arithmetic} rounding bound {tolerances[worst]:.3g} for K={cases[worst].num_draft}, "
+             f"V={cases[worst].vocab_size}")
     if failed:
         message = (f"exact TV of one step = {outcome[worst]:.6g} on {labels[worst]}, above {bound}: lossy{assumed}; "
                    f"per case {summary}")
     elif max(outcome) > rounding.INTEGRATION_FLOOR:
-        message = (f"exact up to {arithmetic} rounding: largest exact TV {outcome[worst]:.3g} on {labels[worst]}, within "
+        message = (f"exact up to {arithmetic} rounding: largest exact TV "
+                   f"{outcome[worst]:.3g} on {labels[worst]}, within "
                    f"{bound}{assumed} ({summary})")
     else:
         message = f"exact TV ≤ {rounding.INTEGRATION_FLOOR:g} on every case ({summary})"
@@ -627,9 +630,11 @@ class InputsUnchangedCheck(CallLogCheck):
 
     def judge_log(self, plan: Plan, log: Any) -> CheckResult:
         if log.mutations:
-            shown = "; ".join(log.mutations[:3]) + (f"; … {len(log.mutations) - 3} more" if len(log.mutations) > 3 else "")
+            more = f"; … {len(log.mutations) - 3} more" if len(log.mutations) > 3 else ""
+            shown = "; ".join(log.mutations[:3]) + more
             return self.report(plan, Verdict.FAIL,
-                               f"the function modified its inputs in {len(log.mutations)} of {log.calls} calls ({shown}); "
+                               f"the function modified its inputs in {len(log.mutations)} "
+                               f"of {log.calls} calls ({shown}); "
                                "engines reuse these buffers, so work on copies", parameters={"calls": log.calls},
                                fault=FaultKind.MUTATION)
         return self.report(plan, Verdict.PASS, f"no input tensor changed in {log.calls} calls",

@@ -15,8 +15,8 @@ DEFAULT_ALPHA = 1e-3
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BUDGET = "standard"
 BUDGET_ENV = "SPECVERIFY_BUDGET"
-"""Environment variable naming the budget of an audit called without ``budget=`` (CLI and Python;
-the pytest plugin's ``--specverify-budget`` sets it for the run)."""
+"""Environment variable naming the budget of an audit called without ``budget=`` (CLI, Python and
+the pytest plugin's fixtures when ``--specverify-budget`` is not given); specverify only reads it."""
 VERBOSE_ENV = "SPECVERIFY_VERBOSE"
 """Set to 1 for the long ``AssertionError`` of ``assert_lossless`` (every finding with its inputs,
 n, p-value and TV); the pytest plugin sets it under ``pytest -vv``."""

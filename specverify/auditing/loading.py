@@ -1,6 +1,6 @@
 """Resolve an implementation under test from a string.
 
-Accepted forms (shared/SPEC.md §1):
+Accepted forms (docs/spec.md §1):
 - ``path/to/file.py:function`` — a file anywhere on disk, imported under a private module name,
   with the file's folder on ``sys.path`` (as ``python file.py`` does), so it can import the
   modules next to it;
@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from specverify.errors import SpecverifyError
 
 # level -> name -> "module:attribute"; resolved lazily so that optional extras load only when used.
 BUILTINS: dict[str, dict[str, str]] = {
@@ -68,7 +70,7 @@ BUILTINS: dict[str, dict[str, str]] = {
 }
 
 
-class LoadError(ValueError):
+class LoadError(SpecverifyError, ValueError):
     """The target string could not be resolved to a callable (exit status 2 in the CLI)."""
 
 
@@ -113,7 +115,8 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
 
 
 def catalog_key(name: str) -> str:
-    """The :data:`~specverify.auditing.sampler.catalog.CATALOG` key of a catalog name written with hyphens or underscores."""
+    """The :data:`~specverify.auditing.sampler.catalog.CATALOG` key of a catalog name written with hyphens or
+    underscores."""
     return name.strip().replace("-", "_")
 
 
@@ -131,7 +134,8 @@ def _load_from_module(module_name: str, attribute: str, *, spec: str) -> Callabl
             sys.path.append(cwd)
             module = importlib.import_module(module_name)
     except Exception as error:  # any import-time failure is "could not audit"
-        raise LoadError(f"target {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {error}") from error
+        raise LoadError(f"target {spec!r}: importing {module_name!r} failed: "
+                        f"{type(error).__name__}: {error}") from error
     return _get_callable(module, attribute, spec=spec)
 
 

@@ -112,14 +112,17 @@ class MinimalCase:
             law = "# modified rejection sampling never emits it given these drafts"
             check = "assert share == 0, share"
         else:
-            law = f"# modified rejection sampling: {self.expected:.6f} given these drafts; this function gave {self.observed:.6f}"
-            check = f"assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share  # 6 standard errors"
+            law = (f"# modified rejection sampling: {self.expected:.6f} given these drafts; "
+                   f"this function gave {self.observed:.6f}")
+            check = (f"assert abs(share - {self.expected:.9g}) <= {self.tolerance:.6g} + 1e-12, share"
+                     "  # 6 standard errors")
         binding, function = import_code(self.target)
         test = textwrap.dedent(f"""\
             def test_{name}():
                 # found by specverify: check {self.check}, chain {self.chain}, seed {self.seed}
                 rows = {self.rows}
-                target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)  # p_0..p_{k} [K+1={k + 1}, V={v}]
+                # p_0..p_{k} [K+1={k + 1}, V={v}]
+                target_probs = torch.tensor({_table(self.target_probs)}).repeat(rows, 1, 1)
                 draft_probs = torch.tensor({_table(self.draft_probs)}).repeat(rows, 1, 1)  # {drafts}
                 draft_tokens = torch.tensor([{list(self.draft_tokens)}]).repeat(rows, 1)
                 generator = torch.Generator().manual_seed({self.seed})
@@ -174,7 +177,8 @@ def _path_laws(bank: Any, chain: int, drafts: Sequence[int]) -> tuple[torch.Tens
     return p, q
 
 
-def candidate_paths(bank: Any, chain: int, num_draft: int, preferred: dict[int, int], limit: int) -> list[tuple[int, ...]]:
+def candidate_paths(bank: Any, chain: int, num_draft: int, preferred: dict[int, int],
+                    limit: int) -> list[tuple[int, ...]]:
     """Draft paths to try: the one through ``preferred`` (position → token, the worst cell's
     tokens; the draft's most likely token elsewhere) first, then the ``limit`` most likely under
     q (a beam over positions)."""

@@ -83,7 +83,8 @@ class PowerShortfall:
 
 
 def ceiling_of(level: str) -> float:
-    """The largest detectable TV a pass may state at ``level`` (:data:`POWER_CEILING_TV`; 0.25 for a level not listed)."""
+    """The largest detectable TV a pass may state at ``level`` (:data:`POWER_CEILING_TV`; 0.25 for a level not
+    listed)."""
     return POWER_CEILING_TV.get(level, 0.25)
 
 

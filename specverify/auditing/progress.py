@@ -130,12 +130,15 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
                 f"(SmolLM2-135M on llama-cpp-python, 2 shared cores: ~30 min at `--budget quick`, ~50 min at standard)")
     faster = "" if budget.name == "quick" else "; `--budget quick` or SPECVERIFY_BUDGET=quick for a fast run"
     return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
-            f"{len(checks)} checks, {samples:,} {unit} in all; expected ~{duration(expected_seconds(level, checks, plans))} "
+            f"{len(checks)} checks, {samples:,} {unit} in all; "
+            f"expected ~{duration(expected_seconds(level, checks, plans))} "
             f"(at the reference implementation's speed on a 2-core CPU{faster})")
 
 
 class _Tracker:
     """State shared by both displays: the plan, the rows read from the call log, the ETA."""
+
+    stream: TextIO
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
               plans: Sequence[Any], log: Any) -> None:

@@ -14,7 +14,8 @@ Verdicts and exit statuses (``specverify audit``):
   call (:mod:`specverify.auditing.signatures`), or a check could not judge the function (it
   raised, hung past the per-call timeout, or returned output that breaks SPEC §1), and no check
   failed.  At the sampler, tree and decoder levels the first malformed output (a wrong shape,
-  dtype, padding) ends the audit: the checks after it are not run, the verdict states that one message and the replay runs that one check.
+  dtype, padding) ends the audit: the checks after it are not run, the verdict states that one
+  message and the replay runs that one check.
 - 2 ``underpowered``: no check failed, but some statistical check cannot detect the TV a pass
   promises (:mod:`specverify.auditing.power`: detectable TV above the level's ceiling, e.g.
   ``--budget 10``); ``allow_underpowered=True`` turns it into a pass that states the TV reached.
@@ -49,19 +50,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specverify.core import stats
-from specverify.auditing.checks import POWER, Battery, Check, CheckResult, Plan, SampleBudget, Verdict, resolve_budget, result_from_fault, skipped_result
-from specverify.auditing.minimal_case import MIN_ROWS, MinimalCase, case_rows
-from specverify.auditing.post_verdict import PostVerdict
-from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
-from specverify.auditing.power import PowerShortfall, power_shortfall
-from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
-from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing import replay
-from specverify.auditing.isolation.captured import captured_warnings
-from specverify.auditing.isolation.process import check_isolation, preserved_process_state
-from specverify.auditing.loading import LoadError, load_target
-from specverify.core.seeding import derive_seed
+from specverify.auditing.checks import (
+    POWER,
+    Battery,
+    Check,
+    CheckResult,
+    Plan,
+    SampleBudget,
+    Verdict,
+    result_from_fault,
+    skipped_result,
+)
 from specverify.auditing.defaults import (  # LEVELS is the registry of levels; all re-exported here
     BUDGET_ENV,
     DEFAULT_ALPHA,
@@ -78,6 +78,17 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
+from specverify.auditing.isolation.captured import captured_warnings
+from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
+from specverify.auditing.isolation.process import check_isolation, preserved_process_state
+from specverify.auditing.loading import LoadError, load_target
+from specverify.auditing.minimal_case import MIN_ROWS, MinimalCase, case_rows
+from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
+from specverify.auditing.post_verdict import PostVerdict
+from specverify.auditing.power import PowerShortfall, power_shortfall
+from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
+from specverify.core import stats
+from specverify.core.seeding import derive_seed
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, name)``: called before each check (``name`` is the check about to
@@ -247,7 +258,8 @@ def _fmt(value: float | None) -> str:
 
 
 def target_name(fn: Callable[..., Any] | str) -> str:
-    """A target string for ``fn`` that loads from the current directory (:func:`specverify.auditing.replay.target_name`)."""
+    """A target string for ``fn`` that loads from the current directory
+    (:func:`specverify.auditing.replay.target_name`)."""
     return replay.target_name(fn)
 
 
@@ -319,7 +331,8 @@ def audit(
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
     at ``level`` and return the :class:`AuditReport`.  Deterministic for a given ``seed``.
 
-    ``budget``: default ``$SPECVERIFY_BUDGET`` or ``standard``; ``quick`` / ``standard`` / ``thorough`` (at the sampler level every statistical
+    ``budget``: default ``$SPECVERIFY_BUDGET`` or ``standard``; ``quick`` / ``standard`` / ``thorough`` (at the
+    sampler level every statistical
     check is sized to detect TV 0.05 / 0.02 / 0.01 with power 0.99; a level's battery may define
     its own ``resolve_budget``) or N samples per check.  ``alpha``: the family-wise
     false-positive rate of the whole audit.  ``timeout_s``: the deadline of each call.
@@ -502,7 +515,8 @@ def _shut_down(function: Any, post: PostVerdict) -> None:
     begun = time.perf_counter()
     function.close()
     if post.verdict_at is not None and getattr(function, "isolation", None) == "process":
-        post.record("shutdown", time.perf_counter() - begun, f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
+        post.record("shutdown", time.perf_counter() - begun,
+                    f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
 
 
 def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], plans: Sequence[Plan],
@@ -657,8 +671,9 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         names = ", ".join(r.name for r in failed)
         impossible = [r.name for r in failed if r.fault is FaultKind.IMPOSSIBLE]
         if impossible:
-            return "loss detected", EXIT_FAIL, (f"{len(failed)} check(s) failed: {names}; impossible output in "
-                                                f"{', '.join(impossible)} (tokens no lossless rule can emit)"), detectable
+            message = (f"{len(failed)} check(s) failed: {names}; impossible output in "
+                       f"{', '.join(impossible)} (tokens no lossless rule can emit)")
+            return "loss detected", EXIT_FAIL, message, detectable
         if any(r.kind.detects_loss for r in failed):
             return "loss detected", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
         return "contract violated", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable

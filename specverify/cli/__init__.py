@@ -29,7 +29,7 @@ class Parser(argparse.ArgumentParser):
 
     words: list[str] = []
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+    def parse_known_args(self, args=None, namespace=None):
         self.words = list(sys.argv[1:] if args is None else args)  # what error() looks for typos in
         return super().parse_known_args(args, namespace)
 

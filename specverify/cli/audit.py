@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specverify.auditing.defaults import BUDGET_ENV, DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_TIMEOUT_S, EXIT_ERROR, LEVELS
+from specverify.auditing.defaults import (
+    BUDGET_ENV,
+    DEFAULT_ALPHA,
+    DEFAULT_BUDGET,
+    DEFAULT_TIMEOUT_S,
+    EXIT_ERROR,
+    LEVELS,
+)
 from specverify.core.seeding import parse_base_seed
 
 
@@ -46,7 +53,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON (schema specverify.audit/1)")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with plots")
     parser.add_argument("--junit-xml", metavar="PATH",
-                        help="write a JUnit XML report for CI systems: one test case per check, and one for the verdict")
+                        help="write a JUnit XML report for CI systems: one test case per check, "
+                             "and one for the verdict")
     parser.add_argument("--allow-underpowered", action="store_true",
                         help="let a budget whose checks cannot detect the level's ceiling TV (0.25) pass, stating the "
                              "TV it reached (default: such a run without a failure exits 2, underpowered)")

@@ -4,8 +4,9 @@ Catalog entries are shown with their bug class, their exact one-step loss and th
 description, wrapped.  The listing imports nothing heavy (no torch: it prints in well under a
 second): the entries' names, classes and descriptions are read from the source of
 :mod:`specverify.auditing.sampler.catalog` (:func:`catalog_entries`; ``tests/cli/test_newuser_cli.py``
-checks them against the imported ``CATALOG``) and the exact losses are stored.  The exact loss is the total variation between the entry's completed one-step law
-and the target's, integrated over the uniforms by :func:`specverify.core.exact.exact_step_tv` on
+checks them against the imported ``CATALOG``) and the exact losses are stored.  The exact loss is
+the total variation between the entry's completed one-step law and the target's, integrated over
+the uniforms by :func:`specverify.core.exact.exact_step_tv` on
 :data:`EXAMPLE` (V = 4, K = 2, the hand example of ``tests/auditing/test_catalog.py``); a
 cross-row entry is measured on a row of it next to :data:`COMPANION_TARGET`, a different request
 in the same batch; the two randomness entries ignore injected uniforms, so they have no exact
@@ -75,7 +76,7 @@ recomputes them); None for the entries it cannot integrate one row at a time (a 
 256 rows; reads through a padded view), which the production step checks catch."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_tv(name: str) -> float | None:
     """Exact one-step TV of catalog entry ``name`` on :data:`EXAMPLE` (None if not integrable)."""
     import numpy as np

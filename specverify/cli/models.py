@@ -24,10 +24,13 @@ from specverify.hf import packaged as models
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``models`` command to a CLI's subparsers; its handler is ``args.handler(args) -> int``."""
     parser = subparsers.add_parser("models", help="list, prepare and locate the packaged real models",
-                                   description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache", type=Path, default=None, help=f"cache folder (default ${models.CACHE_ENV} or ~/.cache/specverify)")
+                                   description=plain_text(__doc__),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", type=Path, default=None, help="cache folder (default "
+                        f"${models.CACHE_ENV} or ~/.cache/specverify)")
     actions = parser.add_subparsers(dest="models_action", required=True)
-    actions.add_parser("list", help="packaged models, installed/prepared status, pip lines").set_defaults(handler=list_models)
+    actions.add_parser("list",
+                       help="packaged models, installed/prepared status, pip lines").set_defaults(handler=list_models)
     prepare = actions.add_parser("prepare", help="verify sha256 and convert to a cached Hugging Face folder")
     prepare.add_argument("names", nargs="+", metavar="NAME", choices=sorted(models.PACKAGED_MODELS))
     prepare.set_defaults(handler=prepare_models)

@@ -2,8 +2,8 @@
 
 It runs ``python -m pytest --pyargs specverify.properties --specverify-impl TARGET``: the suite is
 part of the package (:mod:`specverify.properties`), so this works from a pip install as from a
-checkout; the ``slow`` tests stay out unless ``-m`` says otherwise.  Exit status: pytest's (0 every test passed, 1 some failed, 2–4 the run could not
-start, 5 nothing collected).
+checkout; the ``slow`` tests stay out unless ``-m`` says otherwise.  Exit status: pytest's (0 every test passed, 1
+some failed, 2–4 the run could not start, 5 nothing collected).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 Prints the table over γ (tokens per pass, cost per pass in target steps, speedup), the best γ,
 and whether speculation pays at all; with ``--gamma`` it says which γ were compared and gives the
 best γ over 1..16 beside them.  ``--plot`` saves the speedup curve over γ with the no-speedup line
-at 1, the best γ and the asked ones marked.  :func:`register` adds the command to the main CLI's subparsers; :func:`main` runs it alone
+at 1, the best γ and the asked ones marked.  :func:`register` adds the command to the main CLI's subparsers;
+:func:`main` runs it alone
 (``python -m specverify.cli.speedup ...``).  Exit status 0, or 2 with a message for invalid values.
 """
 
@@ -28,7 +29,8 @@ DESCRIPTION = (
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``speedup`` command; its ``handler`` is :func:`run` (``run(args) -> exit status``)."""
-    parser = subparsers.add_parser("speedup", help="analytic speedup model: best draft length γ", description=DESCRIPTION)
+    parser = subparsers.add_parser("speedup", help="analytic speedup model: best draft length γ",
+                                   description=DESCRIPTION)
     add_arguments(parser)
     parser.set_defaults(handler=run)
     return parser
@@ -98,7 +100,8 @@ def format_report(curve: BestGamma, alpha: float, draft_cost: float, verify_cost
         lines.append(f"best gamma: {asked.gamma} of the gamma asked ({compared}), speedup {asked.speedup:.3f}x")
     lines.append(f"best gamma: {curve.gamma} over {span}, speedup {curve.speedup:.3f}x")
     if curve.pays:
-        lines.append(f"verdict: speculation pays: {curve.speedup:.3f}x faster than plain decoding at gamma={curve.gamma}")
+        lines.append(f"verdict: speculation pays: {curve.speedup:.3f}x faster than plain "
+                     f"decoding at gamma={curve.gamma}")
     else:
         lines.append(
             f"verdict: speculation does not pay: no gamma in {span} beats plain decoding "

@@ -81,7 +81,7 @@ class PositionalChain:
                 f"prefix: a PositionalChain with K={self.num_draft} has target laws for prefixes of "
                 f"length 0..{self.num_draft}, got length {position}; use a MarkovChain for longer runs"
             )
-        return self.p[position]
+        return np.asarray(self.p[position])
 
     def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
         """``q[len(prefix)]``; ``len(prefix)`` must be at most ``K-1``."""
@@ -91,7 +91,7 @@ class PositionalChain:
                 f"prefix: a PositionalChain with K={self.num_draft} has draft laws for prefixes of "
                 f"length 0..{self.num_draft - 1}, got length {position}"
             )
-        return self.q[position]
+        return np.asarray(self.q[position])
 
     def __repr__(self) -> str:
         return f"PositionalChain(K={self.num_draft}, V={self.vocab_size})"
@@ -166,11 +166,11 @@ class MarkovChain:
 
     def target(self, prefix: tuple[int, ...]) -> np.ndarray:
         """The target's next-token law after ``prompt + prefix`` (a read-only float64 row)."""
-        return self.target_table[self.state_of(self.context_after(prefix))]
+        return np.asarray(self.target_table[self.state_of(self.context_after(prefix))])
 
     def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
         """The draft's next-token law after ``prompt + prefix`` (a read-only float64 row)."""
-        return self.draft_table[self.state_of(self.context_after(prefix))]
+        return np.asarray(self.draft_table[self.state_of(self.context_after(prefix))])
 
     def target_batch(self, contexts: torch.Tensor) -> torch.Tensor:
         """float64 ``[N, V]``: the target's laws for a batch of contexts ``[N, order]``, on their device."""
@@ -238,7 +238,8 @@ class ChainBank:
     def __init__(self, target: np.ndarray, draft: np.ndarray, order: int, prompts: np.ndarray) -> None:
         target, draft = np.asarray(target, dtype=np.float64), np.asarray(draft, dtype=np.float64)
         if target.ndim != 3:
-            raise ValueError(f"target: expected tables [R, S, V] (chains, states, tokens), got shape {list(target.shape)}")
+            raise ValueError("target: expected tables [R, S, V] (chains, states, tokens), "
+                             f"got shape {list(target.shape)}")
         if draft.shape != target.shape:
             raise ValueError(f"draft: expected the target's shape {list(target.shape)}, got {list(draft.shape)}")
         self.target, self.draft, self.order = target, draft, order
@@ -254,15 +255,15 @@ class ChainBank:
 
     @property
     def num_chains(self) -> int:
-        return self.target.shape[0]
+        return int(self.target.shape[0])
 
     @property
     def num_states(self) -> int:
-        return self.target.shape[1]
+        return int(self.target.shape[1])
 
     @property
     def vocab_size(self) -> int:
-        return self.target.shape[2]
+        return int(self.target.shape[2])
 
     def rows_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The flattened target and draft tables ``[R·S, V]`` in ``dtype`` (converted once)."""
@@ -355,7 +356,8 @@ class MarkovBank(ChainBank):
             raise ValueError(f"chains: expected equal V and order for every chain, got {sorted(shapes)}")
         order = chains[0].order
         prompts = np.array([chain.prompt for chain in chains], dtype=np.int64).reshape(len(chains), order)
-        return cls(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order, prompts)
+        return cls(np.stack([c.target_table for c in chains]), np.stack([c.draft_table for c in chains]), order,
+                   prompts)
 
     def local_state(self, state: RowState) -> torch.Tensor:
         return _context_states(state.context, self.vocab_size)
@@ -372,7 +374,8 @@ class MarkovBank(ChainBank):
         return (local * self.vocab_size + tokens) % self.num_states
 
     def chain(self, index: int) -> MarkovChain:
-        return MarkovChain(self.target[index], self.draft[index], self.order, tuple(int(t) for t in self.prompts[index]))
+        return MarkovChain(self.target[index], self.draft[index], self.order,
+                           tuple(int(t) for t in self.prompts[index]))
 
 
 def random_markov_chain(
@@ -451,7 +454,7 @@ def _normalise_rows(table: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         table[row] = 0.0
         table[row, rng.integers(0, table.shape[1])] = 1.0
         sums[row] = 1.0
-    return table / sums[:, None]
+    return np.asarray(table / sums[:, None])
 
 
 def _check_random_arguments(vocab_size: int, concentration: float, closeness: float, kind: str) -> None:

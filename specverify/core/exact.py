@@ -330,7 +330,7 @@ class _Grid:
         below ``high``; edges are at least :data:`MIN_CELL_WIDTH` apart, so that float is ``>= low``.
         """
         low, high = self.low[cells], self.high[cells]
-        return np.clip(low + (high - low) * fractions, low, np.nextafter(high, -np.inf))
+        return np.asarray(np.clip(low + (high - low) * fractions, low, np.nextafter(high, -np.inf)))
 
 
 def step_distribution(rule: Rule, chain: Chain, num_draft: int, prefix: tuple[int, ...] = (), *,

@@ -82,11 +82,11 @@ class FinalDrawCase:
 
     @property
     def num_draft(self) -> int:
-        return self.draft.shape[0]
+        return int(self.draft.shape[0])
 
     @property
     def vocab_size(self) -> int:
-        return self.target.shape[1]
+        return int(self.target.shape[1])
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,9 @@ def _codes(case: FinalDrawCase, evaluate: Evaluator, branch_of: np.ndarray, u_fi
     return np.where(right, emitted[:, n], -1)
 
 
-def _bounds(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> tuple[float, float, float, tuple[int, float, float], list[tuple[int, int]]]:
+def _bounds(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> tuple[float, float, float,
+                                                                                tuple[int, float, float],
+                                                                                list[tuple[int, int]]]:
     """TV bounds from the evaluated points of every branch, and the open brackets ``(branch, i)``
     (consecutive points ``i, i+1`` with different outputs, farther apart than one ulp)."""
     vocab = case.vocab_size
@@ -217,7 +219,7 @@ def _bounds(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> tuple[
 
 
 def _check_monotone(case: FinalDrawCase, segments: Sequence[list[np.ndarray]]) -> None:
-    for b, (u, c) in enumerate(segments):
+    for b, (_, c) in enumerate(segments):
         valid = c[c >= 0]
         if len(valid) > 1 and np.any(np.diff(valid) < 0):
             at = int(np.flatnonzero(np.diff(valid) < 0)[0])

@@ -68,6 +68,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy import optimize
@@ -304,13 +305,13 @@ def _term_floors(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
     lows = np.floor(means + 0.5)
     values = np.minimum(((lows - means) ** 2 - lows), ((lows + 1 - means) ** 2 - lows - 1))
     values = np.minimum(values, means**2)  # k = 0
-    return np.maximum(0.0, -values / weights)
+    return np.asarray(np.maximum(0.0, -values / weights))
 
 
 def _adk_terms(counts: np.ndarray, means: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """((N − λ)² − N) / w per cell."""
     counts = counts.astype(np.float64)
-    return ((counts - means) ** 2 - counts) / weights
+    return np.asarray(((counts - means) ** 2 - counts) / weights)
 
 
 # --------------------------------------------------------------------------------------------
@@ -558,13 +559,14 @@ def _poisson_subsample(counts: np.ndarray, design: IdentityDesign, rng: np.rando
     return rng.binomial(kept, design.keep)
 
 
-def _block_part(name: str, labels: np.ndarray, bound: ChernoffBound, counts: np.ndarray,
+def _block_part(name: str, labels: np.ndarray, bound: ChernoffBound | None, counts: np.ndarray,
                 means: np.ndarray, share: float) -> IdentityPart:
     inside = labels >= 0
     size = int(labels.max()) + 1
     block_counts = np.bincount(labels[inside], weights=counts[inside], minlength=size)
     block_means = np.bincount(labels[inside], weights=means[inside], minlength=size)
     statistic = float(_adk_terms(block_counts, block_means, block_means).sum())
+    assert bound is not None, f"the design gives {name} a share, so it builds its bound"
     return IdentityPart(name, statistic, bound.pvalue(statistic), share, size, float(block_means.sum()),
                         int(block_counts.sum()), "chernoff-truncated (exact Poissonization)")
 
@@ -613,10 +615,10 @@ def identity_test(
     pooled = (f"light tokens (n'p < {design.flatten:g}): {len(design.id_blocks)} id blocks, "
               f"{len(design.level_blocks)} probability levels, each expecting ≥ {block_min_expected:g}")
     if sub is None:
-        parts = (zeros,) + tuple(IdentityPart(name, math.nan, 1.0, share, 0, 0.0, 0, "no test: N' > n")
-                                 for name, share in design.shares.items())
+        untested = (zeros,) + tuple(IdentityPart(name, math.nan, 1.0, share, 0, 0.0, 0, "no test: N' > n")
+                                    for name, share in design.shares.items())
         return IdentityTest(math.nan, math.nan, 0.0 if impossible else 1.0, n, 0, p.size, int(design.heavy.size),
-                            parts, pooled, calibration + "; this draw had N' > n: parts not tested",
+                            untested, pooled, calibration + "; this draw had N' > n: parts not tested",
                             impossible, empirical_tv)
 
     positive = p > 0
@@ -624,9 +626,10 @@ def identity_test(
     statistic = float(terms.sum())
     heavy_statistic = float(_adk_terms(sub[design.heavy], design.means[design.heavy],
                                        design.weights[design.heavy]).sum())
-    parts = [zeros, IdentityPart("tokens", statistic, design.tokens.pvalue(statistic), design.shares["tokens"],
-                                 int(positive.sum()), float(design.means.sum()), int(sub.sum()),
-                                 "chernoff-truncated (exact Poissonization)")]
+    tokens = IdentityPart("tokens", statistic, design.tokens.pvalue(statistic), design.shares["tokens"],
+                          int(positive.sum()), float(design.means.sum()), int(sub.sum()),
+                          "chernoff-truncated (exact Poissonization)")
+    parts: list[IdentityPart] = [zeros, tokens]
     if "light-mass" in design.shares:
         parts.append(_light_mass_part(int(sub[design.light].sum()), design.light_mean, design.shares["light-mass"],
                                       int(design.light.size)))
@@ -679,7 +682,7 @@ def _quadratic_sup(poly: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarr
     inner = np.clip(-c1 / (2.0 * np.where(concave, c2, -1.0)), lo, hi)
     at_inner = c0 + c1 * inner + c2 * inner**2
     at_ends = np.maximum(c0 + c1 * lo + c2 * lo**2, c0 + c1 * hi + c2 * hi**2)
-    return np.where(concave, at_inner, at_ends)
+    return np.asarray(np.where(concave, at_inner, at_ends))
 
 
 @dataclass(frozen=True)
@@ -715,13 +718,16 @@ def _moment_polynomial(theta: float, nu: float, lam: np.ndarray, w: np.ndarray, 
     a = theta / w
     es = np.exp(a * (1.0 + 2.0 * hi))  # e^S, |s| ≤ a(1 + 2d) ≤ S
     growth = np.exp(a * (lam + (hi if sign > 0 else 0.0)))  # e^{aμ}, μ ≤ λ + hi (or λ)
-    col = lambda v: v[..., None]  # noqa: E731
+
+    def col(v: np.ndarray) -> np.ndarray:
+        return v[..., None]
+
     total = col(es * a**2 / 2.0) * polys.mu_u2 - col(a**2) * polys.mu_s  # ψ(s) ≤ μs²e^S/2; −aμe₁ ≤ −aμs
     total[..., 2] -= a  # −aΔ²
     total[..., 1] += nu  # ν|Δ|
     q4 = (col(es) * polys.mu + 2.0 * polys.mu2 + col(14.0 * es**2 * a) * polys.mu2_u
           + col((a * es) ** 2 * np.maximum(6.0 * es - 2.0, 0.0)) * polys.mu3_u2 + col((a * es) ** 4) * polys.mu4_u4)
-    return total + col(a**2 * growth / 2.0) * q4
+    return np.asarray(total + col(a**2 * growth / 2.0) * q4)
 
 
 def _moment_piece(theta: float, nu: float, lam: np.ndarray, w: np.ndarray, reach: np.ndarray,
@@ -781,7 +787,7 @@ def _token_sups(theta: float, nu: float, lam: np.ndarray, w: np.ndarray, floor: 
     d = np.clip(nu * lam / (1.0 - gamma) ** 2, reach, top)
     deficit_b = theta * floor - (1.0 - gamma) ** 2 * d**2 / (2.0 * np.maximum(lam, 1e-300)) + nu * d
     deficit = np.where(lam > reach, np.logaddexp(deficit_a, deficit_b).min(axis=0), -np.inf)
-    return np.maximum(np.maximum(upper, lower), np.maximum(excess, deficit))
+    return np.asarray(np.maximum(np.maximum(upper, lower), np.maximum(excess, deficit)))
 
 
 def _log_miss(design: IdentityDesign, threshold: float, deviation: float, goal: float = -math.inf) -> float:
@@ -943,8 +949,8 @@ def _cached_sample_size(digest: str, epsilon: float, alpha: float, power: float,
                         id_block_count: int, block_min_expected: float, share_key: tuple[tuple[str, float], ...],
                         holder: _ProbsHolder) -> int:
     p = holder.probs
-    options = dict(flatten=flatten, id_block_count=id_block_count, block_min_expected=block_min_expected,
-                   shares=dict(share_key))
+    options: dict[str, Any] = dict(flatten=flatten, id_block_count=id_block_count,
+                                   block_min_expected=block_min_expected, shares=dict(share_key))
 
     def enough(m: int) -> bool:
         design = identity_design(p, m, **options)
@@ -965,7 +971,7 @@ def _cached_sample_size(digest: str, epsilon: float, alpha: float, power: float,
     return high
 
 
-def _normal_sample_size(p: np.ndarray, epsilon: float, alpha: float, power: float, options: dict) -> int:
+def _normal_sample_size(p: np.ndarray, epsilon: float, alpha: float, power: float, options: dict[str, Any]) -> int:
     """A starting guess for the bisection (not a guarantee): the n at which the normal
     approximation, E_min − t ≥ z_β √(σ₀² + 4E_min), holds, found on a factor-2 ladder and refined
     once at the guess's design."""

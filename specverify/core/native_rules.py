@@ -35,6 +35,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -75,7 +76,7 @@ class path(contextlib.ContextDecorator):
     def __init__(self, native: bool) -> None:
         self.native = native
 
-    def __enter__(self) -> "path":
+    def __enter__(self) -> path:
         self._previous = os.environ.get("SPECVERIFY_NATIVE")
         os.environ["SPECVERIFY_NATIVE"] = "1" if self.native else "0"
         return self
@@ -105,10 +106,18 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or ``None`` when no C compiler can build it."""
     return build(SOURCE.read_bytes())
+
+
+def _built_library() -> ctypes.CDLL:
+    """:func:`library` where :func:`applies` or :func:`tree_applies` said the kernel is built."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native kernel is not built: call it only where applies() / tree_applies() is True")
+    return lib
 
 
 def build(source: bytes) -> ctypes.CDLL | None:
@@ -162,7 +171,7 @@ def build(source: bytes) -> ctypes.CDLL | None:
     return lib
 
 
-def _fit(tensors: list[tuple[object, torch.dtype, tuple[int, ...]]], uniforms: object,
+def _fit(tensors: Sequence[tuple[object, torch.dtype, tuple[int, ...]]], uniforms: object,
          uniforms_shape: tuple[int, int], generator: object) -> bool:
     """Every ``(tensor, dtype, shape)`` is a contiguous CPU tensor of that dtype and shape, the
     uniforms (if given) a floating CPU tensor ``[B, K+1]``, the generator (if given) a CPU one,
@@ -190,7 +199,7 @@ def applies(target_probs: object, draft_probs: object, draft_tokens: object, num
     batch, positions, vocab = target_probs.shape
     if batch < 1 or positions < 2 or vocab < 1 or not target_probs.is_contiguous():
         return False
-    tensors = [(draft_tokens, torch.int64, (batch, positions - 1))]
+    tensors: list[tuple[object, torch.dtype, tuple[int, ...]]] = [(draft_tokens, torch.int64, (batch, positions - 1))]
     if draft_probs is not None:
         tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
     if num_draft is not None:
@@ -220,7 +229,7 @@ def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | No
     emitted = torch.empty(batch, positions, dtype=torch.int64)
     num_accepted = torch.empty(batch, dtype=torch.int64)
     exact_rows = ctypes.c_int64(0)
-    status = library().sv_verify(
+    status = _built_library().sv_verify(
         RULE_CODES[rule], DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(),
         draft_probs.data_ptr() if draft_probs is not None else None, batch, positions - 1, vocab,
         draft_tokens.data_ptr(), num_draft.data_ptr() if num_draft is not None else None,
@@ -261,15 +270,16 @@ def tree_applies(target_probs: object, draft_probs: object, tree_tokens: object,
     batch, positions, vocab = target_probs.shape
     if batch < 1 or positions < 2 or vocab < 1:
         return False
-    tensors = [(tree_tokens, torch.int64, (batch, positions - 1)), (parents, torch.int64, (batch, positions - 1))]
+    tensors: list[tuple[object, torch.dtype, tuple[int, ...]]] = [(tree_tokens, torch.int64, (batch, positions - 1)),
+                                                                (parents, torch.int64, (batch, positions - 1))]
     if draft_probs is not None:
         tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
     return _fit(tensors, uniforms, (batch, positions), generator)
 
 
 def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
-                parents: torch.Tensor, draw_uniforms, uniforms: torch.Tensor | None, validate: bool,
-                buffers: tuple[torch.Tensor, torch.Tensor], *, limit: float = 0.0,
+                parents: torch.Tensor, draw_uniforms: Callable[[], torch.Tensor], uniforms: torch.Tensor | None,
+                validate: bool, buffers: tuple[torch.Tensor, torch.Tensor], *, limit: float = 0.0,
                 force_exact: bool = False) -> TreeOutcome | None:
     """Recursive rejection sampling over the tree (``draft_probs`` given) or its point-mass form
     (``None``) on inputs that :func:`tree_applies` accepted; ``None`` when the kernel flagged them
@@ -280,13 +290,14 @@ def tree_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tr
     After each node with a rejecting row the residuals' totals are taken with ``torch.sum(-1)``
     over the ``[B, V]`` buffer holding them, exactly as the torch walk takes them."""
     batch, positions, vocab = target_probs.shape
-    lib, dtype = library(), DTYPE_CODES[target_probs.dtype]
+    lib, dtype = _built_library(), DTYPE_CODES[target_probs.dtype]
     injected = uniforms.to(torch.float64).contiguous() if uniforms is not None and validate else None
     target, draft = target_probs.data_ptr(), draft_probs.data_ptr() if draft_probs is not None else None
     shape = (batch, positions - 1, vocab)
     tokens, parent_ptr = tree_tokens.data_ptr(), parents.data_ptr()
     if lib.sv_tree_check(dtype, target, draft, *shape, tokens, parent_ptr,
-                         injected.data_ptr() if injected is not None else None, int(validate), limit, limit) == _FLAGGED:
+                         injected.data_ptr() if injected is not None else None, int(validate), limit,
+                         limit) == _FLAGGED:
         return None
     u = draw_uniforms().contiguous()
     s = torch.ones(batch, dtype=torch.float64)  # a fresh target row counts as normalised
@@ -320,7 +331,8 @@ def tree_greedy(target_probs: torch.Tensor, tree_tokens: torch.Tensor, parents: 
     emitted = torch.empty(batch, positions, dtype=torch.int64)
     depth = torch.empty(batch, dtype=torch.int64)
     last_node = torch.empty(batch, dtype=torch.int64)
-    status = library().sv_tree_greedy(DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(), batch, positions - 1,
-                                      vocab, tree_tokens.data_ptr(), parents.data_ptr(), int(validate), limit,
-                                      emitted.data_ptr(), depth.data_ptr(), last_node.data_ptr())
+    status = _built_library().sv_tree_greedy(DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(), batch,
+                                             positions - 1, vocab, tree_tokens.data_ptr(), parents.data_ptr(),
+                                             int(validate), limit, emitted.data_ptr(), depth.data_ptr(),
+                                             last_node.data_ptr())
     return None if status == _FLAGGED else (emitted, depth, last_node)

@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
+from specverify.errors import SpecverifyError
 
-class MalformedOutput(ValueError):
+
+class MalformedOutput(SpecverifyError, ValueError):
     """An output that breaks the SPEC layout; ``violations`` lists every problem found."""
 
     def __init__(self, violations: list[str]) -> None:
@@ -34,7 +36,7 @@ class MalformedOutput(ValueError):
         super().__init__("; ".join(violations))
 
 
-class ImpossibleOutput(ValueError):
+class ImpossibleOutput(SpecverifyError, ValueError):
     """An output of the right layout whose tokens no lossless rule can emit; ``violations`` lists them."""
 
     def __init__(self, violations: list[str]) -> None:
@@ -62,7 +64,8 @@ def _tensor_format(tensor: torch.Tensor, shape: tuple[int, ...], shape_name: str
     if tensor.device.type == "meta":
         problems.append("returned a meta tensor, which holds no values (compute the tokens on a real device)")
     if tensor.dtype != torch.int64:
-        problems.append(f"returned dtype {tensor.dtype}, expected torch.int64 (integer) token ids (convert with .long())")
+        problems.append(f"returned dtype {tensor.dtype}, expected torch.int64 (integer) "
+                        "token ids (convert with .long())")
     if tuple(tensor.shape) != shape:
         problems.append(f"returned shape {tuple(tensor.shape)}, expected {shape_name} = {list(shape)}")
     return problems
@@ -236,7 +239,8 @@ def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> to
     if not isinstance(result, torch.Tensor):
         raise MalformedOutput([f"returned a {type(result).__name__}, expected an int64 tensor [max_new_tokens]"])
     problems = _tensor_format(result, (max_new_tokens,), "[max_new_tokens]")
-    if problems and tuple(result.shape) != (max_new_tokens,) and (result.dim() != 1 or result.numel() != max_new_tokens):
+    if problems and tuple(result.shape) != (max_new_tokens,
+                                            ) and (result.dim() != 1 or result.numel() != max_new_tokens):
         problems[-1] += " (return only the new tokens, without the prompt or a batch dimension)"
     if result.layout != torch.strided or result.device.type == "meta":
         raise MalformedOutput(problems)

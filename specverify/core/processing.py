@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -81,7 +82,7 @@ def _keep_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs.masked_fill(probs < cutoff, 0.0)
 
 
-def _validate_sampling_arguments(temperature, top_k, top_p, min_p) -> None:
+def _validate_sampling_arguments(temperature: Any, top_k: Any, top_p: Any, min_p: Any) -> None:
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature: expected a finite number >= 0 (0 means greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
@@ -92,7 +93,7 @@ def _validate_sampling_arguments(temperature, top_k, top_p, min_p) -> None:
         raise ValueError(f"min_p: expected a number in [0, 1], or None for no min-p filtering, got {min_p!r}")
 
 
-def _is_real(value) -> bool:
+def _is_real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

@@ -65,7 +65,7 @@ def check_arithmetic(arithmetic: Any) -> str:
     if arithmetic not in ARITHMETICS:
         raise ValueError(f"arithmetic: expected one of {', '.join(ARITHMETICS)} (the precision the function "
                          f"computes in, e.g. verify.arithmetic = 'float32'), got {arithmetic!r}")
-    return arithmetic
+    return str(arithmetic)
 
 
 def rounding_tolerance(arithmetic: str, num_draft: int, vocab_size: int) -> float:

@@ -147,8 +147,10 @@ finds it in cache (half the memory traffic of two whole-tensor passes; measured 
 than two passes from 8 MB up, and slower below, where the tensor stays in cache anyway)."""
 
 
-def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft, *, layout=None,
-                 q_at_token=None) -> bool:
+def _any_problem(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor,
+                 uniforms: torch.Tensor | None, num_draft: torch.Tensor | None, *,
+                 layout: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 q_at_token: torch.Tensor | None = None) -> bool:
     """Whether :func:`_raise_first_problem` might find a problem: a cheap screen with one host sync.
 
     It flags every input the detailed checks flag, and a few harmless ones too (a ``-0.0`` entry
@@ -166,7 +168,8 @@ def _any_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft, *
         target_ok |= torch.arange(positions, device=target_probs.device) > drafts[:, None]
     if draft_probs is not None:
         if q_at_token is None:
-            q_at_token = draft_probs.gather(-1, _screen_tokens(draft_tokens, draft_used, tokens_in_range)[..., None])[..., 0]
+            screen_tokens = _screen_tokens(draft_tokens, draft_used, tokens_in_range)
+            q_at_token = draft_probs.gather(-1, screen_tokens[..., None])[..., 0]
         tokens_in_range &= _rows_look_valid(draft_probs) & (q_at_token > 0)
     flags = [~target_ok.all(), ~(tokens_in_range | ~draft_used).all()]
     if num_draft is not None:
@@ -213,7 +216,8 @@ def _rows_look_valid(probs: torch.Tensor) -> torch.Tensor:
     return within & no_sign_bit
 
 
-def _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_draft) -> None:
+def _raise_first_problem(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor,
+                         uniforms: torch.Tensor | None, num_draft: torch.Tensor | None) -> None:
     """The detailed value checks: raise ``ValueError`` for the first problem found, in a fixed
     order (``num_draft``, target rows, draft tokens, draft rows, draft probability at the
     token, uniforms), naming the first offending index."""
@@ -256,7 +260,8 @@ def _raise_first_problem(target_probs, draft_probs, draft_tokens, uniforms, num_
             raise ValueError(f"{message} (first offending index {first})")
 
 
-def _check_structure(target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft, needs_randomness):
+def _check_structure(target_probs: Any, draft_probs: Any, draft_tokens: Any, generator: Any, uniforms: Any,
+                     num_draft: Any, needs_randomness: bool) -> None:
     """Types, dtypes, shapes, devices and the generator/uniforms choice (no device reads)."""
     for name, tensor in (("target_probs", target_probs), ("draft_tokens", draft_tokens)):
         if not isinstance(tensor, torch.Tensor):
@@ -338,7 +343,8 @@ def _check_device(name: str, actual: torch.device, expected: torch.device) -> No
         actual.index is None or expected.index is None or actual.index == expected.index
     )
     if not same:
-        raise ValueError(f"{name}: on device {actual} but target_probs is on {expected}; move it with .to({str(expected)!r})")
+        raise ValueError(f"{name}: on device {actual} but target_probs is on {expected}; move "
+                         f"it with .to({str(expected)!r})")
 
 
 def _distribution_problems(name: str, probs: torch.Tensor, used: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -363,7 +369,8 @@ def _distribution_problems(name: str, probs: torch.Tensor, used: torch.Tensor) -
 # --------------------------------------------------------------------------------------------
 
 
-def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int, device: torch.device) -> torch.Tensor:
+def _num_drafts(num_draft: torch.Tensor | None, batch: int, num_draft_tokens: int,
+                device: torch.device) -> torch.Tensor:
     """``n_b`` per row: ``num_draft`` when given, else ``K`` for every row."""
     if num_draft is None:
         return torch.full((batch,), num_draft_tokens, dtype=torch.int64, device=device)
@@ -431,7 +438,8 @@ def _kernel_input(tensor: Any) -> Any:
     return tensor.contiguous()
 
 
-def _native(rule: str, target_probs, draft_probs, draft_tokens, generator, uniforms, num_draft,
+def _native(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor,
+            generator: torch.Generator | None, uniforms: torch.Tensor | None, num_draft: torch.Tensor | None,
             validate: bool) -> VerifyResult | None:
     """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
     when it does not apply or flagged the inputs (the caller then runs its torch code).
@@ -766,7 +774,8 @@ def typical_acceptance_verify(
     drafts, in_draft = _draft_layout(target_probs, draft_tokens, num_draft)
 
     draft_positions = target_probs[:, :-1]
-    entropy_input = draft_positions if draft_positions.dtype in (torch.float32, torch.float64) else draft_positions.float()
+    entropy_input = draft_positions if draft_positions.dtype in (torch.float32,
+                                                                 torch.float64) else draft_positions.float()
     entropy = torch.special.entr(entropy_input).sum(-1, dtype=torch.float64)  # [B, K]
     bar = torch.clamp(alpha * torch.exp(-entropy), max=threshold)
     p_at_draft = _prob_at_tokens(draft_positions, draft_tokens, in_draft)
@@ -847,7 +856,7 @@ def typical_acceptance_as_verify(
 # The rules compute in float64 whatever their inputs' dtype (module docstring), so the exact check
 # holds them to the float64 bound (specverify.core.rounding).
 for _rule in (verify, point_mass_as_verify, greedy_as_verify, typical_acceptance_as_verify):
-    _rule.arithmetic = "float64"
+    _rule.arithmetic = "float64"  # type: ignore[attr-defined]  # declared on the function (rounding.py)
 del _rule
 
 

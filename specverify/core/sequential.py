@@ -173,7 +173,8 @@ class SequentialPlan:
         return None
 
 
-def final_look_alpha(alpha: float, fractions: Sequence[float] = DEFAULT_LOOKS, spending: Spending = DEFAULT_SPENDING) -> float:
+def final_look_alpha(alpha: float, fractions: Sequence[float] = DEFAULT_LOOKS,
+                     spending: Spending = DEFAULT_SPENDING) -> float:
     """Level left for the final look: ``α − α(t_{L−1})``."""
     fractions = tuple(fractions)
     return alpha - (spending_function(spending, alpha)(fractions[-2]) if len(fractions) > 1 else 0.0)

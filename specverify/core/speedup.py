@@ -30,6 +30,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from specverify.core.acceptance import expected_tokens_constant_alpha, expected_tokens_per_step
 
@@ -109,12 +110,12 @@ def speedup(alpha: float | Sequence[float], gamma: int, draft_cost: float, verif
     the first ``gamma`` are used.  Leviathan et al. Theorem 3.8 is the case ``verify_cost = 0``.
     """
     _check_gamma(gamma)
-    if isinstance(alpha, numbers.Real):
-        _check_alpha(alpha, "alpha")
+    if isinstance(alpha, numbers.Real):  # numbers.Real: numpy scalars too; mypy reads it as not float
+        _check_alpha(cast(float, alpha), "alpha")
         alphas = (float(alpha),) * gamma
         tokens = expected_tokens_per_pass(float(alpha), gamma)
     else:
-        rates = _check_alphas(alpha)
+        rates = _check_alphas(cast(Sequence[float], alpha))
         if gamma > len(rates):
             raise ValueError(f"gamma: {gamma} exceeds the {len(rates)} per-position rates in alpha; pass more rates")
         alphas = rates[:gamma]
@@ -152,7 +153,7 @@ def best_gamma(
         raise ValueError("gammas/max_gamma: pass one of them, not both")
     if gammas is None:
         if max_gamma is None:
-            max_gamma = DEFAULT_MAX_GAMMA if isinstance(alpha, numbers.Real) else len(alpha)
+            max_gamma = DEFAULT_MAX_GAMMA if isinstance(alpha, numbers.Real) else len(cast(Sequence[float], alpha))
         _check_gamma(max_gamma, "max_gamma")
         gammas = range(1, max_gamma + 1)
     table = speedup_table(alpha, list(gammas), draft_cost, verify_cost)

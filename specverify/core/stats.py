@@ -331,12 +331,12 @@ def _power_divergence(observed: np.ndarray, expected: np.ndarray, lam: float) ->
     """Cressie–Read T_λ along the last axis (vectorised over leading axes)."""
     observed = observed.astype(np.float64)
     if lam == 1.0:
-        return np.sum((observed - expected) ** 2 / expected, axis=-1)
+        return np.asarray(np.sum((observed - expected) ** 2 / expected, axis=-1))
     if lam == 0.0:
-        return 2.0 * np.sum(xlogy(observed, observed / expected), axis=-1)
+        return np.asarray(2.0 * np.sum(xlogy(observed, observed / expected), axis=-1))
     # O ((O/E)^λ − 1) written as O^(λ+1) E^(−λ) − O, which is 0 at O = 0 for every λ > −1.
     terms = np.power(observed, lam + 1.0) * np.power(expected, -lam) - observed
-    return 2.0 / (lam * (lam + 1.0)) * np.sum(terms, axis=-1)
+    return np.asarray(2.0 / (lam * (lam + 1.0)) * np.sum(terms, axis=-1))
 
 
 def _tail_fraction(simulated: np.ndarray, observed_statistic: float) -> np.ndarray:
@@ -436,7 +436,8 @@ def goodness_of_fit(
     cell_counts, cell_probs = counts[possible], probs[possible]
     cell_labels = tuple(int(i) if labels is None else labels[i] for i in np.flatnonzero(possible))
     groups = pool_cells(n * cell_probs, min_expected)
-    common = dict(n=n, empirical_tv=empirical_tv, impossible_count=impossible_count, statistic_name=name)
+    common: dict[str, Any] = dict(n=n, empirical_tv=empirical_tv, impossible_count=impossible_count,
+                                  statistic_name=name)
 
     if impossible_count:
         return GoodnessOfFit(
@@ -479,7 +480,7 @@ def _homogeneity_statistic(row_a: np.ndarray, column_totals: np.ndarray, n_a: in
     total = n_a + n_b
     expected_a = n_a * column_totals / total
     expected_b = n_b * column_totals / total
-    return np.sum((row_a - expected_a) ** 2 * (1.0 / expected_a + 1.0 / expected_b), axis=-1)
+    return np.asarray(np.sum((row_a - expected_a) ** 2 * (1.0 / expected_a + 1.0 / expected_b), axis=-1))
 
 
 def _aligned_pair(counts_a: Any, counts_b: Any) -> tuple[np.ndarray, np.ndarray, Labels | None]:
@@ -528,7 +529,7 @@ def two_sample_test(
     cell_labels = tuple(int(i) if labels is None else labels[i] for i in np.flatnonzero(occupied))
     total = n_a + n_b
     groups = pool_cells(min(n_a, n_b) * column_totals / total, min_expected)
-    common = dict(n_a=n_a, n_b=n_b, empirical_tv=empirical_tv)
+    common: dict[str, Any] = dict(n_a=n_a, n_b=n_b, empirical_tv=empirical_tv)
 
     if len(groups) >= 2:
         pooled_a, pooled_totals = _sum_groups(a, groups), _sum_groups(column_totals, groups)

@@ -40,6 +40,7 @@ would need cells for all of them).  It holds without pooling; with pooling, for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -110,7 +111,8 @@ def transition_goodness_of_fit(counts: np.ndarray, probs: np.ndarray, *, min_exp
         statistic += float(((group_observed - group_expected) ** 2 / group_expected).sum())
         dof += len(groups) - 1
         blocks += 1
-    common = dict(n=int(totals.sum()), blocks=blocks, impossible_count=impossible, block_tv=block_tv)
+    common: dict[str, Any] = dict(n=int(totals.sum()), blocks=blocks, impossible_count=impossible,
+                                  block_tv=block_tv)
     if impossible:
         return TransitionFit(statistic=float("inf"), pvalue=0.0, dof=dof, method="impossible-cell", **common)
     if dof == 0:

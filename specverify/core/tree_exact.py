@@ -119,15 +119,15 @@ def dynamic_tree_shape(seed: int, *, num_nodes: int = 60, depth: int = 8, top_k:
     depth ≤ ``depth`` and at most ``top_k`` children per node; how deep and how wide it is
     depends on the seed, as EAGLE-2's trees depend on the draft's confidence.
     """
-    for name, value in (("num_nodes", num_nodes), ("depth", depth), ("top_k", top_k), ("expand", expand)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    for name, argument in (("num_nodes", num_nodes), ("depth", depth), ("top_k", top_k), ("expand", expand)):
+        if not isinstance(argument, int) or argument < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {argument!r}")
     rng = np.random.default_rng(seed)
     # candidates: (value, depth, parent candidate, rank); candidate 0.. in creation order
     candidates: list[tuple[float, int, int, int]] = []
-    frontier = [(-1, 1.0)]  # (candidate id, value) of the nodes expanded at this level
+    frontier: list[tuple[int, float]] = [(-1, 1.0)]  # (candidate id, value) of the nodes expanded at this level
     for level in range(1, depth + 1):
-        created = []
+        created: list[tuple[int, float]] = []
         for parent, value in frontier:
             confidences = np.sort(rng.dirichlet(np.full(top_k, concentration)))[::-1]
             for rank, confidence in enumerate(confidences):
@@ -212,7 +212,7 @@ def _breadth_first(shape: tuple[int, ...]) -> list[int]:
     return order
 
 
-def _renumbered(shape: tuple[int, ...], order: list[int]) -> tuple[int, ...]:
+def _renumbered(shape: Sequence[int], order: list[int]) -> tuple[int, ...]:
     """The shape with old node ``order[i]`` as new node ``i``."""
     new_index = {old: new for new, old in enumerate(order)}
     new_index[-1] = -1
@@ -242,7 +242,7 @@ def sibling_law(q: np.ndarray, earlier_tokens: Sequence[int], scheme: str) -> np
         if law.sum() <= 0:
             raise ValueError("parents: a node has more children than its draft law has tokens of positive "
                              "probability, so they cannot be drawn without replacement")
-        return law / law.sum()
+        return np.asarray(law / law.sum())
     rank = len(earlier_tokens)
     if rank >= len(q):
         raise ValueError(f"parents: a node has more than V = {len(q)} deterministic (top-k) children")
@@ -262,7 +262,8 @@ class DraftedTree:
     draft: np.ndarray  # float64 [N, V]: the law each node was drawn from
 
 
-def enumerate_trees(chain: Chain, parents: Sequence[int], scheme: str, prefix: tuple[int, ...] = ()) -> list[DraftedTree]:
+def enumerate_trees(chain: Chain, parents: Sequence[int], scheme: str,
+                    prefix: tuple[int, ...] = ()) -> list[DraftedTree]:
     """Every drafted tree of positive probability: ``P = Π_n law_n(x_n)`` with ``law_n`` from
     :func:`sibling_law` at the path of node ``n``'s parent."""
     shape = check_shape(parents)
@@ -395,7 +396,8 @@ def _tree_breakpoints(tree: DraftedTree, shape: tuple[int, ...]) -> list[np.ndar
             x, q_x = tree.tokens[node], tree.draft[node, tree.tokens[node]]
             p_parent = tree.target[parent + 1]
             grand = shape[parent] if parent >= 0 else None
-            values = [stage[node][x] / q_x, p_parent[x] / q_x, stage[node][x], p_parent[x], tree.target[node + 1, x] / q_x]
+            values = [stage[node][x] / q_x, p_parent[x] / q_x, stage[node][x], p_parent[x],
+                      tree.target[node + 1, x] / q_x]
             if grand is not None:
                 values.append(tree.target[grand + 1, x] / q_x)
             columns.append(np.array(values))
@@ -408,9 +410,11 @@ def _as_chain_rule(rule: TreeRule, shape: tuple[int, ...]) -> Callable[..., Any]
     """The tree rule as a rule of ``exact``'s calling convention, with the shape's parents filled in."""
     parents = torch.tensor(shape, dtype=torch.int64)
 
-    def chain_rule(target_probs, draft_probs, tokens, generator=None, *, uniforms=None):
+    def chain_rule(target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor,
+                   generator: torch.Generator | None = None, *, uniforms: torch.Tensor | None = None) -> torch.Tensor:
         batch_parents = parents.expand(tokens.shape[0], len(shape)).contiguous()
-        return rule(target_probs, draft_probs, tokens, batch_parents, None, uniforms=uniforms)
+        emitted: torch.Tensor = rule(target_probs, draft_probs, tokens, batch_parents, None, uniforms=uniforms)
+        return emitted
 
     return chain_rule
 

@@ -139,7 +139,9 @@ def sglang_target_only_sample(candidates: torch.Tensor, retrive_index: torch.Ten
     return accept_index, accept_length, next_token
 
 
-def sglang_style_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def sglang_style_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                             parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                             uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 adapter of :func:`sglang_target_only_sample`: converts to the linked layout, uses
     the uniform of each node's first child as that level's coin (column ``N`` for the final
     draw), and converts the accepted linked nodes back to emitted tokens.  Lossless for
@@ -158,7 +160,7 @@ def sglang_style_verify_tree(target_probs, draft_probs, tree_tokens, parents, ge
     return emit_path(tree_tokens, parents, deepest - 1, final)[0]
 
 
-sglang_style_verify_tree.draft_schemes = ("deterministic",)
+sglang_style_verify_tree.draft_schemes = ("deterministic",)  # type: ignore[attr-defined]  # read by the audit
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,10 +196,13 @@ def from_eagle_layout(tree_mask: torch.Tensor, positions: torch.Tensor) -> torch
     return torch.where(has_parent, one_up.to(torch.int64).argmax(-1), -1)
 
 
-def eagle_style_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def eagle_style_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                            parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                            uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 adapter of a verifier that takes the EAGLE-style layout: builds ``tree_mask`` and
     ``positions``, recovers the tree from them (as such a verifier would) and runs recursive
     rejection sampling on it.  Lossless for every scheme."""
     tree_mask, positions = to_eagle_layout(tree_tokens, parents)
     recovered = from_eagle_layout(tree_mask, positions)
-    return tree_rejection_sample(target_probs, draft_probs, tree_tokens, recovered, generator, uniforms=uniforms).emitted
+    return tree_rejection_sample(target_probs, draft_probs, tree_tokens, recovered, generator,
+                                 uniforms=uniforms).emitted

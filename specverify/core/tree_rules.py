@@ -71,13 +71,19 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from specverify.core import native_rules
-from specverify.core.rules import (_check_device, _distribution_problems, _native_screen_limit, _rows_look_valid,
-                                   check_randomness_source)
+from specverify.core.rules import (
+    _check_device,
+    _distribution_problems,
+    _native_screen_limit,
+    _rows_look_valid,
+    check_randomness_source,
+)
 from specverify.core.sampling import inverse_cdf
 
 DRAFT_SCHEMES = ("independent", "without_replacement", "deterministic")
@@ -135,7 +141,8 @@ def validate_tree_inputs(
     problems.append((f"tree_tokens: token ids must be -1 (absent node) or lie in [0, V) = [0, {vocab}); "
                      "map the draft's ids into the target vocabulary", (tree_tokens < -1) | (tree_tokens >= vocab)))
     problems.append(("tree_tokens: an absent node (-1) comes before a present node; absent nodes must come "
-                     "last (compact each row's nodes to the front)", present & ~present.to(torch.int64).cumprod(-1).bool()))
+                     "last (compact each row's nodes to the front)",
+                     present & ~present.to(torch.int64).cumprod(-1).bool()))
     problems.append(("parents: an absent node (tree_tokens == -1) must have parent -1", ~present & (parents != -1)))
     problems.append((f"parents: entries must be -1 or a node index in [0, N) = [0, {num_nodes})",
                      present & ((parents < -1) | (parents >= num_nodes))))
@@ -150,7 +157,7 @@ def validate_tree_inputs(
     problems.append(("parents: a present node's parent is an absent node", present & ~parent_present))
 
     target_used = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=present.device), present], dim=1)
-    q_problem = None
+    q_problem = torch.zeros_like(present)  # no draft law: no token can lack draft probability
     if draft_probs is not None:
         safe_tokens = torch.where(present & (tree_tokens >= 0) & (tree_tokens < vocab), tree_tokens, 0)
         q_at_token = draft_probs.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)
@@ -194,7 +201,9 @@ def _on_cycle(parents: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return ancestor >= 0
 
 
-def _check_tree_structure(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, needs_randomness):
+def _check_tree_structure(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
+                          parents: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None,
+                          needs_randomness: bool) -> None:
     """Types, dtypes, shapes, devices and the generator/uniforms choice (no device reads)."""
     for name, tensor in (("target_probs", target_probs), ("tree_tokens", tree_tokens), ("parents", parents)):
         if not isinstance(tensor, torch.Tensor):
@@ -270,7 +279,20 @@ def _at(rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return rows.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_test, residual_update, final_law=None):
+AcceptTest = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                      torch.Tensor]
+"""``accept_test(r, s, p_node, x, q_x, u_n) -> bool [B]`` of :func:`_tree_walk`."""
+
+ResidualUpdate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``residual_update(r, s, p_node, q_row) -> [B, V]`` of :func:`_tree_walk`."""
+
+FinalLaw = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``final_law(r, p_node) -> [B, V]`` of :func:`_tree_walk`."""
+
+
+def _tree_walk(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
+               parents: torch.Tensor, u: torch.Tensor, *, accept_test: AcceptTest, residual_update: ResidualUpdate,
+               final_law: FinalLaw | None = None) -> TreeVerifyResult:
     """The sibling loop of recursive rejection sampling, one node index at a time for all rows.
 
     ``accept_test(r, s, p_node, x, q_x, u_n) -> bool [B]`` decides a tested node, where ``r``/``s``
@@ -324,7 +346,9 @@ def _tree_walk(target_probs, draft_probs, tree_tokens, parents, u, *, accept_tes
     return TreeVerifyResult(emitted, depth, current)
 
 
-def _update_some_rows(rows, draft_probs, n, x, r, s, p_node, scratch, residual_update):
+def _update_some_rows(rows: torch.Tensor, draft_probs: torch.Tensor | None, n: int, x: torch.Tensor, r: torch.Tensor,
+                      s: torch.Tensor, p_node: torch.Tensor, scratch: torch.Tensor,
+                      residual_update: ResidualUpdate) -> torch.Tensor:
     """The rejection update of :func:`_tree_walk` for the rejecting ``rows`` only (``[R]``, not all
     of the batch): their residuals ``[R, V]``, written into ``r`` and their totals into ``s`` (in
     place) where they keep mass; returns ``s``.
@@ -349,11 +373,12 @@ def _update_some_rows(rows, draft_probs, n, x, r, s, p_node, scratch, residual_u
     return s
 
 
-def _ratio_accept(r, s, p_node, x, q_x, u_n):
+def _ratio_accept(r: torch.Tensor, s: torch.Tensor, p_node: torch.Tensor, x: torch.Tensor,
+                  q_x: torch.Tensor, u_n: torch.Tensor) -> torch.Tensor:
     return u_n * q_x * s < _at(r, x)
 
 
-def _residual(r, s, p_node, q_row):
+def _residual(r: torch.Tensor, s: torch.Tensor, p_node: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
     """``(r - s q)+`` (the product rounded, then the difference, as ``r - s[:, None] * q_row``),
     written over ``q_row``, the walk's scratch row."""
     return torch.sub(r, q_row.mul_(s[:, None]), out=q_row).clamp_(min=0)
@@ -374,14 +399,18 @@ def _walk_buffers(batch: int, vocab: int, device: torch.device) -> tuple[torch.T
     than the arithmetic done in them."""
     size = batch * vocab
     if device.type != "cpu" or 3 * size * 8 > WALK_BUFFER_CACHE_BYTES:
-        return tuple(torch.empty(batch, vocab, dtype=torch.float64, device=device) for _ in range(3))
+        p_node, r, q = (torch.empty(batch, vocab, dtype=torch.float64, device=device) for _ in range(3))
+        return p_node, r, q
     cached = getattr(_BUFFERS, "walk", None)
     if cached is None or cached.shape[1] < size:
         cached = _BUFFERS.walk = torch.empty(3, size, dtype=torch.float64)
-    return tuple(cached[i, :size].view(batch, vocab) for i in range(3))
+    p_node, r, q = (cached[i, :size].view(batch, vocab) for i in range(3))
+    return p_node, r, q
 
 
-def _native_walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, validate):
+def _native_walk(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tree_tokens: torch.Tensor,
+                 parents: torch.Tensor, generator: torch.Generator | None, uniforms: torch.Tensor | None,
+                 validate: bool) -> TreeVerifyResult | None:
     """:func:`_tree_walk` with the exact rule's tests and residuals on the native kernel
     (:func:`specverify.core.native_rules.tree_verify`), or ``None`` when it does not apply (the
     caller then runs its torch code).  With ``validate`` the structure checks of
@@ -551,7 +580,8 @@ def typical_acceptance_tree_verify(
         validate_tree_inputs(target_probs, None, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
 
-    def passes(r, s, p_node, x, q_x, u_n):
+    def passes(r: torch.Tensor, s: torch.Tensor, p_node: torch.Tensor, x: torch.Tensor,
+               q_x: torch.Tensor, u_n: torch.Tensor) -> torch.Tensor:
         entropy = torch.special.entr(p_node).sum(-1)
         return _at(p_node, x) > torch.clamp(alpha * torch.exp(-entropy), max=threshold)
 
@@ -581,10 +611,11 @@ def unchanged_target_tree_verify(
         validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
 
-    def test_against_parent(r, s, p_node, x, q_x, u_n):
+    def test_against_parent(r: torch.Tensor, s: torch.Tensor, p_node: torch.Tensor, x: torch.Tensor,
+                            q_x: torch.Tensor, u_n: torch.Tensor) -> torch.Tensor:
         return u_n * q_x < _at(p_node, x)
 
-    def residual_of_last(r, s, p_node, q_row):
+    def residual_of_last(r: torch.Tensor, s: torch.Tensor, p_node: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
         return (p_node - q_row).clamp(min=0)
 
     return _tree_walk(target_probs, draft_probs, tree_tokens, parents, u,
@@ -618,7 +649,8 @@ def thresholded_tree_verify(
         validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
 
-    def relaxed(r, s, p_node, x, q_x, u_n):
+    def relaxed(r: torch.Tensor, s: torch.Tensor, p_node: torch.Tensor, x: torch.Tensor,
+                q_x: torch.Tensor, u_n: torch.Tensor) -> torch.Tensor:
         p_x = _at(r, x) / s
         return (p_x >= threshold_single) | (u_n * q_x * threshold_acc < p_x)
 
@@ -645,36 +677,46 @@ def verify_tree(
     return tree_rejection_sample(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms).emitted
 
 
-verify_tree.draft_schemes = DRAFT_SCHEMES
+verify_tree.draft_schemes = DRAFT_SCHEMES  # type: ignore[attr-defined]  # declared on the function, read by the audit
 
 
-def point_mass_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def point_mass_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                           parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                           uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 function of :func:`point_mass_tree_verify` (``draft_probs`` ignored); declared for
     deterministic children only."""
     return point_mass_tree_verify(target_probs, tree_tokens, parents, generator, uniforms=uniforms).emitted
 
 
-point_mass_verify_tree.draft_schemes = ("deterministic",)
+point_mass_verify_tree.draft_schemes = ("deterministic",)  # type: ignore[attr-defined]  # as above
 
 
-def greedy_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def greedy_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                       parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                       uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 function of :func:`greedy_tree_verify` (lossless only at temperature 0; under sampling it
     emits the argmax and is caught)."""
     return greedy_tree_verify(target_probs, tree_tokens, parents).emitted
 
 
-def typical_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def typical_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                        parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                        uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 function of :func:`typical_acceptance_tree_verify` (LOSSY, Medusa defaults)."""
     return typical_acceptance_tree_verify(target_probs, tree_tokens, parents, generator, uniforms=uniforms).emitted
 
 
-def unchanged_target_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def unchanged_target_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                                 parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                                 uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 function of :func:`unchanged_target_tree_verify` (LOSSY)."""
     return unchanged_target_tree_verify(target_probs, draft_probs, tree_tokens, parents, generator,
                                         uniforms=uniforms).emitted
 
 
-def thresholded_verify_tree(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def thresholded_verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tree_tokens: torch.Tensor,
+                            parents: torch.Tensor, generator: torch.Generator | None = None, *,
+                            uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """SPEC §3 function of :func:`thresholded_tree_verify` (LOSSY, thresholds 0.9 / 0.9)."""
     return thresholded_tree_verify(target_probs, draft_probs, tree_tokens, parents, generator,
                                    uniforms=uniforms).emitted
@@ -684,5 +726,5 @@ def thresholded_verify_tree(target_probs, draft_probs, tree_tokens, parents, gen
 # float64 bound (specverify.core.rounding).
 for _rule in (verify_tree, point_mass_verify_tree, greedy_verify_tree, typical_verify_tree,
               unchanged_target_verify_tree, thresholded_verify_tree):
-    _rule.arithmetic = "float64"
+    _rule.arithmetic = "float64"  # type: ignore[attr-defined]  # declared on the function (rounding.py)
 del _rule

@@ -58,7 +58,8 @@ def _forward(target_probs, draft_probs, draft_tokens, generator, *, with_draft_p
     if greedy_rows is None:
         logits = random_logits
     else:  # greedy rows see logits whose argmax is a draw from p
-        logits = torch.where(greedy_rows[:, None, None], gumbel_perturbed_logits(target_probs, generator), random_logits)
+        logits = torch.where(greedy_rows[:, None, None], gumbel_perturbed_logits(target_probs, generator),
+                             random_logits)
     seed = _global_seed(generator, device)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):

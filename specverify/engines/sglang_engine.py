@@ -1,6 +1,6 @@
 """SGLang's verification code as SPEC §1 / §3 targets (built-ins ``sglang``, ``sglang-one-hot``,
-``sglang-greedy``, ``sglang-triton``, ``sglang-triton-one-hot``, ``sglang-chain-triton``, ``sglang-chain-block-triton``; at the
-tree level ``sglang-tree-greedy-triton``).
+``sglang-greedy``, ``sglang-triton``, ``sglang-triton-one-hot``, ``sglang-chain-triton``,
+``sglang-chain-block-triton``; at the tree level ``sglang-tree-greedy-triton``).
 
 Audited, in SGLang 0.5.23 (:data:`AUDITED_VERSION`), unmodified and in SGLang's own layout:
 
@@ -9,7 +9,8 @@ Audited, in SGLang 0.5.23 (:data:`AUDITED_VERSION`), unmodified and in SGLang's 
   its torch path ``blockwise_rejection_torch`` (``sglang``, ``sglang-one-hot``) and CUDA inputs to
   ``blockwise_rejection_triton`` (``sglang-triton``, ``sglang-triton-one-hot``: its Triton kernels
   called directly; without a GPU only the one-hot branch runs under ``TRITON_INTERPRET=1``, the
-  draft-logits branch calls ``libdevice.log1p``, which the interpreter lacks).  Inputs: ``candidates [B, K+1]`` (column 0 the current token, then
+  draft-logits branch calls ``libdevice.log1p``, which the interpreter lacks).  Inputs: ``candidates [B, K+1]``
+  (column 0 the current token, then
   the drafts), ``target_logits [B·(K+1), V]`` request-major, ``draft_logits [B, K, V]``
   pre-temperature or ``None`` for a one-hot (greedy) draft, per-request temperatures (1 here:
   the audit's laws are already processed), and a ``RejectionNoise`` — its key and step counter
@@ -47,12 +48,12 @@ from specverify.engines.environment import gumbel_perturbed_logits, prepare_engi
 require_engine("sglang")
 INTERPRETED = prepare_engine_import()
 
+from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus  # noqa: E402
 from sglang.kernels.ops.speculative.dspark.blockwise_rejection import (  # noqa: E402
     BlockwiseRejection,
     RejectionNoise,
     blockwise_rejection_triton,
 )
-from sglang.kernels.ops.speculative.dflash import compute_dflash_correct_drafts_and_bonus  # noqa: E402
 from sglang.kernels.ops.speculative.reject_sampling import chain_speculative_sampling_triton  # noqa: E402
 
 AUDITED_VERSION = "0.5.23"

@@ -268,6 +268,7 @@ def check_identity(
         references = [(n.reference, m, n.tau, n.gaps) for n, m in zip(calibration.noise, models)]
     results = []
     for name, reference, tau, noise_gaps in references:
-        rows = [score_logits(label, c, teacher_forced(reference, p, c)) for label, p, c in zip(labels, prompts, candidates)]
+        rows = [score_logits(label, c, teacher_forced(reference, p, c)) for label, p,
+                c in zip(labels, prompts, candidates)]
         results.append(judge(rows, tau=tau, noise_gaps=noise_gaps, alpha=alpha / len(references), reference=name))
     return IdentityReport(dtype, tuple(results))

@@ -84,7 +84,8 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_k: int | None,
 
 
 @torch.no_grad()
-def _generate(target: torch.nn.Module, input_ids: torch.Tensor, seed: int, config: Any, **assisted: Any) -> torch.Tensor:
+def _generate(target: torch.nn.Module, input_ids: torch.Tensor, seed: int, config: Any,
+              **assisted: Any) -> torch.Tensor:
     """Run ``target.generate`` with the global RNG seeded from ``seed`` inside a fork; return the new tokens."""
     device = next(target.parameters()).device
     prompt = input_ids.to(device)

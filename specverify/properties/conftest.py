@@ -1,10 +1,10 @@
 """Fixtures of the property suite (``specverify properties [TARGET]``, ``pytest --pyargs
-specverify.properties [--impl TARGET]``, or ``pytest properties`` in a checkout).
+specverify.properties [--specverify-impl TARGET]``, or ``pytest properties`` in a checkout).
 
 The implementation under test comes from the specverify plugin's ``specverify_impl`` fixture
-(``--impl``, default the built-in ``reference``); the sampled checks call it with the SPEC §1
+(``--specverify-impl``, default the built-in ``reference``); the sampled checks call it with the SPEC §1
 signature only.  The exact checks integrate a rule over injected uniforms, so they run on the
-built-in rules and, through the ``uniform_rule`` fixture, on an ``--impl`` whose signature takes a
+built-in rules and, through the ``uniform_rule`` fixture, on an ``--specverify-impl`` whose signature takes a
 ``uniforms`` keyword (docs/ARCHITECTURE.md convention).
 
 The header of the run states the statistical budget (``budget.py``), and collection refuses a
@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from specverify.properties import budget
 from specverify.core import rules
 from specverify.core.rules import accepts_uniforms
+from specverify.properties import budget
 from specverify.testing.profiles import load_profile
 
 load_profile()
@@ -40,16 +40,17 @@ class UniformRule(NamedTuple):
 
 @pytest.fixture(scope="session", params=["reference", "impl"])
 def uniform_rule(request: pytest.FixtureRequest, specverify_impl: Callable[..., Any]) -> UniformRule:
-    """The rules the exact checks integrate: the built-in reference, and ``--impl`` when it takes
+    """The rules the exact checks integrate: the built-in reference, and ``--specverify-impl`` when it takes
     ``uniforms=`` (skipped when it is the reference itself or takes no uniforms)."""
     if request.param == "reference":
         return UniformRule("reference (specverify.core.rules.verify)", rules.verify)
     spec = request.config.getoption("specverify_impl")
     if specverify_impl is rules.verify:
-        pytest.skip(f"--impl {spec} is the built-in reference, checked as [reference]")
+        pytest.skip(f"--specverify-impl {spec} is the built-in reference, checked as [reference]")
     if not accepts_uniforms(specverify_impl):
-        pytest.skip(f"--impl {spec} takes no `uniforms=` keyword: exact checks do not apply (sampled checks still run)")
-    return UniformRule(f"--impl {spec}", specverify_impl)
+        pytest.skip(f"--specverify-impl {spec} takes no `uniforms=` keyword: exact checks do not apply "
+                    "(sampled checks still run)")
+    return UniformRule(f"--specverify-impl {spec}", specverify_impl)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -57,11 +58,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "uses_impl: the test exercises the --impl implementation (added at collection)")
+    config.addinivalue_line("markers",
+                            "uses_impl: the test exercises the --specverify-impl implementation (added at collection)")
 
 
 def _uses_impl(item: pytest.Item) -> bool:
-    """Whether ``item`` calls ``--impl``: through ``specverify_impl``, or as ``uniform_rule[impl]``."""
+    """Whether ``item`` calls ``--specverify-impl``: through ``specverify_impl``, or as ``uniform_rule[impl]``."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "uniform_rule" in getattr(item, "fixturenames", ()):
         return params.get("uniform_rule") == "impl"
@@ -69,7 +71,7 @@ def _uses_impl(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that exercise ``--impl`` (``-m uses_impl`` runs only those), and refuse a
+    """Mark the tests that exercise ``--specverify-impl`` (``-m uses_impl`` runs only those), and refuse a
     statistical test the budget does not count."""
     for item in items:
         if HERE not in Path(item.path).resolve().parents:

@@ -1,6 +1,6 @@
 """The property suite's sampled checks, run on the library's harness.
 
-Every check drives the implementation under test (``--impl``) through the SPEC §1 signature
+Every check drives the implementation under test (``--specverify-impl``) through the SPEC §1 signature
 only, ``impl(target_probs, draft_probs, draft_tokens, generator)``, with the sampler harness of
 :mod:`specverify.testing.harness`: it proposes drafts from the draft law along each row's path of
 a bank of toy chains (:mod:`specverify.core.chains`), reads the target law along the same path,
@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specverify.core.stats import monte_carlo_draws
-from specverify.properties import budget
 from specverify.auditing.isolation.faults import validate_emitted
 from specverify.core import exact, stats
 from specverify.core.chains import MarkovBank, MarkovChain, PositionalBank, PositionalChain
 from specverify.core.seeding import derive_seed
+from specverify.core.stats import monte_carlo_draws
+from specverify.properties import budget
 from specverify.testing.harness import (
     Proposal,
     StepSample,
@@ -89,7 +89,8 @@ class DirectCall:
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
 
-    def __call__(self, proposal: Proposal, generator: torch.Generator, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, proposal: Proposal, generator: torch.Generator, *,
+                 where: str) -> tuple[torch.Tensor, torch.Tensor]:
         return call_impl(self.impl, *proposal, generator)
 
 
@@ -255,7 +256,8 @@ def with_fixed_companions(rule: Impl, case: StepCase, chain_index: int) -> Impl:
     def rule_in_batch(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
         rows = target_probs.shape[0]
         group_p, group_q = p.repeat(rows, 1, 1, 1), q.repeat(rows, 1, 1, 1)
-        group_tokens, group_u = tokens.repeat(rows, 1, 1), torch.full((rows, num_chains, num_draft + 1), 0.5, dtype=torch.float64)
+        group_tokens, group_u = tokens.repeat(rows, 1, 1), torch.full((rows, num_chains, num_draft + 1), 0.5,
+                                                                      dtype=torch.float64)
         group_p[:, chain_index], group_q[:, chain_index] = target_probs, draft_probs
         group_tokens[:, chain_index], group_u[:, chain_index] = draft_tokens, uniforms
         result = rule(

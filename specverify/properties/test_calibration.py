@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from specverify.properties import budget
 from specverify.core import rules, stats
 from specverify.core.seeding import derive_seed
+from specverify.properties import budget
 from specverify.properties.sampled_checks import all_checks
 
 CALIBRATION_ALPHA = 0.05

@@ -39,14 +39,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from specverify.properties import budget
-from specverify.core import exact
-from specverify.auditing.sampler.catalog import CATALOG, BuggyRule
 from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.sampler.catalog import CATALOG, BuggyRule
+from specverify.core import exact
 from specverify.core.seeding import derive_seed
-from specverify.properties.test_laws import different_seeds_differ, global_rngs_seeded, same_seed_reproduces, zero_probability_emissions
+from specverify.properties import budget
 from specverify.properties.sampled_checks import (
-    MAIN_P, MAIN_Q, Check, CheckOutcome, all_checks, probe_cases, step_rule_law, step_target_law, total_variation,
+    MAIN_P,
+    MAIN_Q,
+    Check,
+    CheckOutcome,
+    all_checks,
+    probe_cases,
+    step_rule_law,
+    step_target_law,
+    total_variation,
+)
+from specverify.properties.test_laws import (
+    different_seeds_differ,
+    global_rngs_seeded,
+    same_seed_reproduces,
+    zero_probability_emissions,
 )
 
 EXACT_TOLERANCE = 1e-9
@@ -155,7 +168,8 @@ def examine(entry: BuggyRule, checks: tuple[Check, ...], alpha: float, base_seed
 
 
 def format_table(reports: list[EntryReport]) -> str:
-    header = f"{'entry':<34} {'class':<16} {'exact TV':>9} {'case':<5} {'killed by':<24} {'n':>7} {'n_req':>8} {'p-value':>9}  laws violated"
+    header = (f"{'entry':<34} {'class':<16} {'exact TV':>9} {'case':<5} {'killed by':<24} {'n':>7} {'n_req':>8} "
+              f"{'p-value':>9}  laws violated")
     lines = [header, "-" * len(header)]
     for r in reports:
         exact_tv = f"{r.exact_tv:.4g}" if r.exact_tv is not None else "n/a"  # ignores uniforms: not integrable
@@ -190,11 +204,11 @@ SUITE_FILES = ("test_exact_properties.py", "test_laws.py", "test_statistical.py"
 
 
 def run_suite(impl: str) -> subprocess.CompletedProcess:
-    """``pytest <suite files> -m "uses_impl and not slow" -x --impl <impl>``: only the tests that
+    """``pytest <suite files> -m "uses_impl and not slow" -x --specverify-impl <impl>``: only the tests that
     exercise the implementation, so that a failure is the implementation's."""
     here = Path(__file__).resolve().parent
     command = [sys.executable, "-m", "pytest", *(str(here / f) for f in SUITE_FILES), "-x", "-q",
-               "-p", "no:cacheprovider", "-m", "uses_impl and not slow", f"--impl={impl}"]
+               "-p", "no:cacheprovider", "-m", "uses_impl and not slow", f"--specverify-impl={impl}"]
     return subprocess.run(command, capture_output=True, text=True, cwd=here.parents[1], timeout=1800)
 
 
@@ -204,7 +218,7 @@ def _explain(completed: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 def test_suite_run_passes_on_the_reference():
-    """The control: the same command with ``--impl reference`` exits 0."""
+    """The control: the same command with ``--specverify-impl reference`` exits 0."""
     completed = run_suite("reference")
     assert completed.returncode == 0, _explain(completed)
 
@@ -212,6 +226,6 @@ def test_suite_run_passes_on_the_reference():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(entry.name for entry in TOY_SHAPED))
 def test_suite_run_fails_on_catalog_entry(name):
-    """The same command with ``--impl catalog:<name>`` exits 1 (tests failed) for every entry."""
+    """The same command with ``--specverify-impl catalog:<name>`` exits 1 (tests failed) for every entry."""
     completed = run_suite(f"catalog:{name}")
     assert completed.returncode == 1, _explain(completed)

@@ -8,10 +8,12 @@ sampling, and a whole run has the law of target sampling.  Laws are compared ent
 :data:`EXACT_TOLERANCE`.
 
 Rules checked: the built-in reference (``specverify.core.rules.verify``), the point-mass rule with
-one-hot drafts, and ``--impl`` when it takes ``uniforms=`` (the ``uniform_rule`` fixture).
+one-hot drafts, and ``--specverify-impl`` when it takes ``uniforms=`` (the ``uniform_rule`` fixture).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, example, given, settings
@@ -26,7 +28,7 @@ EXACT_TOLERANCE = 1e-9
 to float64 rounding of sums of cell volumes (~1e-14) and edges merged closer than
 ``exact.MIN_CELL_WIDTH`` (1e-13); 1e-9 leaves room for both and is far below any loss of interest."""
 
-EXACT_SETTINGS = dict(
+EXACT_SETTINGS: dict[str, Any] = dict(
     deadline=None,
     database=None,
     # No shrinking: an integration costs up to a second, and Hypothesis would spend minutes
@@ -49,16 +51,17 @@ NARROW_TOP_CELL_STEP = PositionalChain(
         [0.09152243225885004, 0.90847756774115],
         [0.5022159443300198, 0.49778405566998013],
     ],
-    [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893], [0.09152243225885004, 0.90847756774115]],
+    [[0.30077500873018825, 0.6992249912698119], [0.9415530584364611, 0.05844694156353893],
+     [0.09152243225885004, 0.90847756774115]],
 )
-"""Hypothesis 6.170.17's failing example (issue 9): p_1 and q_1 differ by 1e-14, so column 1 has a
+"""Hypothesis 6.170.17's failing example: p_1 and q_1 differ by 1e-14, so column 1 has a
 cell of width ~1e-13 just below 1, where a scan point rounded up to the uniform 1.0."""
 
 NEAR_ONE_POINT_MASS_STEP = PositionalChain(
     [[0.0, 0.4139739726860432, 0.5860260273139569], [1.4022777344283394e-13, 0.999999999999, 8.59772226557166e-13]],
     [[0.0, 0.0, 1.0]],
 )
-"""Hypothesis 6.170.17's failing example (issue 9): bonus masses near 1e-13 put a cumulative edge
+"""Hypothesis 6.170.17's failing example: bonus masses near 1e-13 put a cumulative edge
 within ~1e-12 of 1, the same rounding to a uniform of 1.0 in the bonus column."""
 
 
@@ -82,7 +85,8 @@ def test_completed_step_law_is_the_target_law(uniform_rule, chain):
     num_draft = chain.num_draft
     step = exact.step_distribution(uniform_rule.fn, chain, num_draft)
     completed = exact.completed_step_distribution(step, chain, num_draft)
-    assert_same_law(completed, exact.target_sequence_distribution(chain, num_draft + 1), f"{uniform_rule.name}, {chain}")
+    assert_same_law(completed, exact.target_sequence_distribution(chain, num_draft + 1),
+                    f"{uniform_rule.name}, {chain}")
 
 
 @settings(max_examples=25, **EXACT_SETTINGS)
@@ -96,7 +100,8 @@ def test_whole_run_law_is_the_target_law(uniform_rule, shape):
     target sampling; steps end anywhere inside the window."""
     chain, num_draft, length = shape
     law = exact.sequence_distribution(uniform_rule.fn, chain, num_draft, length)
-    assert_same_law(law, exact.target_sequence_distribution(chain, length), f"{uniform_rule.name}, {chain}, K={num_draft}, L={length}")
+    assert_same_law(law, exact.target_sequence_distribution(chain, length), f"{uniform_rule.name}, "
+                    f"{chain}, K={num_draft}, L={length}")
 
 
 @st.composite

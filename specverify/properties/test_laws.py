@@ -1,14 +1,14 @@
 """Laws of speculative verification: exact ones for the rules that take injected uniforms, and
 sure-event ones that any lossless SPEC §1 implementation satisfies on every single call.
 
-Exact (``uniform_rule``: the built-in reference, and ``--impl`` when it takes ``uniforms=``):
+Exact (``uniform_rule``: the built-in reference, and ``--specverify-impl`` when it takes ``uniforms=``):
 - acceptance rate = Σ_x min(p(x), q(x)) = 1 − TV(p, q) at the first position, and
   E[#tokens] = Σ_j Π_{i<j} α_i + 1 (Leviathan et al. 2023, §3.1 and eq. (1));
 - draft == target accepts everything; disjoint supports accept nothing; a token of target
   probability 0 is never emitted (the support of the step law);
 - batched = row by row under the same uniforms.
 
-Sure events on the implementation under test (``--impl``; a single violation is a failure, so
+Sure events on the implementation under test (``--specverify-impl``; a single violation is a failure, so
 there is no α): the SPEC §1 output format with 1 ≤ tokens ≤ K+1 (on every dtype), inputs left
 unmodified, disjoint supports accept nothing and a token of target probability 0 is never emitted
 (both follow from losslessness: an accepted draft of target probability 0 would be emitted),
@@ -33,16 +33,16 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specverify.properties import budget
-from specverify.core import exact, rules
+from specverify.core import acceptance, exact, rules
 from specverify.core.chains import PositionalChain
 from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
-from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
+from specverify.properties import budget
 from specverify.properties.sampled_checks import call_impl
+from specverify.testing.strategies import markov_chains, positional_chains, verify_inputs
 
 EXACT_TOLERANCE = 1e-9
-LAW_SETTINGS = dict(
+LAW_SETTINGS: dict[str, Any] = dict(
     deadline=None,
     database=None,
     phases=(Phase.explicit, Phase.generate),
@@ -89,10 +89,12 @@ def test_acceptance_rate_is_one_minus_tv_exactly(uniform_rule, chain):
     step = exact.step_distribution(uniform_rule.fn, chain, num_draft)
     alphas = [exact.acceptance_probability(chain.p[i], chain.q[i]) for i in range(num_draft)]
     accepted = math.fsum(prob for tokens, prob in step.items() if len(tokens) >= 2)
-    assert abs(accepted - alphas[0]) <= EXACT_TOLERANCE, f"{uniform_rule.name}: acceptance {accepted} != 1 - TV = {alphas[0]}"
+    assert abs(accepted - alphas[0]) <= EXACT_TOLERANCE, \
+        f"{uniform_rule.name}: acceptance {accepted} != 1 - TV = {alphas[0]}"
     mean_tokens = exact.mean_emitted_length(step)
-    expected = exact.expected_tokens_per_step(alphas)
-    assert abs(mean_tokens - expected) <= EXACT_TOLERANCE, f"{uniform_rule.name}: E[#tokens] {mean_tokens} != {expected}"
+    expected = acceptance.expected_tokens_per_step(alphas)
+    assert abs(mean_tokens - expected) <= EXACT_TOLERANCE, \
+        f"{uniform_rule.name}: E[#tokens] {mean_tokens} != {expected}"
 
 
 @settings(max_examples=12, **LAW_SETTINGS)
@@ -108,7 +110,8 @@ def test_identical_draft_accepts_everything_exactly(uniform_rule, chain):
 def test_disjoint_supports_accept_nothing_exactly(uniform_rule, chain):
     step = exact.step_distribution(uniform_rule.fn, chain, chain.num_draft)
     accepted = math.fsum(prob for tokens, prob in step.items() if len(tokens) > 1)
-    assert accepted <= EXACT_TOLERANCE, f"{uniform_rule.name}: disjoint supports but P(a draft is accepted) = {accepted}"
+    assert accepted <= EXACT_TOLERANCE, \
+        f"{uniform_rule.name}: disjoint supports but P(a draft is accepted) = {accepted}"
 
 
 @settings(max_examples=15, **LAW_SETTINGS)
@@ -118,13 +121,15 @@ def test_zero_probability_token_is_never_emitted_exactly(uniform_rule, chain):
     impossible = math.fsum(
         prob for tokens, prob in step.items() if any(chain.p[j][token] == 0 for j, token in enumerate(tokens))
     )
-    assert impossible <= EXACT_TOLERANCE, f"{uniform_rule.name}: P(emits a token of target probability 0) = {impossible}"
+    assert impossible <= EXACT_TOLERANCE, \
+        f"{uniform_rule.name}: P(emits a token of target probability 0) = {impossible}"
 
 
 BUILTIN_UNIFORM_RULES: dict[str, Callable[..., torch.Tensor]] = {
     "point_mass_verify": lambda tp, dp, dt, u, **kw: rules.point_mass_verify(tp, dt, uniforms=u, **kw).emitted,
     "greedy_verify": lambda tp, dp, dt, u, **kw: rules.greedy_verify(tp, dt, **kw).emitted,
-    "typical_acceptance_verify": lambda tp, dp, dt, u, **kw: rules.typical_acceptance_verify(tp, dt, uniforms=u, **kw).emitted,
+    "typical_acceptance_verify": lambda tp, dp, dt, u,
+    **kw: rules.typical_acceptance_verify(tp, dt, uniforms=u, **kw).emitted,
     "rejection_sample": lambda tp, dp, dt, u, **kw: rules.rejection_sample(tp, dp, dt, uniforms=u, **kw).emitted,
 }
 
@@ -139,7 +144,8 @@ def _assert_batched_equals_row_by_row(call: Callable[..., torch.Tensor], inputs:
     uniforms = torch.rand(batch, positions, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     batched = call(target_probs, draft_probs, draft_tokens, uniforms)
     for row in range(batch):
-        alone = call(target_probs[row : row + 1], draft_probs[row : row + 1], draft_tokens[row : row + 1], uniforms[row : row + 1])
+        alone = call(target_probs[row : row + 1], draft_probs[row : row + 1], draft_tokens[row : row + 1],
+                     uniforms[row : row + 1])
         assert torch.equal(batched[row], alone[0]), (
             f"{name}: row {row} emits {batched[row].tolist()} in the batch but {alone[0].tolist()} alone "
             "under the same uniforms: rows of a batch are not independent"
@@ -161,7 +167,8 @@ def test_batched_equals_row_by_row(uniform_rule, inputs, specverify_base_seed):
 @settings(max_examples=10, **LAW_SETTINGS)
 @given(inputs=_batched_inputs())
 def test_builtin_rules_batched_equal_row_by_row(name, inputs, specverify_base_seed):
-    seed = derive_seed("test_builtin_rules_batched_equal_row_by_row", name, _inputs_key(*inputs[:3]), base=specverify_base_seed)
+    seed = derive_seed("test_builtin_rules_batched_equal_row_by_row", name, _inputs_key(*inputs[:3]),
+                       base=specverify_base_seed)
     _assert_batched_equals_row_by_row(BUILTIN_UNIFORM_RULES[name], inputs, seed, name)
 
 
@@ -172,7 +179,8 @@ def test_builtin_rules_batched_equal_row_by_row(name, inputs, specverify_base_se
 
 @pytest.mark.parametrize("name", list(BUILTIN_UNIFORM_RULES))
 @settings(max_examples=10, **LAW_SETTINGS)
-@given(inputs=verify_inputs(batch_size=st.integers(1, 4), num_draft=st.integers(1, 4), vocab_size=st.integers(2, 5), ragged=True))
+@given(inputs=verify_inputs(batch_size=st.integers(1, 4), num_draft=st.integers(1, 4), vocab_size=st.integers(2, 5),
+                            ragged=True))
 def test_ragged_row_equals_its_unragged_step(name, inputs, specverify_base_seed):
     """Row b with n_b drafts (padding beyond n_b: zero rows and -1 tokens) emits what the same row
     emits as an unragged step with K = n_b and uniforms (u_0..u_{n_b-1}, u_K); with n_b = 0 it
@@ -184,7 +192,8 @@ def test_ragged_row_equals_its_unragged_step(name, inputs, specverify_base_seed)
         target_probs[row, n + 1 :] = 0.0
         draft_probs[row, n:] = 0.0
         draft_tokens[row, n:] = -1
-    seed = derive_seed("test_ragged_row_equals_its_unragged_step", name, _inputs_key(*inputs[:3]), num_draft.tolist(), base=specverify_base_seed)
+    seed = derive_seed("test_ragged_row_equals_its_unragged_step", name, _inputs_key(*inputs[:3]), num_draft.tolist(),
+                       base=specverify_base_seed)
     uniforms = torch.rand(batch, positions, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     ragged = call(target_probs, draft_probs, draft_tokens, uniforms, num_draft=num_draft)
     for row, n in enumerate(num_draft.tolist()):
@@ -194,9 +203,11 @@ def test_ragged_row_equals_its_unragged_step(name, inputs, specverify_base_seed)
             expected = [token] + [-1] * (positions - 1)
         else:
             u = torch.cat([uniforms[row : row + 1, :n], uniforms[row : row + 1, -1:]], dim=1)
-            alone = call(target_probs[row : row + 1, : n + 1], draft_probs[row : row + 1, :n], draft_tokens[row : row + 1, :n], u)
+            alone = call(target_probs[row : row + 1, : n + 1], draft_probs[row : row + 1, :n],
+                         draft_tokens[row : row + 1, :n], u)
             expected = alone[0].tolist() + [-1] * (positions - 1 - n)
-        assert ragged[row].tolist() == expected, f"{name}: ragged row {row} (n_b = {n}) emits {ragged[row].tolist()}, expected {expected}"
+        assert ragged[row].tolist() == expected, \
+            f"{name}: ragged row {row} (n_b = {n}) emits {ragged[row].tolist()}, expected {expected}"
 
 
 @pytest.mark.parametrize("name", ["rejection_sample", "point_mass_verify"])
@@ -211,10 +222,12 @@ def test_ragged_rows_are_lossless_exactly(name, chain, data):
         return call(tp, dp, dt, uniforms, num_draft=torch.full((tp.shape[0],), n, dtype=torch.int64))
 
     step = exact.step_distribution(ragged_rule, chain, chain.num_draft)
-    assert all(len(tokens) <= n + 1 for tokens in step), f"{name}: a row with {n} drafts emitted more than {n + 1} tokens"
+    assert all(len(tokens) <= n + 1 for tokens in step), \
+        f"{name}: a row with {n} drafts emitted more than {n + 1} tokens"
     completed = exact.completed_step_distribution(step, chain, chain.num_draft)
     difference = exact.max_abs_difference(completed, exact.target_sequence_distribution(chain, chain.num_draft + 1))
-    assert difference <= EXACT_TOLERANCE, f"{name} with n_b = {n}: completed law differs from the target's by {difference:.3g}"
+    assert difference <= EXACT_TOLERANCE, \
+        f"{name} with n_b = {n}: completed law differs from the target's by {difference:.3g}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,19 +244,22 @@ def test_greedy_rule_equals_argmax_decoding(chain, num_draft, specverify_base_se
     """A whole run of greedy verification (drafts sampled from the draft chain, so both matches and
     mismatches occur) emits exactly the target's argmax decoding (first maximal index on ties)."""
     length = 6
-    greedy = []
+    greedy: list[int] = []
     for _ in range(length):
         greedy.append(int(np.argmax(chain.target(tuple(greedy)))))
-    rng = np.random.default_rng(derive_seed("test_greedy_rule_equals_argmax_decoding", repr(chain.target_table.tolist()), num_draft, base=specverify_base_seed))
+    rng = np.random.default_rng(derive_seed("test_greedy_rule_equals_argmax_decoding",
+                                            repr(chain.target_table.tolist()), num_draft, base=specverify_base_seed))
     generated: list[int] = []
     while len(generated) < length:
         drafts: list[int] = []
         for _ in range(num_draft):
             drafts.append(int(rng.choice(chain.vocab_size, p=chain.draft(tuple(generated + drafts)))))
-        target_probs = torch.tensor(np.stack([chain.target(tuple(generated + drafts[:i])) for i in range(num_draft + 1)]))
+        laws = [chain.target(tuple(generated + drafts[:i])) for i in range(num_draft + 1)]
+        target_probs = torch.tensor(np.stack(laws))
         emitted = rules.greedy_verify(target_probs[None], torch.tensor([drafts])).emitted[0]
         generated += [token for token in emitted.tolist() if token >= 0]
-    assert generated[:length] == greedy, f"greedy verification emitted {generated[:length]}, argmax decoding is {greedy}"
+    assert generated[:length] == greedy, \
+        f"greedy verification emitted {generated[:length]}, argmax decoding is {greedy}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +270,8 @@ def test_greedy_rule_equals_argmax_decoding(chain, num_draft, specverify_base_se
 @settings(max_examples=25, **LAW_SETTINGS)
 @given(
     inputs=st.sampled_from(FLOAT_DTYPES).flatmap(
-        lambda dtype: verify_inputs(batch_size=st.integers(1, 4), num_draft=st.integers(1, 8), vocab_size=st.integers(1, 6), dtype=dtype)
+        lambda dtype: verify_inputs(batch_size=st.integers(1, 4), num_draft=st.integers(1, 8),
+                                    vocab_size=st.integers(1, 6), dtype=dtype)
     )
 )
 def test_output_format_and_tokens_per_step(inputs, specverify_impl, specverify_base_seed):
@@ -265,21 +282,25 @@ def test_output_format_and_tokens_per_step(inputs, specverify_impl, specverify_b
     generator = _generator("test_output_format_and_tokens_per_step", _inputs_key(*originals), base=specverify_base_seed)
     _, lengths = call_impl(specverify_impl, target_probs, draft_probs, draft_tokens, generator)
     assert bool(((lengths >= 1) & (lengths <= draft_tokens.shape[1] + 1)).all())
-    for name, before, after in zip(("target_probs", "draft_probs", "draft_tokens"), originals, (target_probs, draft_probs, draft_tokens)):
+    for name, before, after in zip(("target_probs", "draft_probs", "draft_tokens"), originals,
+                                   (target_probs, draft_probs, draft_tokens)):
         assert torch.equal(before, after), f"impl modified its input {name} in place"
 
 
 def _sure_event_inputs(relation: str) -> st.SearchStrategy:
-    return verify_inputs(batch_size=st.integers(1, 3), num_draft=st.integers(1, 4), vocab_size=st.integers(2, 6), relation=relation)
+    return verify_inputs(batch_size=st.integers(1, 3), num_draft=st.integers(1, 4), vocab_size=st.integers(2, 6),
+                         relation=relation)
 
 
 @settings(max_examples=10, **LAW_SETTINGS)
 @given(inputs=_sure_event_inputs("disjoint"))
 def test_disjoint_supports_accept_nothing_sampled(inputs, specverify_impl, specverify_base_seed):
     target_probs, draft_probs, draft_tokens = _tiled(inputs, REPEATS)
-    generator = _generator("test_disjoint_supports_accept_nothing_sampled", _inputs_key(*inputs[:3]), base=specverify_base_seed)
+    generator = _generator("test_disjoint_supports_accept_nothing_sampled", _inputs_key(*inputs[:3]),
+                           base=specverify_base_seed)
     _, lengths = call_impl(specverify_impl, target_probs, draft_probs, draft_tokens, generator)
-    assert bool((lengths == 1).all()), f"disjoint supports, yet {int((lengths > 1).sum())} of {len(lengths)} rows accepted a draft"
+    assert bool((lengths == 1).all()), \
+        f"disjoint supports, yet {int((lengths > 1).sum())} of {len(lengths)} rows accepted a draft"
 
 
 def zero_probability_emissions(impl: Callable[..., Any], target_probs, draft_probs, draft_tokens, generator) -> int:
@@ -294,7 +315,8 @@ def zero_probability_emissions(impl: Callable[..., Any], target_probs, draft_pro
 @given(inputs=_sure_event_inputs("target_zero_where_draft_positive"))
 def test_zero_probability_token_is_never_emitted_sampled(inputs, specverify_impl, specverify_base_seed):
     tiled = _tiled(inputs, ZERO_MASS_REPEATS)
-    generator = _generator("test_zero_probability_token_is_never_emitted_sampled", _inputs_key(*inputs[:3]), base=specverify_base_seed)
+    generator = _generator("test_zero_probability_token_is_never_emitted_sampled", _inputs_key(*inputs[:3]),
+                           base=specverify_base_seed)
     count = zero_probability_emissions(specverify_impl, *tiled, generator)
     assert count == 0, f"{count} emitted tokens have target probability 0 at their position"
 
@@ -304,10 +326,12 @@ def test_zero_probability_token_is_never_emitted_sampled(inputs, specverify_impl
 def test_identical_draft_accepts_everything_sampled(inputs, specverify_impl, specverify_base_seed):
     """q = p: the ratio test min(1, p/q) = 1 passes for every draft (Algorithm 1)."""
     target_probs, draft_probs, draft_tokens = _tiled(inputs, REPEATS)
-    generator = _generator("test_identical_draft_accepts_everything_sampled", _inputs_key(*inputs[:3]), base=specverify_base_seed)
+    generator = _generator("test_identical_draft_accepts_everything_sampled", _inputs_key(*inputs[:3]),
+                           base=specverify_base_seed)
     _, lengths = call_impl(specverify_impl, target_probs, draft_probs, draft_tokens, generator)
     full = draft_tokens.shape[1] + 1
-    assert bool((lengths == full).all()), f"q = p, yet {int((lengths < full).sum())} of {len(lengths)} rows rejected a draft"
+    assert bool((lengths == full).all()), \
+        f"q = p, yet {int((lengths < full).sum())} of {len(lengths)} rows rejected a draft"
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,15 +36,16 @@ import torch
 
 from specverify.properties import budget
 
-pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers models: pip install 'specverify[hf]'")
+pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers "
+                    "models: pip install 'specverify[hf]'")
 
 import reference.decoder
 import reference.drafters
 from reference.decoder import speculative_generate
 from reference.drafters import EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, truncated_view
 from reference.request_stats import RequestStats, StatsRecorder
-from specverify.core import exact
 from specverify.auditing.sampler.catalog import CATALOG
+from specverify.core import acceptance
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
 from specverify.core.stats import POWER, binomial_test, detectable_tv, goodness_of_fit, sample_size_for_tv
@@ -286,7 +287,7 @@ def tokens_per_pass_checks(setting: Setting, models, alpha: float, base_seed: in
     target, draft = models
     drafter_model = draft if setting.drafter == "model" else truncated_view(target, 1)
     alphas = first_pass_acceptance(target, drafter_model, PROMPTS[0], setting)
-    expected = exact.expected_tokens_per_step(alphas)
+    expected = acceptance.expected_tokens_per_step(alphas)
     # accepted count a: P(a >= j) = Π_{i<=j} α_i, so E[a^2] = Σ_j (2j - 1) P(a >= j)
     tail = np.cumprod(alphas)
     variance = float(((2 * np.arange(1, setting.gamma + 1) - 1) * tail).sum() - tail.sum() ** 2)
@@ -311,7 +312,8 @@ def tokens_per_pass_checks(setting: Setting, models, alpha: float, base_seed: in
 @pytest.mark.statistical
 @pytest.mark.parametrize("setting", TOKENS_PER_PASS_SETTINGS, ids=str)
 def test_tokens_per_pass_match_the_exact_expectation(setting, models, alpha, specverify_base_seed):
-    measured, expected, tolerance, positions, stats = tokens_per_pass_checks(setting, models, alpha, specverify_base_seed)
+    measured, expected, tolerance, positions, stats = tokens_per_pass_checks(setting, models, alpha,
+                                                                             specverify_base_seed)
     assert abs(measured - expected) <= tolerance
     assert all(result.pvalue > alpha for result in positions), [str(r) for r in positions]
     # the position-dependent formula evaluated at the measured rates is the measured mean (bookkeeping)

@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers models: pip install 'specverify[hf]'")
+pytest.importorskip("transformers", reason="the reference decoder's properties run tiny transformers "
+                    "models: pip install 'specverify[hf]'")
 
 import reference.kv
 from reference.decoder import generate, speculative_generate
@@ -140,7 +140,8 @@ def ragged_logits_and_alone(schedule, target) -> list[tuple[torch.Tensor, torch.
     last = torch.tensor([[1]] * len(prompts))
     logits = kv.extend(last, torch.ones(len(prompts), dtype=torch.int64))[:, 0]
     assert kv.lengths.tolist() == [len(row) + 1 for row in rows]
-    return [(logits[row], target(input_ids=torch.tensor([tokens + [1]])).logits[0, -1]) for row, tokens in enumerate(rows)]
+    return [(logits[row], target(input_ids=torch.tensor([tokens + [1]])).logits[0, -1]) for row,
+            tokens in enumerate(rows)]
 
 
 @settings(max_examples=25)
@@ -171,7 +172,8 @@ def test_ragged_cache_check_fails_when_rollback_leaves_no_hole(models, monkeypat
 # ------------------------------------------------------------------------------------------------
 
 
-def lookup_by_loop(context: list[int], gamma: int, max_ngram: int, min_ngram: int, match: str = "earliest") -> list[int]:
+def lookup_by_loop(context: list[int], gamma: int, max_ngram: int, min_ngram: int,
+                   match: str = "earliest") -> list[int]:
     """The definition, written as a loop.  ``earliest``/``latest``: longest n first, then the
     first/most recent earlier occurrence; ``longest``: the end position whose preceding tokens
     agree longest with the context's last ones (up to LONGEST_CONTEXT), the first among equals."""
@@ -270,7 +272,8 @@ def test_eos_ends_a_row_and_pads_it(models):
     greedy = target_greedy(target, PROMPTS[0])
     eos = greedy[5]
     stop = greedy.index(eos)
-    generation = speculative_generate(target, ModelDrafter(draft), [torch.tensor(PROMPTS[0])], max_new_tokens=NEW_TOKENS,
+    generation = speculative_generate(target, ModelDrafter(draft), [torch.tensor(PROMPTS[0])],
+                                      max_new_tokens=NEW_TOKENS,
                                       gamma=3, temperature=0.0, eos_token_id=eos)
     assert generation.tokens[0, : stop + 1].tolist() == greedy[: stop + 1]
     assert (generation.tokens[0, stop + 1 :] == -1).all()

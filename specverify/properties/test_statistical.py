@@ -1,7 +1,7 @@
-"""Sampled statistical checks of the implementation under test (``--impl``, default the reference).
+"""Sampled statistical checks of the implementation under test (``--specverify-impl``, default the reference).
 
 Hypothesis draws the cases (toy chains, drafts per step, windows); every example runs one check of
-``sampled_checks`` (the library's harness driving ``--impl`` through the SPEC §1 signature only,
+``sampled_checks`` (the library's harness driving ``--specverify-impl`` through the SPEC §1 signature only,
 completion by target sampling, Pearson or exact binomial tests against the exact target law).
 
 Statistics (see ``budget.py``): each Hypothesis example is one test at level
@@ -21,13 +21,20 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from specverify.properties import budget
-from specverify.properties.sampled_checks import CheckOutcome, LoopCase, StepCase, run_acceptance_check, run_loop_check, run_step_check
 from specverify.core.chains import PositionalChain
 from specverify.core.seeding import derive_seed
+from specverify.properties import budget
+from specverify.properties.sampled_checks import (
+    CheckOutcome,
+    LoopCase,
+    StepCase,
+    run_acceptance_check,
+    run_loop_check,
+    run_step_check,
+)
 from specverify.testing.strategies import draft_target_pairs, markov_chains, positional_chains, probability_vectors
 
-STATISTICAL_SETTINGS = dict(
+STATISTICAL_SETTINGS: dict[str, Any] = dict(
     deadline=None,
     database=None,
     # No shrinking: a search over failing examples would be a search for an unlucky draw.
@@ -47,7 +54,8 @@ def rejecting_chains(draw: st.DrawFn) -> PositionalChain:
     ``V^(K+1) ≤ 81`` (K = 2..3)."""
     vocab, num_draft = draw(st.sampled_from([(2, 2), (2, 3), (3, 2), (3, 3), (4, 2)]))
     distances = st.floats(0.3, 0.9)
-    pairs = [draw(distances.flatmap(lambda tv: draft_target_pairs(vocab, relation="tv", tv=tv))) for _ in range(num_draft)]
+    pairs = [draw(distances.flatmap(lambda tv: draft_target_pairs(vocab, relation="tv",
+                                                                  tv=tv))) for _ in range(num_draft)]
     bonus = draw(probability_vectors(vocab))
     return PositionalChain(np.stack([p for p, _ in pairs] + [bonus]), np.stack([q for _, q in pairs]))
 
@@ -99,7 +107,8 @@ def assert_check_passes(run: Callable[..., CheckOutcome], impl: Any, case: StepC
 def test_first_token_marginal(chain, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """The first emitted token is distributed as p_0."""
     case = StepCase((chain,), (0,))
-    assert_check_passes(run_step_check, specverify_impl, case, test="test_first_token_marginal", base_seed=specverify_base_seed,
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_first_token_marginal",
+                        base_seed=specverify_base_seed,
                         suite_alpha=specverify_suite_alpha, name="first_token_marginal")
 
 
@@ -110,7 +119,8 @@ def test_step_joint_with_frequent_rejection(chain, specverify_impl, specverify_b
     """The completed K+1 tokens of one step are distributed as target sampling, with rejections (and
     so corrections) frequent at every position."""
     case = StepCase((chain,), tuple(range(chain.num_draft + 1)))
-    assert_check_passes(run_step_check, specverify_impl, case, test="test_step_joint_with_frequent_rejection", base_seed=specverify_base_seed,
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_step_joint_with_frequent_rejection",
+                        base_seed=specverify_base_seed,
                         suite_alpha=specverify_suite_alpha, name="step_joint")
 
 
@@ -120,7 +130,8 @@ def test_step_joint_with_frequent_rejection(chain, specverify_impl, specverify_b
 def test_bonus_position(chain, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """With q_i = p_i every draft is accepted, so the token at position K is the bonus: law p_K."""
     case = StepCase((chain,), (chain.num_draft,))
-    assert_check_passes(run_step_check, specverify_impl, case, test="test_bonus_position", base_seed=specverify_base_seed,
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_bonus_position",
+                        base_seed=specverify_base_seed,
                         suite_alpha=specverify_suite_alpha, name="bonus_position")
 
 
@@ -130,7 +141,8 @@ def test_bonus_position(chain, specverify_impl, specverify_base_seed, specverify
 def test_decoding_loop_joint(case, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """The first L tokens of whole decoding loops (context-dependent targets, per-row state) are
     distributed as L tokens of target sampling."""
-    assert_check_passes(run_loop_check, specverify_impl, case, test="test_decoding_loop_joint", base_seed=specverify_base_seed,
+    assert_check_passes(run_loop_check, specverify_impl, case, test="test_decoding_loop_joint",
+                        base_seed=specverify_base_seed,
                         suite_alpha=specverify_suite_alpha)
 
 
@@ -140,7 +152,8 @@ def test_decoding_loop_joint(case, specverify_impl, specverify_base_seed, specve
 def test_batched_rows_that_differ(case, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """In batches that interleave different requests every request's completed step has its own
     target law (no row reads another row's laws or randomness)."""
-    assert_check_passes(run_step_check, specverify_impl, case, test="test_batched_rows_that_differ", base_seed=specverify_base_seed,
+    assert_check_passes(run_step_check, specverify_impl, case, test="test_batched_rows_that_differ",
+                        base_seed=specverify_base_seed,
                         suite_alpha=specverify_suite_alpha, name="batched_rows")
 
 
@@ -159,5 +172,6 @@ def test_long_drafts(case, specverify_impl, specverify_base_seed, specverify_sui
 def test_acceptance_rate_is_one_minus_tv(chain, specverify_impl, specverify_base_seed, specverify_suite_alpha):
     """A single draft x ~ q is accepted with probability Σ min(p, q) = 1 − TV(p, q)."""
     case = StepCase((chain,), (0,))
-    assert_check_passes(run_acceptance_check, specverify_impl, case, test="test_acceptance_rate_is_one_minus_tv", base_seed=specverify_base_seed,
+    assert_check_passes(run_acceptance_check, specverify_impl, case, test="test_acceptance_rate_is_one_minus_tv",
+                        base_seed=specverify_base_seed,
                         suite_alpha=specverify_suite_alpha)

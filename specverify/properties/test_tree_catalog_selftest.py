@@ -25,7 +25,8 @@ ROWS: dict[str, tuple[float, str, str]] = {}
 def _kill_table():
     yield
     if ROWS:
-        print("\n[tree catalog] entry | class | witness (V, order, seed, closeness, shape, scheme) | exact TV | killed by")
+        print("\n[tree catalog] entry | class | witness (V, order, seed, closeness, shape, "
+              "scheme) | exact TV | killed by")
         for name, (tv, killers, witness) in ROWS.items():
             print(f"[tree catalog] {name} | {TREE_CATALOG[name].bug_class} | {witness} | {tv:.4f} | {killers}")
 

@@ -11,6 +11,8 @@ seen, printed at the end of the module (``pytest -s``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -31,9 +33,9 @@ from specverify.testing.tree_strategies import (
 EXACT_TOLERANCE = 1e-9
 """Largest accepted ``|P_rule(y) − P_target(y)|`` (integration is exact up to ~1e-14 rounding)."""
 
-EXACT_SETTINGS = dict(deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+EXACT_SETTINGS: dict[str, Any] = dict(deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FAST_SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FAST_SETTINGS: dict[str, Any] = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 LARGEST_DEVIATION: dict[str, float] = {}
 
@@ -81,7 +83,8 @@ def test_point_mass_tree_rule_is_exact_on_deterministic_trees(chain, shape):
     _assume_drawable(chain, shape, "deterministic")
     step = tree_exact.tree_step_distribution(tree_rules.point_mass_verify_tree, chain, shape, "deterministic")
     completed = tree_exact.completed_tree_step_distribution(step, chain, shape)
-    deviation = exact.max_abs_difference(completed, exact.target_sequence_distribution(chain, tree_exact.tree_depth(shape) + 1))
+    deviation = exact.max_abs_difference(completed,
+                                         exact.target_sequence_distribution(chain, tree_exact.tree_depth(shape) + 1))
     _record("one step (point mass, deterministic)", deviation)
     assert deviation <= EXACT_TOLERANCE
 
@@ -143,7 +146,8 @@ def test_tree_step_laws(data, chain):
         for token, position in zip(emitted, positions):
             assert batch.target_probs[b, position, token] > 0
         alone = tree_rules.tree_rejection_sample(batch.target_probs[b:b + 1], batch.draft_probs[b:b + 1],
-                                                 batch.tree_tokens[b:b + 1], batch.parents[b:b + 1], uniforms=u[b:b + 1])
+                                                 batch.tree_tokens[b:b + 1], batch.parents[b:b + 1],
+                                                 uniforms=u[b:b + 1])
         assert torch.equal(alone.emitted[0], result.emitted[b])
 
 

@@ -1,17 +1,16 @@
 """pytest plugin for specverify (registered through the ``pytest11`` entry point).
 
 Options:
-- ``--specverify-impl TARGET`` (alias ``--impl``): the implementation under test for the property suite and the
+- ``--specverify-impl TARGET``: the implementation under test for the property suite and the
   ``specverify_impl`` fixture (``path.py:function``, ``package.module:function`` or a built-in
   name; default ``reference``);
 - ``--specverify-seed N|random``: the base seed every statistical check derives its own seed
   from (default 0, reproducible); ``random`` draws a fresh one and prints it;
 - ``--specverify-alpha A``: the family-wise false-positive budget of the whole run's
   statistical checks (default 1e-3), split across the checks by Bonferroni;
-- ``--specverify-budget quick|standard|thorough|N``: the sample budget of every audit of the run:
-  the ``lossless_audit`` / ``assert_lossless`` fixtures and direct calls of
-  ``specverify.assert_lossless`` / ``specverify.audit`` without ``budget=`` (the plugin sets
-  ``$SPECVERIFY_BUDGET`` for the run; default: ``$SPECVERIFY_BUDGET`` or ``standard``);
+- ``--specverify-budget quick|standard|thorough|N``: the sample budget of the ``lossless_audit`` /
+  ``assert_lossless`` fixtures' audits (default: ``$SPECVERIFY_BUDGET`` or ``standard``; direct calls
+  of ``specverify.audit`` / ``specverify.assert_lossless`` take ``budget=`` or ``$SPECVERIFY_BUDGET``);
 - ``--specverify-allow-underpowered``: let the fixtures' audits pass at a budget whose checks
   cannot detect the level's ceiling TV (:mod:`specverify.auditing.power`; default: such an audit
   fails the test as "underpowered").
@@ -24,13 +23,13 @@ its end, not a line per check.
 Fixtures for engine test suites (one line each)::
 
     def test_my_sampler_is_lossless(assert_lossless):
-        assert_lossless(my_verify)            # or assert_lossless() for the --impl target
+        assert_lossless(my_verify)            # or assert_lossless() for the --specverify-impl target
 
     def test_report(lossless_audit):
         report = lossless_audit(my_verify)    # the AuditReport, without asserting
 
 Both audit with the run's seed, α and budget (keyword arguments override them); nothing is kept
-between tests.
+between tests.  The run's settings live on the pytest config (``config.stash``), nothing global.
 """
 
 from __future__ import annotations
@@ -43,17 +42,20 @@ from typing import Any
 
 import pytest
 
-from specverify.auditing.defaults import BUDGET_ENV, VERBOSE_ENV
+from specverify.auditing.defaults import VERBOSE_ENV
 from specverify.auditing.loading import load_target
 from specverify.core.seeding import parse_base_seed
 
 DEFAULT_SUITE_ALPHA = 1e-3
 
+BASE_SEED = pytest.StashKey[int]()
+"""The run's base seed, parsed from ``--specverify-seed`` once per session."""
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specverify", "specverify: speculative decoding verification")
-    group.addoption("--specverify-impl", "--impl", dest="specverify_impl", default="reference",
-                    help="implementation under test: file.py:fn, pkg.mod:fn or a built-in name (--impl is an alias)")
+    group.addoption("--specverify-impl", dest="specverify_impl", default="reference",
+                    help="implementation under test: file.py:fn, pkg.mod:fn or a built-in name")
     group.addoption("--specverify-seed", default="0", help="base seed for statistical checks: an integer or 'random'")
     group.addoption(
         "--specverify-alpha", type=float, default=DEFAULT_SUITE_ALPHA,
@@ -65,7 +67,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--specverify-budget", default=None,
-        help="sample budget of every audit in the run (fixtures and direct specverify.assert_lossless calls): "
+        help="sample budget of the lossless_audit / assert_lossless fixtures' audits: "
              "quick, standard, thorough or N (default $SPECVERIFY_BUDGET or standard)",
     )
 
@@ -93,7 +95,7 @@ def selects_only_gpu(markexpr: str) -> bool:
         return False
     for values in product((False, True), repeat=len(names)):
         truth = dict(zip(names, values), gpu=False)
-        python = re.sub(r"[^\s()]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not")
+        python = re.sub(r"[^\s()]+", lambda m, truth=truth: m.group(0) if m.group(0) in ("and", "or", "not")
                         else str(truth[m.group(0)]), markexpr)
         if eval(python, {"__builtins__": {}}):
             return False
@@ -105,21 +107,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     if config.getoption("verbose") >= 2:  # the long AssertionError of assert_lossless
         os.environ[VERBOSE_ENV] = "1"
-    config._specverify_base_seed = parse_base_seed(config.getoption("--specverify-seed"))  # type: ignore[attr-defined]
+    config.stash[BASE_SEED] = parse_base_seed(config.getoption("--specverify-seed"))
     budget = config.getoption("--specverify-budget")
-    if budget is not None:  # direct calls of specverify.assert_lossless in the run honour it too
+    if budget is not None:  # refused at start-up, not in the first test that audits
         from specverify.auditing.checks import resolve_budget
 
         try:
             resolve_budget(budget)
         except ValueError as error:
             raise pytest.UsageError(f"--specverify-budget: {error}") from error
-        os.environ[BUDGET_ENV] = str(budget)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     return (
-        f"specverify: impl={config.getoption('specverify_impl')} base-seed={config._specverify_base_seed} "  # type: ignore[attr-defined]
+        f"specverify: impl={config.getoption('specverify_impl')} base-seed={config.stash[BASE_SEED]} "
         f"suite-alpha={config.getoption('--specverify-alpha')}"
     )
 
@@ -127,7 +128,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def specverify_base_seed(pytestconfig: pytest.Config) -> int:
     """The run's base seed (0 unless ``--specverify-seed`` says otherwise)."""
-    return pytestconfig._specverify_base_seed  # type: ignore[attr-defined]
+    return pytestconfig.stash[BASE_SEED]
 
 
 @pytest.fixture(scope="session")
@@ -138,14 +139,15 @@ def specverify_suite_alpha(pytestconfig: pytest.Config) -> float:
 
 @pytest.fixture(scope="session")
 def specverify_impl(pytestconfig: pytest.Config) -> Callable[..., Any]:
-    """The implementation under test, resolved from ``--impl``."""
+    """The implementation under test, resolved from ``--specverify-impl``."""
     return load_target(pytestconfig.getoption("specverify_impl"))
 
 
 @pytest.fixture
 def lossless_audit(pytestconfig: pytest.Config) -> Callable[..., Any]:
-    """``lossless_audit(fn=None, **options) -> AuditReport``: audit ``fn`` (default: the ``--impl``
-    target) with the run's seed, α and budget; ``options`` override any :func:`specverify.audit` argument."""
+    """``lossless_audit(fn=None, **options) -> AuditReport``: audit ``fn`` (default: the
+    ``--specverify-impl`` target) with the run's seed, α and budget; ``options`` override any
+    :func:`specverify.audit` argument."""
     from specverify.auditing.runner import audit
 
     def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
@@ -174,7 +176,7 @@ def assert_lossless(pytestconfig: pytest.Config) -> Callable[..., Any]:
 
 def _audit_settings(config: pytest.Config) -> dict[str, Any]:
     return {
-        "seed": config._specverify_base_seed,  # type: ignore[attr-defined]
+        "seed": config.stash[BASE_SEED],
         "alpha": float(config.getoption("--specverify-alpha")),
         "budget": config.getoption("--specverify-budget"),  # None: $SPECVERIFY_BUDGET or standard
         "allow_underpowered": bool(config.getoption("--specverify-allow-underpowered")),

@@ -110,7 +110,7 @@ def _round_to_dtype(vector: np.ndarray, dtype: torch.dtype | None) -> np.ndarray
     can move.  Zeros stay zero.
 
     Each step leaves ``|d|`` smaller (by at least half the step), so the result is never worse
-    than plain rounding.  Guarantee (checked by tests/test_strategies.py): every entry is exactly
+    than plain rounding.  Guarantee (checked by tests/testing/test_strategies.py): every entry is exactly
     representable in ``dtype``; positive entries stay positive (except that float16 flushes an
     entry below ``2**-25`` to zero, as float16 itself would); and
     ``|fsum(v) - 1| <= eps(dtype) / 2 + V * smallest_subnormal(dtype) / 2``, the worst case of

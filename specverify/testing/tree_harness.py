@@ -1,8 +1,8 @@
 """The tree-level harness: drives a SPEC §3 ``verify_tree`` function with trees it drafts itself.
 
 The harness holds R toy language models (order-``k`` Markov chains as tables, a
-:class:`specverify.core.chains.MarkovBank`, walked by its integer state arithmetic), picks a chain and a tree shape for each row
-(rows of one call hold different shapes: ragged trees padded with absent nodes), drafts every
+:class:`specverify.core.chains.MarkovBank`, walked by its integer state arithmetic), picks a chain and a tree shape
+for each row (rows of one call hold different shapes: ragged trees padded with absent nodes), drafts every
 node's token from the draft law at its parent's path under the sibling scheme (independent,
 without replacement, deterministic top-k), reads the target law at every node's path, calls the
 function (a :class:`specverify.auditing.isolation.guarded.GuardedTreeFunction`, which validates each output
@@ -215,7 +215,8 @@ def _race_children(bank: MarkovBank, table_row: torch.Tensor, family_key: torch.
             pending = at
             while len(pending):
                 drawn = bank.draft_sampler.sample(table_row[pending], generator)
-                clash = (siblings[:, :place] == drawn[:, None]).any(-1) if place else torch.zeros_like(drawn, dtype=torch.bool)
+                clash = ((siblings[:, :place] == drawn[:, None]).any(-1) if place
+                         else torch.zeros_like(drawn, dtype=torch.bool))
                 token[pending[~clash]] = drawn[~clash]
                 pending, siblings = pending[clash], siblings[clash]
         earlier = _earlier_siblings(family_key, node_rank, token, torch.arange(len(token)), int(node_rank.max()) + 1)

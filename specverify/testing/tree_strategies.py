@@ -39,7 +39,8 @@ from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.strategies import markov_chains
 
 SHAPE_KINDS = ("chain", "star", "binary", "eagle", "dynamic", "random")
-__all__ = ["NODE_ORDERS", "SHAPE_KINDS", "TreeBatch", "binary_shape", "chain_shape", "dynamic_tree_shape", "eagle_shape",
+__all__ = ["NODE_ORDERS", "SHAPE_KINDS", "TreeBatch", "binary_shape", "chain_shape", "dynamic_tree_shape",
+           "eagle_shape",
            "node_orders", "path_chains", "sibling_schemes", "star_shape", "tree_batches", "tree_shapes"]
 
 

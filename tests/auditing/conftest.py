@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from endpoint_toy_server import ToyConfig, ToyServer
 
 

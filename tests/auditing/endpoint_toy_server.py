@@ -6,8 +6,8 @@ seeded from them) plus an induction bonus for the character that followed the pr
 occurrence of the last three, so repetitive prompts make n-gram drafts fire and continuations
 repeat.  The law is computed in float64 and is identical in every request: τ = 0.
 
-The candidate decodes speculatively: a draft toy LM (0.6 × the target's logits plus independent noise, a weaker induction bonus) proposes K = 3 tokens
-from its processed law, and a SPEC §1 ``verify`` function (default the correct
+The candidate decodes speculatively: a draft toy LM (0.6 × the target's logits plus independent noise, a weaker
+induction bonus) proposes K = 3 tokens from its processed law, and a SPEC §1 ``verify`` function (default the correct
 :func:`specverify.core.rules.verify`; plant a catalog rule with ``rule=``) decides what is
 emitted; at temperature 0 the drafts are checked by greedy matching (plant ``greedy_bug``: accept
 a draft the target scores within a factor 2 of its argmax; ``batch_bug``: do that only while
@@ -61,9 +61,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,7 +105,8 @@ class ToyLM:
             rng = np.random.default_rng(derive_seed("toy-lm", self.seed, key[0]) % (2**32))
             logits = rng.standard_normal(V) * self.scale
             if self.noise:
-                logits += np.random.default_rng(derive_seed("toy-noise", self.seed, key[0]) % (2**32)).standard_normal(V) * self.noise
+                logits += np.random.default_rng(derive_seed("toy-noise", self.seed,
+                                                            key[0]) % (2**32)).standard_normal(V) * self.noise
             if follower >= 0:
                 logits[follower] += self.induction
             cached = logits - np.logaddexp.reduce(logits)
@@ -201,7 +203,7 @@ class Sequence:
     done: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
-    def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> "Sequence":
+    def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> Sequence:
         settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
                     params.get("min_p"))
         return cls(list(prompt), max_tokens, settings, seed, np.random.default_rng(seed),
@@ -452,7 +454,7 @@ def _echo_entries(state: ToyState, prompt: list[int], new: list[int], n: int) ->
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "ToyServer"
+    server: ToyServer
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
@@ -524,7 +526,7 @@ class ToyServer(ThreadingHTTPServer):
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._stopped = threading.Event()
 
-    def start(self) -> "ToyServer":
+    def start(self) -> ToyServer:
         self._thread.start()
         return self
 

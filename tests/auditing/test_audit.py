@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import specverify
-from specverify.core import stats
 from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, assert_lossless, audit, plan_checks
 from specverify.auditing.sampler.battery import POWER, SamplerBattery, resolve_budget
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli.listing import PRODUCTION_EXACT_TV
+from specverify.core import stats
 from specverify.core.rules import verify as reference
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -85,7 +85,8 @@ def test_named_budgets_size_every_check_for_their_tv(budget, epsilon):
         assert tv == (check.target_tvs[budget] if check.sized_for_own_tv else epsilon)
         assert plan.looks[-1] == plan.n == plan.n_required == check.required_samples(tv, alpha=final, power=POWER)
         assert plan.detectable_tv <= tv
-        if check.kind == "goodness-of-fit" and not check.name.startswith("production-"):  # n: the power calculation's minimum: used/minimum = 1.0
+        # n: the power calculation's minimum: used/minimum = 1.0
+        if check.kind == "goodness-of-fit" and not check.name.startswith("production-"):
             assert plan.n == stats.sample_size_for_tv(epsilon, alpha=final, power=POWER, num_cells=check.num_cells)
             assert stats.power_at(plan.n, epsilon, alpha=final, num_cells=check.num_cells) >= POWER
             fixed = stats.sample_size_for_tv(epsilon, alpha=share, power=POWER, num_cells=check.num_cells)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specverify.auditing.defaults import MALFORMED_SKIP
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, audit
 from specverify.auditing.loading import load_target
+from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, audit
 
 FAULTY = Path(__file__).resolve().parents[2] / "examples" / "faulty.py"
 SMALL = dict(budget=500, checks=["randomness-source", "step-K2", "decoding-loop-order1", "inputs-unchanged"])
@@ -64,7 +64,8 @@ def test_impossible_outputs_are_losses_not_adapter_errors(name, fragment, checks
     assert report.exit_code == EXIT_FAIL and report.verdict == "loss detected", report.summary
     assert "impossible output" in report.summary
     failed = [c for c in report.checks if c.verdict == "fail"]
-    assert failed and all(c.fault == "impossible" and fragment in c.message for c in failed), [c.message for c in failed]
+    assert failed and all(c.fault == "impossible" and fragment in c.message for c in failed), \
+        [c.message for c in failed]
 
 
 def test_a_hanging_adapter_times_out_and_the_rest_is_skipped():

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from specverify.auditing.reports import html_page
-from specverify.auditing.runner import audit
 from specverify.auditing.reports.html_page import render_html, write_html
 from specverify.auditing.reports.json_file import SCHEMA, deterministic_view, report_to_dict, write_json
 from specverify.auditing.reports.terminal import format_report
+from specverify.auditing.runner import audit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 VECTORIZED = f"{EXAMPLES / 'vectorized_verify.py'}:verify"
@@ -30,7 +30,8 @@ def test_same_seed_gives_identical_json_and_another_seed_does_not():
     again = report_to_dict(audit(VECTORIZED, budget=1500, seed=7, checks=SMALL_CHECKS))
     other = report_to_dict(audit(VECTORIZED, budget=1500, seed=8, checks=SMALL_CHECKS))
     assert first["timings"] != again["timings"]
-    assert json.dumps(deterministic_view(first), sort_keys=True) == json.dumps(deterministic_view(again), sort_keys=True)
+    assert json.dumps(deterministic_view(first), sort_keys=True) == json.dumps(deterministic_view(again),
+                                                                               sort_keys=True)
     assert deterministic_view(first) != deterministic_view(other)
     assert first["verdict"] == again["verdict"] == "no loss detected"
 

@@ -18,9 +18,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specverify.auditing.loading import load_target
 from specverify.auditing.sampler.catalog import CATALOG, COARSE_UNIFORM_STEP, BuggyRule
 from specverify.core.chains import PositionalChain
-from specverify.auditing.loading import load_target
 from specverify.core.rules import verify
 from specverify.testing.strategies import verify_inputs
 
@@ -30,7 +30,7 @@ BUG_CLASSES = {"acceptance", "residual", "bonus", "indexing", "randomness", "bat
 INTEGRABLE = [name for name, entry in CATALOG.items() if entry.integrable]
 TOY_SHAPED = [name for name in INTEGRABLE if CATALOG[name].shows_at(vocab_size=4, num_draft=2, batch_size=1)]
 """Integrable entries whose bug shows on the V = 4, K = 2, one-row hand example; the production-shape
-entries are tested in tests/auditing/test_sampler_production.py."""
+entries are tested in tests/auditing/test_audit.py (PRODUCTION_SHAPED)."""
 STATISTICAL_ONLY = [name for name, entry in CATALOG.items() if not entry.integrable]
 
 # The hand example: V = 4, K = 2.  Ratios p_0/q_0 = (0, 0.5, 4, 4), p_1/q_1 = (0.25, 2/3, 1.5, 4);

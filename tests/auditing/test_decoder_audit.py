@@ -24,10 +24,7 @@ import torch
 
 import reference.decoder
 from reference.drafters import ModelDrafter
-from specverify.core import stats
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
 from specverify.auditing.checks import Plan
-from specverify.auditing.sampler.catalog import CATALOG
 from specverify.auditing.decoder.battery import (
     DECODER_BUDGETS,
     FILTER_STRATA,
@@ -35,14 +32,17 @@ from specverify.auditing.decoder.battery import (
     TEMPERATURE_STRATA,
     DecoderBattery,
     DecoderModels,
-    Setting,
     SequenceLawCheck,
+    Setting,
     audit_decoder,
     resolve_decoder_budget,
     sequence_index,
     validate_new_tokens,
 )
 from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
+from specverify.auditing.sampler.catalog import CATALOG
+from specverify.core import stats
 from specverify.core.processing import process_logits
 from specverify.core.rules import VerifyResult, rejection_sample
 from specverify.core.seeding import derive_seed
@@ -88,7 +88,8 @@ class TableDecoder:
         prefix = tuple(input_ids[0].tolist())
         for u in self.uniforms(seed, max_new_tokens):
             law = self.law(model, prefix, setting)
-            token = int(np.argmax(law)) if setting.temperature == 0 else int(np.searchsorted(np.cumsum(law), u * law.sum(), side="right"))
+            token = (int(np.argmax(law)) if setting.temperature == 0
+                     else int(np.searchsorted(np.cumsum(law), u * law.sum(), side="right")))
             prefix += (min(token, len(law) - 1),)
         return torch.tensor(prefix[input_ids.shape[1]:], dtype=torch.int64)
 
@@ -180,7 +181,8 @@ def test_cells_are_fixed_with_enough_expected_count(battery_checks, name, budget
     assert check.detectable_tv(n - 1, alpha=share, power=0.99) > epsilon * 0.999  # n is (nearly) minimal
     # every continuation has a cell, and the cell's probability is the sum of its continuations'
     strata = len(check.strata)
-    rebuilt = np.bincount(cells.index.reshape(-1), weights=(check.laws / strata).reshape(-1), minlength=len(cells.expected))
+    rebuilt = np.bincount(cells.index.reshape(-1), weights=(check.laws / strata).reshape(-1),
+                          minlength=len(cells.expected))
     np.testing.assert_allclose(rebuilt, cells.expected, atol=1e-15)
 
 
@@ -343,7 +345,8 @@ class TrainsTheTarget(TableDecoder):
         return super().__call__(target, draft, input_ids, **settings)
 
 
-@pytest.mark.parametrize(("decoder", "check"), [(MutatesInput(), "inputs-unchanged"), (TrainsTheTarget(), "models-unchanged")],
+@pytest.mark.parametrize(("decoder", "check"),
+                         [(MutatesInput(), "inputs-unchanged"), (TrainsTheTarget(), "models-unchanged")],
                          ids=["mutates-input", "modifies-model"])
 def test_contract_violations_fail(decoder, check):
     report = audit_table(decoder, budget=20)
@@ -381,7 +384,8 @@ def generate_draft_ignores_temperature(target, draft, input_ids, **settings):
     return reference.decoder.generate(target, DraftIgnoresTemperature(draft), input_ids, **settings)
 
 
-def rejection_sample_residual_from_target(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None, num_draft=None):
+def rejection_sample_residual_from_target(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None,
+                                          num_draft=None):
     """BUG (catalog ``residual_is_target``): after a rejection the correction is drawn from p.
 
     Batch 1 (SPEC §2 decodes one prompt): the step's ``n`` drafts and their uniforms in the rules'
@@ -400,7 +404,8 @@ def rejection_sample_residual_from_target(target_probs, draft_probs, draft_token
 def run_single_stratum(generate, stratum, n: int):
     """The battery's sequence-law check on one stratum only, at the audit's α share (α / 2)."""
     session = DecoderBattery().open_session(generate, device="cpu", timeout_s=60)
-    check = SequenceLawCheck("single-stratum", "one stratum", (stratum,), 3, session.models.sequence_law(stratum, 3)[None])
+    check = SequenceLawCheck("single-stratum", "one stratum", (stratum,), 3,
+                             session.models.sequence_law(stratum, 3)[None])
     share = stats.bonferroni(ALPHA, 2)
     plan = Plan(n, n, share, check.detectable_tv(n, alpha=share, power=0.99), derive_seed("single-stratum", n))
     return check.run(session, plan)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 import specverify
-from specverify.auditing.sampler.catalog import CATALOG
 from specverify.auditing.diagnosis import acceptance_deviations, diagnose
+from specverify.auditing.sampler.catalog import CATALOG
 
 PATTERN = ["exact-step", "step-K1", "bonus-position", "correction-position", "disjoint-supports"]
 

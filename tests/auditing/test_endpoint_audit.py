@@ -3,23 +3,22 @@ planted bug (catalog rules, a greedy bug, a batch-dependent bug), with and witho
 
 from __future__ import annotations
 
-import re
-
 import math
+import re
 
 import numpy as np
 import pytest
 
 pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
 
-from specverify.auditing.sampler.catalog import CATALOG
-from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
 from scipy.stats import binom
 
+from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
 from specverify.auditing.endpoint.client import Completion
 from specverify.auditing.endpoint.greedy import exceedance_pvalue, same_law_test, scored_row
 from specverify.auditing.endpoint.pit import pit_value, processed_law
 from specverify.auditing.runner import audit
+from specverify.auditing.sampler.catalog import CATALOG
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
 

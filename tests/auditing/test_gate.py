@@ -1,4 +1,4 @@
-"""The CI gate a user can trust and act on (issue 20): no pass without power, a first failure that
+"""The CI gate a user can trust and act on: no pass without power, a first failure that
 names the bug with a minimal case to paste, what did not run said with its fix, one error said
 once with the expected signature, the replay of what failed, CI formats, the ETA at the user's speed."""
 
@@ -82,7 +82,8 @@ def test_every_named_budget_is_within_the_ceiling(level):
 
 
 PRODUCTION_CHECKS = {
-    "sampler": ["production-qwen-K1", "production-gpt2-K4", "production-K16", "production-K12", "production-batch-1024"],
+    "sampler": ["production-qwen-K1", "production-gpt2-K4", "production-K16", "production-K12",
+                "production-batch-1024"],
     "tree": ["tree-large-vocabulary", "tree-dynamic-deep-independent", "tree-dynamic-wide-deterministic"],
 }
 
@@ -233,7 +234,8 @@ def test_a_wrong_signature_is_one_error_with_the_expected_signature():
 
     report = specverify.audit(verify, budget="quick", isolation="none")
     assert report.exit_code == 2 and report.checks == ()
-    assert SPEC_SIGNATURES["sampler"] in report.summary and "verify(target_probs, draft_tokens, generator)" in report.summary
+    assert SPEC_SIGNATURES["sampler"] in report.summary
+    assert "verify(target_probs, draft_tokens, generator)" in report.summary
     text = format_report(report)
     assert text.count("cannot take the sampler level's call") == 1
 
@@ -321,7 +323,9 @@ def test_the_plan_is_retimed_at_the_functions_measured_speed():
 
 def test_properties_command_runs_the_packaged_suite(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "specverify", "properties", "catalog:bonus-from-draft", "--",
-                                "-k", "test_same_generator_seed_reproduces or test_identical_draft_accepts_everything_sampled",
+                                "-k", "test_same_generator_seed_reproduces or "
+                                "test_identical_draft_accepts_everything_sampled",
                                 "-q"], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=900)
     assert "--pyargs specverify.properties" in completed.stderr
-    assert completed.returncode == 0 and " passed" in completed.stdout, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert completed.returncode == 0 and " passed" in completed.stdout, \
+        completed.stdout[-2000:] + completed.stderr[-2000:]

@@ -31,7 +31,8 @@ def test_the_first_malformed_output_ends_the_audit_with_one_message():
     assert f"the other {len(report.checks) - 1} checks were not run" in report.summary
     assert report.replay_checks == (ran[0].name,) and f"--checks {ran[0].name}" in report.replay_command
     text = format_report(report)
-    assert text.count("returned dtype torch.float32") == 1 and "error  " not in text, text  # one message, no table of errors
+    # one message, no table of errors
+    assert text.count("returned dtype torch.float32") == 1 and "error  " not in text, text
 
 
 def without_uniforms(target_probs, draft_probs, draft_tokens, generator):

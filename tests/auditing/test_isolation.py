@@ -1,6 +1,6 @@
-"""Issue 14: the audit survives what it runs.  One test per row of the issue's table: a hostile or
-buggy implementation under tests/auditing/hostile/, audited through the CLI (or the API), and the
-exit status and message the table asks for."""
+"""The audit survives what it runs.  One test per hostile behaviour: a hostile or buggy
+implementation under tests/auditing/hostile/, audited through the CLI (or the API), and the exit
+status and message the audit owes the user for it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ FEW = "randomness-source,step-K1"
 
 def cli(name: str, *options: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / name}.py:verify", "--budget", "quick", *options]
+    command = [sys.executable, "-m", "specverify", "audit", f"{HOSTILE / name}.py:verify", "--budget", "quick",
+               *options]
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd or ROOT, env=environment, timeout=timeout)
 
 

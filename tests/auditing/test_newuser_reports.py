@@ -1,4 +1,4 @@
-"""Report details from issue 13: footer units, bars sorted by deviation with readable labels, the
+"""Report details for a new user: footer units, bars sorted by deviation with readable labels, the
 acceptance legend with every step check in its own colour, third-party warnings kept in the report."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_third_party_warnings_go_to_the_report_not_the_terminal(capsys):
     from specverify.core.rules import verify
 
     def noisy(target_probs, draft_probs, draft_tokens, generator):
-        warnings.warn("`old_argument` is deprecated", FutureWarning)
+        warnings.warn("`old_argument` is deprecated", FutureWarning, stacklevel=1)
         logging.getLogger("transformers.generation").warning("Passing `generation_config` is deprecated")
         return verify(target_probs, draft_probs, draft_tokens, generator)
 
@@ -64,7 +64,7 @@ def test_third_party_warnings_go_to_the_report_not_the_terminal(capsys):
 def test_captured_warnings_count_repeats_and_restore_logging():
     with captured_warnings() as caught:
         for _ in range(3):
-            warnings.warn("again", DeprecationWarning)
+            warnings.warn("again", DeprecationWarning, stacklevel=1)
     assert caught == ["DeprecationWarning: again (3×)"]
     assert logging.Logger.callHandlers.__name__ == "callHandlers"
 

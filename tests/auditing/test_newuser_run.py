@@ -1,4 +1,4 @@
-"""A new user's first run (issue 13): budget everywhere, the expected time up front, progress in
+"""A new user's first run: budget everywhere, the expected time up front, progress in
 logs and on terminals, replay lines that run where the audit ran, findings said once."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_budget_comes_from_the_environment_when_not_given(monkeypatch):
 
 def test_assert_lossless_takes_a_budget_and_prints_the_plan_first(capsys):
     """Inside a captured pytest test: the plan first, then no line per check (the failure message
-    holds the results; issue 20: no progress spam in captured output), the counts at the end."""
+    holds the results: no progress lines in captured output), the counts at the end."""
     specverify.assert_lossless("reference", **FAST)
     err = capsys.readouterr().err
     lines = err.splitlines()
@@ -259,7 +259,8 @@ def test_module_only_importable_through_an_inserted_folder_replays_by_file(tmp_p
 def test_a_target_file_imports_modules_next_to_it(tmp_path):
     make_project(tmp_path)
     completed = run_like_the_console_script(
-        f"specverify audit {tmp_path / 'kernels' / 'rule.py'}:verify --budget 100 --checks step-K1 --allow-underpowered",
+        f"specverify audit {tmp_path / 'kernels' / 'rule.py'}:verify --budget 100 --checks step-K1 "
+        "--allow-underpowered",
         tmp_path, tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
 

@@ -115,7 +115,8 @@ def test_rows_ignore_their_padding_and_the_three_correct_forms_agree():
     lengths = (expected >= 0).sum(-1)
     assert torch.all(lengths <= proposal.num_draft_tokens + 1)
     for other in (ragged_reference, loop_per_row):
-        assert torch.equal(other(*proposal[:3], uniforms=uniforms, num_draft_tokens=proposal.num_draft_tokens), expected)
+        emitted = other(*proposal[:3], uniforms=uniforms, num_draft_tokens=proposal.num_draft_tokens)
+        assert torch.equal(emitted, expected)
     scrambled = [t.clone() for t in proposal[:3]]
     columns = torch.arange(RAGGED_WIDTH + 1)
     scrambled[0][columns[None, :] > proposal.num_draft_tokens[:, None]] = torch.tensor([0.0, 0.0, 1.0])

@@ -45,7 +45,7 @@ def test_a_correct_rule_runs_every_look_to_the_planned_size():
 
 
 def test_fail_fast_is_the_default_for_quick_and_standard():
-    """Fail-fast stops at the first failure, but the locating checks still run (issue 20), so the
+    """Fail-fast stops at the first failure, but the locating checks still run, so the
     first report already says where the loss is."""
     report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none")
     skipped = [c for c in report.checks if c.verdict is Verdict.SKIPPED]
@@ -67,7 +67,8 @@ def test_no_fail_fast_runs_every_check_and_the_replay_says_so():
     assert report.replay_command.endswith("--no-fail-fast")
 
 
-@pytest.mark.parametrize(("budget", "expected"), [("quick", True), ("standard", True), ("thorough", False), (300, False)])
+@pytest.mark.parametrize(("budget", "expected"),
+                         [("quick", True), ("standard", True), ("thorough", False), (300, False)])
 def test_default_fail_fast_per_budget(budget, expected):
     report = specverify.audit("reference", budget=budget, checks=["inputs-unchanged"], isolation="none")
     assert report.fail_fast is expected
@@ -98,7 +99,8 @@ def sequential_false_positives(runs_per_check: int, base_seed: int) -> dict[str,
         by_look = [0] * len(looks)
         for run in range(runs_per_check):
             seed = derive_seed("sequential-calibration", name, run, base=base_seed)
-            result = check.run(session, Plan(CALIBRATION_N, CALIBRATION_N, CALIBRATION_LEVEL, None, seed, looks, alphas))
+            result = check.run(session,
+                               Plan(CALIBRATION_N, CALIBRATION_N, CALIBRATION_LEVEL, None, seed, looks, alphas))
             if result.verdict is Verdict.FAIL:
                 by_look[result.look - 1] += 1
         counts[name] = (sum(by_look), runs_per_check, by_look)
@@ -110,7 +112,8 @@ def assert_at_most_level(counts: dict[str, tuple[int, int, list[int]]], test_lev
     runs = sum(m for _, m, _ in counts.values())
     rows = [("all (pooled)", rejections, runs, [sum(c[2][j] for c in counts.values()) for j in range(5)])]
     rows += [(name, r, m, looks) for name, (r, m, looks) in counts.items()]
-    print(f"\nfalse-positive rate of the sequential checks at level {CALIBRATION_LEVEL} over 5 looks (n = {CALIBRATION_N}):")
+    print(f"\nfalse-positive rate of the sequential checks at level {CALIBRATION_LEVEL} over "
+          f"5 looks (n = {CALIBRATION_N}):")
     failures = []
     for name, r, m, looks in rows:
         test = stats.binomial_test(r, m, CALIBRATION_LEVEL, "greater")

@@ -109,7 +109,8 @@ def test_cli_tree_level(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = tmp_path / "report.json"
     html = tmp_path / "report.html"
-    result = subprocess.run([sys.executable, "-m", "specverify", "audit", "--level", "tree", "catalog:bonus_from_parent",
+    result = subprocess.run([sys.executable, "-m", "specverify", "audit", "--level", "tree",
+                             "catalog:bonus_from_parent",
                              "--budget", "3000", "--checks", "tree-branches-independent,exact-tree-step",
                              "--json", str(out), "--html", str(html)],
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

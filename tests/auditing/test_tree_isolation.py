@@ -1,4 +1,4 @@
-"""Issue 14 at the tree level: a SPEC §3 function runs in a worker process, so its exit calls,
+"""The audit survives what it runs, at the tree level: a SPEC §3 function runs in a worker process, so its exit calls,
 signals and hangs become exit 2 with the reason, and its output aliasing is a contract violation.
 The hostile implementations live under tests/auditing/hostile/tree_*.py."""
 

@@ -1,4 +1,4 @@
-"""The tree level at production shapes (issue 19 item 3): the five production-shape catalog entries
+"""The tree level at production shapes: the five production-shape catalog entries
 are exact on small trees and lossy beyond them, the production checks plan the TV they state,
 and the standard tree audit kills the entries and other bugs of their classes.
 
@@ -126,7 +126,8 @@ def _kill(label: str, fn, tv: float | None) -> None:
     failed = report.failed
     first = failed[0] if failed else None
     ROWS.append(f"[tree production] {label} | {'—' if tv is None else f'{tv:.4f}'} | "
-                f"{first.name if first else 'none'} | {first.look if first else '—'}/{first.num_looks if first else '—'} | "
+                f"{first.name if first else 'none'} | "
+                f"{first.look if first else '—'}/{first.num_looks if first else '—'} | "
                 f"{first.n if first else '—'} | {seconds:.1f}")
     assert report.exit_code == 1, report.explain()
 

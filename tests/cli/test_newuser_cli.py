@@ -1,5 +1,5 @@
-"""CLI details from issue 13: --list, fast trivial commands (no torch import), plain models --help,
-the plugin's budget reaching direct calls."""
+"""CLI details for a new user: --list, fast trivial commands (no torch import), plain models --help,
+the plugin's budget reaching the fixtures."""
 
 from __future__ import annotations
 
@@ -99,15 +99,17 @@ def test_models_help_has_no_rest_markup():
     assert "specverify models list" in completed.stdout
 
 
-def test_plugin_budget_reaches_direct_assert_lossless_calls(tmp_path):
+def test_plugin_budget_reaches_the_fixtures_not_the_environment(tmp_path):
     (tmp_path / "test_direct.py").write_text(
-        "import specverify\n\n"
-        "def test_direct():\n"
-        "    report = specverify.assert_lossless('reference', checks=['step-K1'], allow_underpowered=True)\n"
-        "    assert report.budget.samples == 123\n")
+        "import os\n\n"
+        "def test_direct(assert_lossless):\n"
+        "    report = assert_lossless('reference', checks=['step-K1'], allow_underpowered=True)\n"
+        "    assert report.budget.samples == 123\n"
+        "    assert 'SPECVERIFY_BUDGET' not in os.environ\n")
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 "--specverify-budget", "123", str(tmp_path / "test_direct.py")],
-                               capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+                               capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                               env={name: value for name, value in ENV.items() if name != "SPECVERIFY_BUDGET"})
     assert completed.returncode == 0, completed.stdout + completed.stderr
     bad = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--specverify-budget",
                           "huge", str(tmp_path / "test_direct.py")], capture_output=True, text=True, cwd=tmp_path,

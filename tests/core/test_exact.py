@@ -8,7 +8,6 @@ written here, with the loss equal to a value derived by hand or by an independen
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import itertools
 import math
@@ -117,7 +116,8 @@ def _correct_correction(p, q, path, n):
 def _chain_cases():
     """Small chains over V 2..5, K 0..3, order 0..2, both kinds (ids readable in the test names)."""
     cases = []
-    for vocab_size, num_draft, order, kind in itertools.product((2, 3, 5), (0, 1, 2, 3), (0, 1, 2), ("mixture", "sparse")):
+    for vocab_size, num_draft, order, kind in itertools.product((2, 3, 5), (0, 1, 2, 3), (0, 1, 2),
+                                                                ("mixture", "sparse")):
         if vocab_size**num_draft * vocab_size**order > 700:
             continue
         cases.append(pytest.param(vocab_size, num_draft, order, kind, id=f"V{vocab_size}-K{num_draft}-o{order}-{kind}"))
@@ -249,10 +249,6 @@ def test_step_distribution_after_a_prefix_and_with_a_result_object():
     assert exact.max_abs_difference(integrated, exact.ideal_step_distribution(chain, 2, prefix=(2, 0))) < EXACT
 
 
-_HAS_RULES = importlib.util.find_spec("specverify.core.rules") is not None
-
-
-@pytest.mark.skipif(not _HAS_RULES, reason="specverify/rules.py does not exist yet")
 @pytest.mark.parametrize(("vocab_size", "num_draft", "order", "kind"), _INTEGRATION_CASES[:5])
 def test_step_distribution_of_specverify_rules_is_the_ideal_law(vocab_size, num_draft, order, kind):
     from specverify.core import rules
@@ -345,7 +341,7 @@ def test_grid_edges_and_points_stay_inside_the_unit_interval():
     assert edges[0] == 0.0 and edges[-1] == 1.0
     assert np.all(np.diff(edges) >= exact.MIN_CELL_WIDTH)
     # The narrowest legal top cell [1 - MIN_CELL_WIDTH, 1): a scan fraction 1 - 8**-7 rounds
-    # low + width * f to exactly 1.0 without the clamp (issue 9).
+    # low + width * f to exactly 1.0 without the clamp.
     top = np.array([0.0, 1.0 - exact.MIN_CELL_WIDTH, 1.0])
     grid = exact._build_grid([[edges, top]], np.array([0]))
     fractions = np.concatenate([[0.0], exact.SCAN_FRACTIONS, [np.nextafter(1.0, 0.0)]])
@@ -379,7 +375,7 @@ def test_grid_edges_and_points_stay_inside_the_unit_interval():
     ids=["narrow-top-cell", "bonus-masses-near-1e-13"],
 )
 def test_every_uniform_handed_to_the_rule_lies_in_the_unit_interval(rule, chain):
-    # The two fresh-machine failures of issue 9 (Hypothesis 6.170.17): cells ~1e-13 wide just below 1.
+    # Hypothesis 6.170.17's two failing examples on a fresh machine: cells ~1e-13 wide just below 1.
     from specverify.core import rules
 
     rule = rules.point_mass_as_verify if rule is None else rule
@@ -398,7 +394,8 @@ def test_every_uniform_handed_to_the_rule_lies_in_the_unit_interval(rule, chain)
 
 def test_a_rule_that_ignores_the_uniforms_is_refused():
     def sampling_rule(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
-        return _reference(target_probs, draft_probs, draft_tokens, uniforms=torch.rand(uniforms.shape, dtype=torch.float64))
+        return _reference(target_probs, draft_probs, draft_tokens,
+                          uniforms=torch.rand(uniforms.shape, dtype=torch.float64))
 
     with pytest.raises(ValueError, match="draws randomness other than the injected uniforms"):
         exact.step_distribution(sampling_rule, _markov(3, 1, "mixture", "ignores"), 2)

@@ -22,7 +22,8 @@ from specverify.core.rules import greedy_verify, point_mass_verify, rejection_sa
 from specverify.core.seeding import derive_seed
 from tests.core.test_rules_identity import _corruptions, assert_same, outcome, random_case
 
-needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the native kernel cannot be built")
+needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the "
+                                    "native kernel cannot be built")
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 33), (17, 3, 50), (64, 8, 32), (9, 1, 1000),
@@ -208,7 +209,7 @@ def test_a_flagged_input_restores_the_generator_and_reruns_the_torch_rule(monkey
 def test_the_same_errors_for_corrupted_inputs(dtype):
     for ragged in (False, True):
         case = random_case(derive_seed("native-errors", str(dtype), ragged), 4, 3, 50, dtype, ragged)
-        for name, (p, q, drafts, u, num_draft) in _corruptions(*case):
+        for _, (p, q, drafts, u, num_draft) in _corruptions(*case):
             both_paths(rejection_sample, p, q, drafts, uniforms=u, num_draft=num_draft)
             both_paths(point_mass_verify, p, drafts, uniforms=u, num_draft=num_draft)
             both_paths(greedy_verify, p, drafts, num_draft=num_draft)
@@ -376,7 +377,7 @@ def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, 
             both_paths(point_mass_verify, p, drafts, uniforms=u, num_draft=num_draft)
             both_paths(greedy_verify, p, greedy_friendly(p, drafts, num_draft, 0), num_draft=num_draft)
             corruptions = _corruptions(p, q, drafts, u, num_draft) if shape == (5, 4, 7) else ()
-            for name, (bad_p, bad_q, bad_drafts, bad_u, bad_num_draft) in corruptions:
+            for _, (bad_p, bad_q, bad_drafts, bad_u, bad_num_draft) in corruptions:
                 both_paths(rejection_sample, bad_p, bad_q, bad_drafts, uniforms=bad_u, num_draft=bad_num_draft)
     assert calls.taken >= 24
 

@@ -10,7 +10,6 @@ comparisons.  Without a compiler everything runs on the torch path.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -21,7 +20,8 @@ from tests.core.test_native_rules import mutated_library, use_portable_build
 from tests.core.test_tree_rules_identity import _corruptions, assert_same, outcome
 from tests.core.test_tree_rules_identity import random_tree_case as identity_case
 
-needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the native kernel cannot be built")
+needs_compiler = pytest.mark.skipif(not native_rules.enabled(), reason="no C compiler: the "
+                                    "native kernel cannot be built")
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 SHAPES = [(1, 1, 1), (1, 1, 2), (3, 2, 3), (5, 4, 7), (2, 8, 33), (17, 3, 50), (64, 8, 32), (9, 1, 1000),
@@ -120,7 +120,8 @@ def test_the_native_path_is_not_taken_where_it_does_not_apply(monkeypatch):
 def test_both_rules_give_the_torch_outputs(shape, dtype, monkeypatch):
     calls = Calls(monkeypatch)
     for repeat in range(2):
-        p, q, tokens, parents, u = random_tree_case(derive_seed("native-tree", shape, str(dtype), repeat), *shape, dtype)
+        p, q, tokens, parents, u = random_tree_case(derive_seed("native-tree", shape, str(dtype), repeat), *shape,
+                                                    dtype)
         both_rules(p, q, tokens, parents, uniforms=u)
         both_rules(p, q, tokens, parents, uniforms=u, validate=False)
     assert calls.taken == 8
@@ -365,7 +366,7 @@ def test_greedy_tree_verify_gives_the_torch_outputs_and_errors(dtype, monkeypatc
                         on_path(True, tree_rules.greedy_tree_verify, p, tokens, parents, validate=validate))
         assert taken[-1] is not None
         if shape[-1] >= 3:
-            for label, (bad_p, _, bad_tokens, bad_parents, _) in _corruptions(p, q, tokens, parents, u):
+            for _, (bad_p, _, bad_tokens, bad_parents, _) in _corruptions(p, q, tokens, parents, u):
                 assert_same(on_path(False, tree_rules.greedy_tree_verify, bad_p, bad_tokens, bad_parents),
                             on_path(True, tree_rules.greedy_tree_verify, bad_p, bad_tokens, bad_parents))
     ties = torch.tensor([[[0.25, 0.25, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0]]])  # first maximal index

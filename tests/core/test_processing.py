@@ -151,7 +151,8 @@ def test_invariances(settings):
     torch.testing.assert_close(process_logits(logits + 7.25, **settings), probs, atol=1e-6, rtol=0)
     # permuting the vocabulary permutes the output
     permutation = torch.randperm(50, generator=torch.Generator().manual_seed(derive_seed("permutation", str(settings))))
-    torch.testing.assert_close(process_logits(logits[:, permutation], **settings), probs[:, permutation], atol=1e-6, rtol=0)
+    torch.testing.assert_close(process_logits(logits[:, permutation], **settings), probs[:, permutation], atol=1e-6,
+                               rtol=0)
     # rows are processed independently
     for row in range(4):
         torch.testing.assert_close(process_logits(logits[row], **settings), probs[row], atol=0, rtol=0)

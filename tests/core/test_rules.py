@@ -274,7 +274,8 @@ def test_ragged_rows_match_truncated_single_rows():
     batch, num_draft_tokens, vocab = 12, 4, 5
     p = torch.tensor(random_distributions(rng, (batch, num_draft_tokens + 1, vocab), 0.2))
     q = torch.tensor(random_distributions(rng, (batch, num_draft_tokens, vocab), 0.2))
-    drafts = torch.tensor([[rng.choice(vocab, p=q[b, i].numpy()) for i in range(num_draft_tokens)] for b in range(batch)])
+    drafts = torch.tensor([[rng.choice(vocab,
+                                       p=q[b, i].numpy()) for i in range(num_draft_tokens)] for b in range(batch)])
     n = torch.tensor(rng.integers(1, num_draft_tokens + 1, size=batch))
     u = torch.rand(batch, num_draft_tokens + 1, generator=torch.Generator().manual_seed(3), dtype=F64)
     batched = rejection_sample(p, q, drafts, uniforms=u, num_draft=n)
@@ -293,11 +294,13 @@ def test_batched_equals_row_by_row_and_loop_reference():
     batch, num_draft_tokens, vocab = 32, 3, 6
     p = torch.tensor(random_distributions(rng, (batch, num_draft_tokens + 1, vocab), 0.3))
     q = torch.tensor(random_distributions(rng, (batch, num_draft_tokens, vocab), 0.3))
-    drafts = torch.tensor([[rng.choice(vocab, p=q[b, i].numpy()) for i in range(num_draft_tokens)] for b in range(batch)])
+    drafts = torch.tensor([[rng.choice(vocab,
+                                       p=q[b, i].numpy()) for i in range(num_draft_tokens)] for b in range(batch)])
     u = torch.tensor(rng.random((batch, num_draft_tokens + 1)))
     batched = rejection_sample(p, q, drafts, uniforms=u)
     rows = torch.cat(
-        [rejection_sample(p[b : b + 1], q[b : b + 1], drafts[b : b + 1], uniforms=u[b : b + 1]).emitted for b in range(batch)]
+        [rejection_sample(p[b : b + 1], q[b : b + 1], drafts[b : b + 1],
+                          uniforms=u[b : b + 1]).emitted for b in range(batch)]
     )
     assert torch.equal(batched.emitted, rows)
     assert torch.equal(batched.emitted, loop_rule()(p, q, drafts, uniforms=u))
@@ -389,7 +392,8 @@ def test_point_mass_equals_rejection_sample_with_one_hot_draft():
     drafts = torch.tensor(rng.integers(0, vocab, (batch, num_draft_tokens)))
     one_hot = torch.nn.functional.one_hot(drafts, vocab).to(F64)
     u = torch.tensor(rng.random((batch, num_draft_tokens + 1)))
-    assert torch.equal(point_mass_verify(p, drafts, uniforms=u).emitted, rejection_sample(p, one_hot, drafts, uniforms=u).emitted)
+    assert torch.equal(point_mass_verify(p, drafts, uniforms=u).emitted,
+                       rejection_sample(p, one_hot, drafts, uniforms=u).emitted)
 
 
 def test_point_mass_is_exact_even_for_sampled_drafts():
@@ -460,7 +464,8 @@ def test_zero_mass_tokens_never_emitted_at_adversarial_uniforms():
             assert p[1, final_token] > 0
         else:
             assert max(p[0, final_token] - q[0, final_token], 0) > 0
-    pm = point_mass_verify(torch.tensor(p).expand(batch, -1, -1), torch.full((batch, 1), draft), uniforms=torch.tensor(rows))
+    pm = point_mass_verify(torch.tensor(p).expand(batch, -1, -1), torch.full((batch, 1), draft),
+                           uniforms=torch.tensor(rows))
     for emitted, n in zip(pm.emitted.tolist(), pm.num_accepted.tolist()):
         final_token = emitted[n]
         assert p[n, final_token] > 0 and (n == 1 or final_token != draft)
@@ -529,7 +534,8 @@ def test_tiny_masses_are_resolved_token_by_token_unlike_a_float32_inverse_cdf():
     aimed = torch.arange(rows) * 6007 + 1000
     u = (cumulative[aimed - 1] + 0.5 * tiny) / cumulative[-1]
     p = torch.stack([torch.full((vocab,), 1 / vocab), bonus])[None].expand(rows, -1, -1)
-    result = rejection_sample(p, p[:, :1], torch.full((rows, 1), 7), uniforms=torch.stack([torch.zeros(rows, dtype=F64), u], 1))
+    result = rejection_sample(p, p[:, :1], torch.full((rows, 1), 7),
+                              uniforms=torch.stack([torch.zeros(rows, dtype=F64), u], 1))
     assert torch.equal(result.emitted[:, 1], aimed)
     fp32_cumulative = bonus.cumsum(0)
     fp32_tokens = torch.searchsorted(fp32_cumulative, (u * fp32_cumulative[-1].item()).float(), right=True)
@@ -543,7 +549,8 @@ def test_tiny_masses_in_the_residual_of_a_128k_vocabulary():
     draft[0] = 1.0  # residual (p - q)+ = the tail of 1e-8 masses, total 1.3e-3
     p = torch.stack([target, target])[None]
     q = draft[None, None]
-    for u_final, low, high in ((0.0, 1, 1), (0.5, vocab // 2 - 2, vocab // 2 + 2), (np.nextafter(1.0, 0), vocab - 1, vocab - 1)):
+    for u_final, low, high in ((0.0, 1, 1), (0.5, vocab // 2 - 2, vocab // 2 + 2),
+                               (np.nextafter(1.0, 0), vocab - 1, vocab - 1)):
         result = rejection_sample(p, q, tokens([[0]]), uniforms=t64([[0.9999, u_final]]))
         assert result.num_accepted.item() == 0
         assert low <= result.emitted[0, 0].item() <= high
@@ -588,9 +595,11 @@ def test_typical_acceptance_hand_cases():
     assert typical_acceptance_verify(p, tokens([[1]]), uniforms=t64([[0.0, 0.96]])).emitted.tolist() == [[1, -1]]
     assert typical_acceptance_verify(p, tokens([[1]]), uniforms=t64([[0.0, 0.5]])).emitted.tolist() == [[0, -1]]
     # the comparison is strict: with threshold 0.04 = p0(1) token 1 is rejected
-    assert typical_acceptance_verify(p, tokens([[1]]), uniforms=t64([[0.0, 0.5]]), threshold=0.04).emitted.tolist() == [[0, -1]]
+    assert typical_acceptance_verify(p, tokens([[1]]), uniforms=t64([[0.0, 0.5]]),
+                                     threshold=0.04).emitted.tolist() == [[0, -1]]
     # a threshold of 0.03 lets token 1 through
-    assert typical_acceptance_verify(p, tokens([[1]]), uniforms=t64([[0.0, 0.1]]), threshold=0.03).emitted.tolist() == [[1, 0]]
+    assert typical_acceptance_verify(p, tokens([[1]]), uniforms=t64([[0.0, 0.1]]),
+                                     threshold=0.03).emitted.tolist() == [[1, 0]]
 
 
 @pytest.mark.parametrize("argument, value", [("threshold", -0.1), ("threshold", math.nan), ("alpha", math.inf)])
@@ -622,7 +631,8 @@ def test_first_token_law_chisquare(rule, lossless):
     p = torch.tensor([p0, [0.25] * 4], dtype=F64).expand(SAMPLED_ROWS, -1, -1)
     q = torch.tensor([q0], dtype=F64).expand(SAMPLED_ROWS, -1, -1)
     generator = torch.Generator().manual_seed(derive_seed("chisquare", rule.__name__))
-    drafts = torch.multinomial(torch.tensor(q0, dtype=F64), SAMPLED_ROWS, replacement=True, generator=generator)[:, None]
+    drafts = torch.multinomial(torch.tensor(q0, dtype=F64), SAMPLED_ROWS, replacement=True,
+                               generator=generator)[:, None]
     first = rule(p, q, drafts, generator)[:, 0]
     counts = torch.bincount(first, minlength=4).numpy()
     expected = SAMPLED_ROWS * np.array(p0)
@@ -663,26 +673,34 @@ VALIDATION_CASES = {
     "target NaN": (_set("target_probs", (0, 1, 0), math.nan), "target_probs: contains NaN or Inf"),
     "target Inf": (_set("target_probs", (1, 2, 2), math.inf), "target_probs: contains NaN or Inf"),
     "draft NaN": (_set("draft_probs", (0, 0, 0), math.nan), "draft_probs: contains NaN or Inf"),
-    "target negative": (_replace("target_probs", lambda i: i["target_probs"] + t64([[0.375, -0.5, 0.125], [0, 0, 0], [0, 0, 0]])),
+    "target negative": (_replace("target_probs",
+                                 lambda i: i["target_probs"] + t64([[0.375, -0.5, 0.125], [0, 0, 0], [0, 0, 0]])),
                         "target_probs: contains negative"),
     "draft negative": (_replace("draft_probs", lambda i: i["draft_probs"] + t64([[[0, 0, 0], [0.375, -0.5, 0.125]]])),
                        "draft_probs: contains negative"),
     "target not normalised": (_replace("target_probs", lambda i: i["target_probs"] * 1.01),
                               "target_probs: a row does not sum to 1"),
-    "draft not normalised": (_replace("draft_probs", lambda i: i["draft_probs"] * 0.9), "draft_probs: a row does not sum to 1"),
-    "target 2-D": (_replace("target_probs", lambda i: i["target_probs"][0]), r"target_probs: expected shape \[B, K\+1, V\]"),
-    "target ints": (_replace("target_probs", lambda i: i["target_probs"].long()), "target_probs: expected a floating-point"),
+    "draft not normalised": (_replace("draft_probs", lambda i: i["draft_probs"] * 0.9), "draft_probs: a "
+                             "row does not sum to 1"),
+    "target 2-D": (_replace("target_probs", lambda i: i["target_probs"][0]), r"target_probs: "
+                   r"expected shape \[B, K\+1, V\]"),
+    "target ints": (_replace("target_probs", lambda i: i["target_probs"].long()), "target_probs: "
+                    "expected a floating-point"),
     "K = 0": (lambda i: i.update(target_probs=i["target_probs"][:, :1], draft_probs=i["draft_probs"][:, :0],
                                  draft_tokens=i["draft_tokens"][:, :0], uniforms=i["uniforms"][:, :1]), "K >= 1"),
     "batch mismatch": (_replace("draft_probs", lambda i: i["draft_probs"][:1]), "draft_probs: expected shape"),
     "K mismatch": (_replace("draft_probs", lambda i: i["draft_probs"][:, :1]), "draft_probs: K = 1 positions"),
-    "vocab mismatch": (_replace("draft_probs", lambda i: torch.cat([i["draft_probs"], torch.zeros(2, 2, 1, dtype=F64)], -1)),
+    "vocab mismatch": (_replace("draft_probs",
+                                lambda i: torch.cat([i["draft_probs"], torch.zeros(2, 2, 1, dtype=F64)], -1)),
                        "draft_probs: vocabulary size 4"),
-    "tokens int32": (_replace("draft_tokens", lambda i: i["draft_tokens"].int()), "draft_tokens: expected dtype torch.int64"),
-    "tokens shape": (_replace("draft_tokens", lambda i: i["draft_tokens"][:, :1]), r"draft_tokens: expected shape \[B, K\]"),
+    "tokens int32": (_replace("draft_tokens", lambda i: i["draft_tokens"].int()), "draft_tokens: "
+                     "expected dtype torch.int64"),
+    "tokens shape": (_replace("draft_tokens", lambda i: i["draft_tokens"][:, :1]), r"draft_tokens: "
+                     r"expected shape \[B, K\]"),
     "token too large": (_set("draft_tokens", (1, 0), 3), r"draft_tokens: token ids must lie in \[0, V\)"),
     "token negative": (_set("draft_tokens", (0, 1), -1), r"draft_tokens: token ids must lie in \[0, V\)"),
-    "draft prob zero at token": (_replace("draft_probs", lambda i: torch.zeros_like(i["draft_probs"]) + t64([0.5, 0.5, 0.0])),
+    "draft prob zero at token": (_replace("draft_probs",
+                                          lambda i: torch.zeros_like(i["draft_probs"]) + t64([0.5, 0.5, 0.0])),
                                  "draft_probs: a draft token has draft probability 0"),  # row 1 drafts token 2
     "uniform = 1": (_set("uniforms", (0, 2), 1.0), r"uniforms: values must be finite and lie in \[0, 1\)"),
     "uniform < 0": (_set("uniforms", (1, 0), -0.5), r"uniforms: values must be finite and lie in \[0, 1\)"),
@@ -691,7 +709,8 @@ VALIDATION_CASES = {
     "uniforms ints": (_replace("uniforms", lambda i: i["uniforms"].long()), "uniforms: expected a floating-point"),
     "neither generator nor uniforms": (_replace("uniforms", None), "generator/uniforms: pass exactly one"),
     "both generator and uniforms": (_replace("generator", torch.Generator()), "generator/uniforms: pass exactly one"),
-    "generator not a generator": (lambda i: i.update(uniforms=None, generator=3), "generator: expected a torch.Generator"),
+    "generator not a generator": (lambda i: i.update(uniforms=None, generator=3), "generator: expected a "
+                                  "torch.Generator"),
     "num_draft too large": (_replace("num_draft", tokens([2, 3])), "num_draft: entries must lie in 0..K"),
     "num_draft negative": (_replace("num_draft", tokens([-1, 2])), "num_draft: entries must lie in 0..K"),
     "num_draft int32": (_replace("num_draft", torch.tensor([1, 1], dtype=torch.int32)), "num_draft: expected an int64"),
@@ -756,8 +775,10 @@ def test_cuda_matches_cpu_on_random_batches():
     u = torch.tensor(rng.random((batch, num_draft_tokens + 1)))
     n = torch.tensor(rng.integers(0, num_draft_tokens + 1, batch))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        cpu = rejection_sample(p.to(dtype), q.to(dtype), drafts, uniforms=u, num_draft=n, validate=dtype == torch.float32)
-        cuda = rejection_sample(p.to(dtype).cuda(), q.to(dtype).cuda(), drafts.cuda(), uniforms=u.cuda(), num_draft=n.cuda(),
+        cpu = rejection_sample(p.to(dtype), q.to(dtype), drafts, uniforms=u, num_draft=n,
+                               validate=dtype == torch.float32)
+        cuda = rejection_sample(p.to(dtype).cuda(), q.to(dtype).cuda(), drafts.cuda(), uniforms=u.cuda(),
+                                num_draft=n.cuda(),
                                 validate=dtype == torch.float32)
         assert torch.equal(cpu.emitted, cuda.emitted.cpu())
         assert torch.equal(cpu.num_accepted, cuda.num_accepted.cpu())

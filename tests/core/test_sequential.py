@@ -74,7 +74,7 @@ def test_first_rejection():
 
 def test_final_look_inflation_table():
     """The final look's size at α_final against the fixed design at α (power 0.99, ε = 0.02):
-    ≤ 15% everywhere (issue 12); with the default spending it is ≤ 1.3%."""
+    ≤ 15% everywhere; with the default spending it is ≤ 1.3%."""
     epsilon, power = 0.02, 0.99
     print(f"\nfinal-look inflation, power {power} at TV {epsilon}, looks {DEFAULT_LOOKS}, default spending "
           "(alpha t^3); in brackets: TV the first look alone detects with power 0.99, in units of epsilon")
@@ -152,7 +152,8 @@ def test_gross_loss_stops_at_the_first_look(specverify_base_seed):
     lossy = np.array([0.0, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.03, 0.01, 0.31])  # 0.3 moved from cell 0 to 9
     assert 0.5 * np.abs(lossy - NULL_PROBS).sum() == pytest.approx(0.3)
     rng = np.random.default_rng(derive_seed("sequential-gross", base=specverify_base_seed))
-    looks = [sequential_gof(plan, rng.choice(lossy.size, size=plan.n, p=lossy), NULL_PROBS, seed=run) for run in range(20)]
+    looks = [sequential_gof(plan, rng.choice(lossy.size, size=plan.n, p=lossy), NULL_PROBS,
+                            seed=run) for run in range(20)]
     assert looks == [0] * 20, looks
 
 
@@ -164,6 +165,7 @@ def test_moderate_loss_is_still_caught_by_the_final_look():
     shifted[0] -= 0.05
     shifted[1] += 0.05
     rng = np.random.default_rng(derive_seed("sequential-moderate"))
-    looks = [sequential_gof(plan, rng.choice(shifted.size, size=plan.n, p=shifted), NULL_PROBS, seed=run) for run in range(40)]
+    looks = [sequential_gof(plan, rng.choice(shifted.size, size=plan.n, p=shifted), NULL_PROBS,
+                            seed=run) for run in range(40)]
     assert sum(look is not None for look in looks) >= 38
     assert sum(look == 0 for look in looks if look is not None) <= 5

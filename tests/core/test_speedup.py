@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specverify.core import exact
 from specverify.cli.speedup import main, register
+from specverify.core import exact
 from specverify.core.speedup import (
     best_gamma,
     expected_tokens_per_pass,
@@ -35,7 +35,8 @@ def test_closed_form_equals_the_position_dependent_form(alpha, gamma):
 
 @given(alphas=st.lists(rates, min_size=1, max_size=8))
 def test_position_form_agrees_with_exact(alphas):
-    assert expected_tokens_per_pass_by_position(alphas) == pytest.approx(exact.expected_tokens_per_step(alphas), rel=1e-12)
+    assert expected_tokens_per_pass_by_position(alphas) == pytest.approx(exact.expected_tokens_per_step(alphas),
+                                                                         rel=1e-12)
 
 
 def test_limits_and_a_hand_computed_value():
@@ -183,6 +184,7 @@ def test_cli_plot_with_one_gamma_draws_the_whole_curve(tmp_path, monkeypatch):
         drawn.update(curve=[e.gamma for e in curve.table], asked=[e.gamma for e in asked.table])
 
     monkeypatch.setattr("specverify.cli.speedup.save_plot", capture)
-    args = parse(["speedup", "--alpha", "0.8", "--gamma", "4", "--draft-cost", "0.05", "--plot", str(tmp_path / "p.png")])
+    args = parse(["speedup", "--alpha", "0.8", "--gamma", "4", "--draft-cost", "0.05", "--plot",
+                  str(tmp_path / "p.png")])
     assert args.handler(args) == 0
     assert drawn == {"curve": list(range(1, 17)), "asked": [4]}

@@ -7,7 +7,7 @@ test; the whole file's checks share one family-wise budget CHECK_ALPHA (Bonferro
 
 The cases cover every p-value path: asymptotic without pooling, asymptotic after pooling
 sparse expected probabilities, exact enumeration, and Monte-Carlo.  Run with
-``pytest -m slow tests/test_stats_calibration.py -s`` to see the figures.
+``pytest -m slow tests/core/test_stats_calibration.py -s`` to see the figures.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ def test_eagle_layout_round_trip():
 def test_adapters_are_exact():
     chain = random_markov_chain(3, 1, seed=7, closeness=0.0)
     for shape in [(-1, -1), (-1, 0, 0)]:
-        assert tree_exact.exact_tree_step_tv(tree_layouts.sglang_style_verify_tree, chain, shape, "deterministic") < 1e-12
+        assert tree_exact.exact_tree_step_tv(tree_layouts.sglang_style_verify_tree, chain, shape,
+                                             "deterministic") < 1e-12
         for scheme in ("independent", "without_replacement", "deterministic"):
             assert tree_exact.exact_tree_step_tv(tree_layouts.eagle_style_verify_tree, chain, shape, scheme) < 1e-12
 

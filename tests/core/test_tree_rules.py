@@ -137,11 +137,14 @@ def _valid():
     (dict(parents=torch.tensor([[-1, 1, 0]])), r"parents: the parent pointers form a cycle"),
     (dict(parents=torch.tensor([[-1, 2, 1]])), r"parents: the parent pointers form a cycle"),
     (dict(parents=torch.tensor([[-1, 0, 5]])), r"parents: entries must be -1 or a node index"),
-    (dict(tree_tokens=torch.tensor([[0, -1, 2]]), parents=torch.tensor([[-1, -1, 0]])), r"absent node \(-1\) comes before"),
-    (dict(tree_tokens=torch.tensor([[0, 1, -1]]), parents=torch.tensor([[-1, 0, 0]])), r"absent node .* must have parent -1"),
+    (dict(tree_tokens=torch.tensor([[0, -1, 2]]), parents=torch.tensor([[-1, -1, 0]])), r"absent node "
+     r"\(-1\) comes before"),
+    (dict(tree_tokens=torch.tensor([[0, 1, -1]]), parents=torch.tensor([[-1, 0, 0]])), r"absent node .* "
+     r"must have parent -1"),
     (dict(tree_tokens=torch.tensor([[0, 3, 2]])), r"tree_tokens: token ids must be -1"),
     (dict(tree_tokens=torch.tensor([[0, -2, 2]])), r"tree_tokens: token ids must be -1"),
-    (dict(tree_tokens=torch.tensor([[0, 1]]), parents=torch.tensor([[-1, 0]])), r"tree_tokens: expected shape \[B, N\]"),
+    (dict(tree_tokens=torch.tensor([[0, 1]]), parents=torch.tensor([[-1, 0]])),
+     r"tree_tokens: expected shape \[B, N\]"),
     (dict(parents=torch.tensor([[-1, 0, 0]], dtype=torch.int32)), r"parents: expected dtype torch.int64"),
     (dict(draft_probs=torch.full((1, 2, 3), 1 / 3, dtype=torch.float64)), r"draft_probs: expected shape \[B, N, V\]"),
     (dict(target_probs=torch.full((1, 4, 3), 0.5, dtype=torch.float64)), r"target_probs: a row does not sum to 1"),
@@ -152,7 +155,8 @@ def _valid():
 ])
 def test_invalid_inputs_name_the_argument(change, match):
     p, q, x, parents = _valid()
-    arguments = dict(target_probs=p, draft_probs=q, tree_tokens=x, parents=parents, uniforms=torch.zeros(1, 4, dtype=torch.float64))
+    arguments = dict(target_probs=p, draft_probs=q, tree_tokens=x, parents=parents,
+                     uniforms=torch.zeros(1, 4, dtype=torch.float64))
     arguments.update(change)
     with pytest.raises(ValueError, match=match):
         tree_rules.tree_rejection_sample(arguments["target_probs"], arguments["draft_probs"], arguments["tree_tokens"],
@@ -162,7 +166,8 @@ def test_invalid_inputs_name_the_argument(change, match):
 def test_a_present_node_under_an_absent_parent_is_rejected_by_the_prefix_rule():
     p, q, _, _ = _valid()
     with pytest.raises(ValueError, match="absent node"):
-        tree_rules.verify_tree(p, q, torch.tensor([[0, -1, 1]]), torch.tensor([[-1, -1, 1]]), uniforms=torch.zeros(1, 4))
+        tree_rules.verify_tree(p, q, torch.tensor([[0, -1, 1]]), torch.tensor([[-1, -1, 1]]),
+                               uniforms=torch.zeros(1, 4))
 
 
 def test_generator_and_uniforms_are_exclusive():

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specverify.auditing.runner import audit
-from specverify.core.rules import greedy_verify, verify as reference_verify
+from specverify.core.rules import greedy_verify
+from specverify.core.rules import verify as reference_verify
 from specverify.core.seeding import derive_seed
 from specverify.engines import AUDIT_PLANS, AUDITED_VERSIONS, audit_command
 from specverify.engines.environment import INSTALL_HINTS, gumbel_perturbed_logits, installed_version, require_engine

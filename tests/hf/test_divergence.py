@@ -3,7 +3,7 @@ Hugging Face models.
 
 A tiny random Llama (specverify.hf.tiny_models) exercises the runners, the calibration in
 bfloat16 (the model's own and a float32 reference) and :func:`check_identity` on correct and
-corrupted rows; the judgement itself is pinned in tests/core/test_greedy_identity.py.  Runtime: ~5 s.
+corrupted rows; the judgement itself is pinned in tests/core/test_greedy_judgement.py.  Runtime: ~5 s.
 """
 
 from __future__ import annotations

@@ -33,12 +33,13 @@ from transformers.generation.logits_process import (  # noqa: E402
     TopPLogitsWarper,
 )
 
-from specverify.hf import generate_adapter as hf_generate, sampler_adapter as hf_sampler  # noqa: E402
-from specverify.auditing.runner import EXIT_FAIL, EXIT_PASS, audit  # noqa: E402
 from specverify.auditing.decoder.battery import FILTER_STRATA, GREEDY_CASES, TEMPERATURE_STRATA, DecoderModels  # noqa: E402
 from specverify.auditing.loading import load_target  # noqa: E402
+from specverify.auditing.runner import EXIT_FAIL, EXIT_PASS, audit  # noqa: E402
 from specverify.core.processing import process_logits  # noqa: E402
 from specverify.core.rules import rejection_sample  # noqa: E402
+from specverify.hf import generate_adapter as hf_generate  # noqa: E402
+from specverify.hf import sampler_adapter as hf_sampler
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +249,8 @@ def test_decoder_audit_of_transformers_assisted_generation_quick():
 
 @pytest.mark.slow
 @pytest.mark.statistical
-@pytest.mark.parametrize(("target", "budget"), [("hf-transformers", "standard"), ("hf-transformers-prompt-lookup", "quick"),
+@pytest.mark.parametrize(("target", "budget"),
+                         [("hf-transformers", "standard"), ("hf-transformers-prompt-lookup", "quick"),
                                                ("hf-transformers-prompt-lookup", "standard")])
 def test_decoder_audit_of_transformers(target, budget):
     report = audit(target, level="decoder", budget=budget)

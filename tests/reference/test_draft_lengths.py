@@ -104,7 +104,8 @@ def hf_assisted(target, draft, prompt: torch.Tensor, max_new_tokens: int, gamma:
         **({"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3} if lookup else {}),
     )
     assistant = draft.generation_config
-    saved = assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule, assistant.assistant_confidence_threshold
+    saved = (assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule,
+             assistant.assistant_confidence_threshold)
     assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule = gamma, "constant"
     assistant.assistant_confidence_threshold = 0.0
     try:

@@ -154,6 +154,7 @@ def head_laws_from_scratch(target, head: MTPHead, committed: list[int], drafts: 
     hidden = target(input_ids=torch.tensor([committed[:-1]]), output_hidden_states=True).hidden_states[-1]
     tokens = torch.tensor([committed[1:]])
     laws = []
+    output = None  # the head's forward over the entries so far
     for draft in [None, *drafts[:-1]]:
         if draft is not None:  # the draft entry: the head's own state at the last entry, and the draft
             hidden = torch.cat([hidden, output.hidden_states[-1][:, -1:]], 1)

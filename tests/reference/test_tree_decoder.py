@@ -47,7 +47,8 @@ from specverify.core.tree_exact import (
 from specverify.core.tree_rules import unchanged_target_tree_verify
 from specverify.hf.tiny_models import continuation_distribution, tiny_target_and_draft
 
-SHAPES = {"chain4": chain_shape(4), "star3": star_shape(3), "binary6": binary_shape(6), "eagle231": eagle_shape(2, 3, 1)}
+SHAPES = {"chain4": chain_shape(4), "star3": star_shape(3), "binary6": binary_shape(6),
+          "eagle231": eagle_shape(2, 3, 1)}
 PROMPT = (3, 1, 4, 1, 5)
 NEW_TOKENS = 24
 
@@ -131,7 +132,10 @@ def test_one_tree_pass_equals_path_forwards(name, models):
 def test_tree_pass_check_fails_on_a_broken_mask_or_positions(models, monkeypatch):
     target, _ = models
     assert tree_pass_error(target, TreeShape.of(SHAPES["binary6"]), seed=1) < 1e-5
-    full = lambda ancestors, context: torch.ones(1, 1, ancestors.shape[0], context + ancestors.shape[0], dtype=torch.bool)
+
+    def full(ancestors, context):
+        return torch.ones(1, 1, ancestors.shape[0], context + ancestors.shape[0], dtype=torch.bool)
+
     with monkeypatch.context() as patch:
         patch.setattr(tree_decoder, "tree_attention_mask", full)  # every node sees every sibling
         assert tree_pass_error(target, TreeShape.of(SHAPES["binary6"]), seed=1) > 1e-3
@@ -225,7 +229,8 @@ def test_greedy_equals_target_generate_on_smollm2():
                                            parents=eagle_shape(2, 3, 1), max_new_tokens=32, temperature=0.0)
     assert generation.tokens.tolist() == greedy_reference(target, prompt, 32)
     print(f"SmolLM2 greedy identity, eagle(2,3,1), prompt lookup: tokens/pass {generation.stats.tokens_per_pass:.3f}")
-    assert generation.stats.tokens_per_pass > 1.2, "no tree path was accepted: the identity did not exercise the KV gather"
+    assert generation.stats.tokens_per_pass > 1.2, \
+        "no tree path was accepted: the identity did not exercise the KV gather"
 
 
 # --------------------------------------------------------------------------------------------

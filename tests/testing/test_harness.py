@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from specverify.core import exact, stats
-from specverify.auditing.sampler.battery import markov_family_bank, positional_family_bank, step_laws
 from specverify.auditing.isolation.faults import (
     Fault,
     call_with_deadline,
@@ -20,6 +18,10 @@ from specverify.auditing.isolation.faults import (
     seed_global_rng,
     validate_emitted,
 )
+from specverify.auditing.sampler.battery import markov_family_bank, positional_family_bank, step_laws
+from specverify.core import exact, stats
+from specverify.core.rules import verify as reference
+from specverify.core.seeding import derive_seed
 from specverify.testing.harness import (
     GuardedFunction,
     Proposal,
@@ -31,8 +33,6 @@ from specverify.testing.harness import (
     sample_runs,
     sample_steps,
 )
-from specverify.core.rules import verify as reference
-from specverify.core.seeding import derive_seed
 
 FAMILIES = ("random", "identical", "disjoint", "zeros", "one-hot", "near-uniform", "tiny", "deep-correction")
 

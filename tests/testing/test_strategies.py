@@ -209,7 +209,8 @@ def test_any_relation_gives_two_distributions(pair):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
 def test_verify_inputs_are_valid_step_inputs(dtype):
     @settings(max_examples=25)
-    @given(verify_inputs(batch_size=st.integers(1, 3), num_draft=st.integers(1, 3), vocab_size=SMALL_VOCAB, dtype=dtype))
+    @given(verify_inputs(batch_size=st.integers(1, 3), num_draft=st.integers(1, 3), vocab_size=SMALL_VOCAB,
+                         dtype=dtype))
     def check(inputs):
         assert isinstance(inputs, VerifyInputs)
         batch, positions, size = inputs.target_probs.shape

@@ -73,7 +73,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from specverify.core import stats
 from specverify.auditing.checks import (
     Battery,
     Check,
@@ -90,6 +89,7 @@ from specverify.auditing.checks import (
 )
 from specverify.auditing.isolation.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
 from specverify.auditing.isolation.guarded import GuardedGenerate
+from specverify.core import stats
 from specverify.core.seeding import derive_seed
 
 DECODER_BUDGETS: dict[str, float] = {"quick": 0.25, "standard": 0.1, "thorough": 0.05}
@@ -261,7 +261,8 @@ class DeterminismCheck(Check):
                 first, repeat, other = (self._call(session, stratum, seed, derive_seed(plan.seed, "global", number, g))
                                         for g in (1, 1, 2))
             if not torch.equal(first, repeat):
-                return self._failed(plan, f"two calls with the same seed and the same global RNG states returned different "
+                return self._failed(plan, "two calls with the same seed and the same global "
+                                    "RNG states returned different "
                                     f"tokens ({stratum_label(stratum)}): the decoder draws randomness from outside "
                                     "both (OS entropy, time, threads); derive everything from `seed`")
             if not torch.equal(first, other):
@@ -310,7 +311,8 @@ class SeedSensitivityCheck(Check):
                                           where=f"{self.name}, call {i}").tolist())
                    for i in range(self.calls)}
         if len(outputs) == 1:
-            message = (f"{self.calls} different seeds all gave {next(iter(outputs))} ({stratum_label(self.stratum)}); a "
+            message = (f"{self.calls} different seeds all gave {next(iter(outputs))} "
+                       f"({stratum_label(self.stratum)}); a "
                        f"lossless decoder does so with probability {self.false_alarm:.2g}: the output ignores `seed`, "
                        "so it cannot follow the target's law")
             return self.report(plan, Verdict.FAIL, message)

@@ -225,7 +225,8 @@ class EndpointBattery(Battery):
                              f"the same tokens alone and in any batch) or False, got {seeded_determinism!r}")
         self.seeded_determinism = seeded_determinism
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
-            raise ValueError(f"deadline_s: expected a positive number of seconds (or None: by budget), got {deadline_s!r}")
+            raise ValueError("deadline_s: expected a positive number of seconds (or None: "
+                             f"by budget), got {deadline_s!r}")
         self.baseline_url = None if baseline is None else baseline
         self.model = model
         self.concurrency = concurrency

@@ -288,7 +288,8 @@ class ChoicePairsCheck(SequentialCheck):
 
     def __post_init__(self) -> None:
         self.parameters = {"n": 2, "burst": self.size,
-                           "settings (temperature, top_k)": [list(s) for s in BURST_SETTINGS], "max_tokens": self.length, "prompts": [p.kind for p in self.prompts],
+                           "settings (temperature, top_k)": [list(s) for s in BURST_SETTINGS],
+                           "max_tokens": self.length, "prompts": [p.kind for p in self.prompts],
                            "cells": f"{PAIR_BINS}x{PAIR_BINS}"}
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:

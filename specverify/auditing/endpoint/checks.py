@@ -17,6 +17,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specverify.auditing.checks import (
+    Check,
+    CheckKind,
+    CheckResult,
+    Plan,
+    SequentialCheck,
+    Tally,
+    Verdict,
+    goodness_of_fit_result,
+    level_phrase,
+    look_fields,
+    monte_carlo_draws,
+)
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.greedy import (
     LOGPROB_TOLERANCE,
@@ -34,19 +47,6 @@ from specverify.auditing.endpoint.greedy import (
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
 from specverify.auditing.isolation.faults import Fault
-from specverify.auditing.checks import (
-    Check,
-    CheckKind,
-    CheckResult,
-    Plan,
-    SequentialCheck,
-    Tally,
-    Verdict,
-    goodness_of_fit_result,
-    level_phrase,
-    look_fields,
-    monte_carlo_draws,
-)
 from specverify.core import stats
 from specverify.core.greedy_identity import IdentityResult, judge
 from specverify.core.seeding import derive_seed
@@ -147,17 +147,21 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
         if session.baseline and not law.same_law:
             return self.report(plan, Verdict.FAIL,
                                f"on tokens where both servers agree, {law.exceeding} of {law.n} positions of the "
-                               f"candidate's logprobs differ from the baseline's by more than {law.threshold:.3g} nats, "
+                               "candidate's logprobs differ from the baseline's by more "
+                               f"than {law.threshold:.3g} nats, "
                                f"the baseline's own upper-decile noise between its evaluations of the same tokens "
                                f"(repeat/under load or echo re-scoring, the larger; floor {LOGPROB_TOLERANCE}); one in "
-                               f"ten is expected of one law (p = {law.pvalue:.3g} ≤ {SAME_LAW_ALPHA:g}; candidate's upper "
+                               f"ten is expected of one law (p = {law.pvalue:.3g} ≤ "
+                               f"{SAME_LAW_ALPHA:g}; candidate's upper "
                                f"decile {law.cross_quantile:.3g}, max {max(cross):.3g}): the candidate computes a "
                                f"different law", parameters=parameters)
         laws = candidate_laws if session.baseline else [c.top_logprobs for c in candidate]
-        rows = [scored_row(p.kind, c, row_laws, r) for p, c, row_laws, r in zip(self.prompts, candidate, laws, reference)]
+        rows = [scored_row(p.kind, c, row_laws, r) for p, c, row_laws,
+                r in zip(self.prompts, candidate, laws, reference)]
         result = judge(rows, tau=tol, noise_gaps=noise_gaps, alpha=SAME_LAW_ALPHA,
                        reference="the baseline's echo" if session.baseline else "the candidate's own logprobs")
-        lengths = [d for d in (length_difference(p.kind, c, r) for p, c, r in zip(self.prompts, candidate, reference)) if d]
+        lengths = [d for d in (length_difference(p.kind, c, r) for p, c,
+                               r in zip(self.prompts, candidate, reference)) if d]
         parameters.update({"positions scored": result.positions, "exceedances": len(result.exceedances),
                            "divergent positions": [result.divergent, result.positions],
                            "divergent positions of the noise": [result.noise_divergent, result.noise_positions],
@@ -169,7 +173,8 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
                    + (f"{identical}/{len(self.prompts)} prompts identical to the baseline over {self.length} tokens; "
                       if session.baseline else "") + _identity_summary(result, tol)
                    + f" (τ = {tau:.3g} nats; upper deciles of the {'baseline' if session.baseline else 'candidate'}'s "
-                   f"own noise: repeat/load {upper_quantile(noise):.3g}, echo re-scoring {upper_quantile(echo_noise):.3g}; "
+                   f"own noise: repeat/load {upper_quantile(noise):.3g}, echo re-scoring "
+                   f"{upper_quantile(echo_noise):.3g}; "
                    f"candidate vs baseline {law.cross_quantile:.3g}, {law.exceeding}/{law.n} positions above "
                    f"the same-law threshold {law.threshold:.3g}, p = {law.pvalue:.3g})"
                    + "".join(f"; EXPLAINED {d.describe()}" for d in result.first_divergences if d.explained))
@@ -198,7 +203,8 @@ def _identity_summary(result: IdentityResult, tol: float) -> str:
     noise = (f" vs {result.noise_divergent}/{result.noise_positions} of the baseline's own tokens under its echo "
              f"(p = {result.pvalue:.3g})" if result.noise_positions else "")
     return (f"whole sequence scored by {result.reference}: {result.positions} positions, {len(result.exceedances)} "
-            f"above the tolerance {tol:.3g} nats (which explains {result.explainable_fraction:.0%} of them as near-ties), "
+            f"above the tolerance {tol:.3g} nats (which explains "
+            f"{result.explainable_fraction:.0%} of them as near-ties), "
             f"{result.divergent} not the target's argmax{noise}")
 
 
@@ -229,10 +235,12 @@ class BatchInvarianceCheck(GreedyPromptsCheck):
         tol = tolerance(session.tau or 0.0)
         burst = session.candidate.complete_many([b for b in bodies for _ in range(self.burst)])  # all at once
         differing = [(index, copy) for index in range(len(self.prompts))
-                     for copy in burst[index * self.burst:(index + 1) * self.burst] if copy.tokens != alone[index].tokens]
+                     for copy in burst[index * self.burst:(index + 1) * self.burst]
+                     if copy.tokens != alone[index].tokens]
         laws = (session.baseline_laws([bodies[i] for i, _ in differing], [c for _, c in differing]) if session.baseline
                 else [c.top_logprobs for _, c in differing])
-        rows = [scored_row(self.prompts[i].kind, copy, row_laws, alone[i]) for (i, copy), row_laws in zip(differing, laws)]
+        rows = [scored_row(self.prompts[i].kind, copy, row_laws, alone[i]) for (i, copy),
+                row_laws in zip(differing, laws)]
         result = judge(rows, tau=tol, noise_gaps=session.noise_gaps or [], alpha=SAME_LAW_ALPHA,
                        reference="the baseline's echo" if session.baseline else "the copies' own logprobs")
         lengths = [d for d in (length_difference(self.prompts[i].kind, c, alone[i]) for i, c in differing) if d]
@@ -245,7 +253,8 @@ class BatchInvarianceCheck(GreedyPromptsCheck):
             found = [d.describe() for d in result.exceedances[:5]] + lengths
             return self.report(plan, Verdict.FAIL, f"{len(result.exceedances) + len(lengths)} UNEXPLAINED position(s) "
                                                    f"under concurrent load: " + "; ".join(found)
-                                                   + f": the output depends on the other requests in the batch; {summary}")
+                                                   + ": the output depends on the other "
+                                                   f"requests in the batch; {summary}")
         return self.report(plan, Verdict.PASS, summary)
 
 
@@ -405,7 +414,8 @@ class TwoSampleCheck(SequentialCheck):
                                cells=self.max_cells)
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        return stats.homogeneity_sample_size(min(1.0, 2.0 * epsilon), alpha=alpha, power=power, num_cells=self.max_cells)
+        return stats.homogeneity_sample_size(min(1.0, 2.0 * epsilon), alpha=alpha, power=power,
+                                             num_cells=self.max_cells)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return homogeneity_detectable_tv(n, alpha=alpha, power=power, num_cells=self.max_cells)

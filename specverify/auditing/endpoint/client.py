@@ -245,7 +245,8 @@ def parse_choices(document: Any, role: str, base_url: str, request: Mapping[str,
     where = f"{role} server {base_url}: POST /completions"
     choices = document.get("choices") if isinstance(document, dict) else None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
-        raise Fault("malformed", f"{where}: the response has no choices[0] object: {_excerpt(json.dumps(document), 200)}")
+        raise Fault("malformed", f"{where}: the response has no choices[0] object: "
+                    f"{_excerpt(json.dumps(document), 200)}")
     wanted = request.get("n")
     if wanted is not None and len(choices) != int(wanted):
         raise Fault("malformed", f"{where}: the request asked for n={wanted} choices, the response has {len(choices)}")

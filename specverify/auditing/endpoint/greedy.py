@@ -177,7 +177,8 @@ def scored_row(prompt: str, completion: Completion, laws: Sequence[Mapping[str, 
     if laws is not None:
         return score_laws(prompt, completion.tokens, laws)
     stop = first_difference(reference.tokens, completion.tokens)
-    shared = min(len(completion.tokens), len(reference.tokens)) if stop is None else min(stop + 1, len(completion.tokens))
+    shared = min(len(completion.tokens), len(reference.tokens)) if stop is None else min(stop + 1,
+                                                                                         len(completion.tokens))
     return score_laws(prompt, completion.tokens[:shared], reference.top_logprobs[:shared])
 
 

@@ -37,7 +37,8 @@ def prompt_boundary(echo: Completion, prompt: str) -> int | None:
     return len(echo.tokens) if joined.endswith(prompt) else None
 
 
-def completion_laws(echo: Completion, prompt: str, tokens: Sequence[str], offset: int) -> list[Mapping[str, float]] | None:
+def completion_laws(echo: Completion, prompt: str, tokens: Sequence[str],
+                    offset: int) -> list[Mapping[str, float]] | None:
     """The echoed law at each of ``tokens`` (the completion after ``prompt``) under ``offset``, or
     None if the echo does not re-tokenize to exactly those tokens."""
     start = prompt_boundary(echo, prompt)

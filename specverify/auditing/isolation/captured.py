@@ -31,7 +31,7 @@ def captured_warnings() -> Iterator[list[str]]:
         else:
             original(logger, record)
 
-    logging.Logger.callHandlers = route  # type: ignore[method-assign]
+    logging.Logger.callHandlers = route  # type: ignore[method-assign, assignment]
     try:
         with warnings_module.catch_warnings(record=True) as caught:
             warnings_module.simplefilter("always")

@@ -51,6 +51,8 @@ import numpy as np
 import torch
 
 from specverify.core import outputs
+from specverify.errors import SpecverifyError
+
 
 class FaultKind(StrEnum):
     """What went wrong in one call (the module table).  The first three leave nothing to judge
@@ -77,7 +79,7 @@ class FaultKind(StrEnum):
         return self is FaultKind.IMPOSSIBLE or self.violates_contract
 
 
-class Fault(Exception):
+class Fault(SpecverifyError):
     """Something the implementation under audit did wrong in one call (see the module table)."""
 
     def __init__(self, kind: FaultKind | str, message: str) -> None:

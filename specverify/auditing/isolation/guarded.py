@@ -29,6 +29,7 @@ nothing of the function's.  A worker started again under a cutoff gets until the
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import time
@@ -45,6 +46,7 @@ from specverify.auditing.isolation.faults import (
     mutated_arguments,
     validate_emitted,
 )
+from specverify.auditing.isolation.presentation import decoy_value, fill_storage, presented, storage_shape
 from specverify.auditing.isolation.process import (
     START_TIMEOUT_S,
     CapturedStream,
@@ -58,7 +60,6 @@ from specverify.auditing.isolation.process import (
     layout,
     worker_target,
 )
-from specverify.auditing.isolation.presentation import decoy_value, fill_storage, presented, storage_shape
 from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0
@@ -93,7 +94,8 @@ def checked_emitted(result: Any, draft_tokens: torch.Tensor, vocab_size: int) ->
     except Fault:
         raise
     except Exception as error:  # reading the output itself failed
-        raise Fault("malformed", f"returned output the audit could not read ({type(error).__name__}: {error})") from None
+        raise Fault("malformed",
+                    f"returned output the audit could not read ({type(error).__name__}: {error})") from None
 
 
 def exception_message(error: BaseException, what: str) -> str:
@@ -361,7 +363,8 @@ class _Session:
         buffer when ``strided``), after them an int64 output region of ``output_shape``; return the
         input views, the output view and the request fields that let the worker rebuild them."""
         shapes = [tuple(t.shape) for t in inputs.values()] + [output_shape]
-        parts = [(t.dtype, storage_shape(tuple(t.shape), strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
+        parts = [(t.dtype, storage_shape(tuple(t.shape),
+                                         strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
         offsets, nbytes = layout(parts)
         buffer = self._ensure_buffer(nbytes)
         storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
@@ -448,7 +451,8 @@ class GuardedFunction(_Session):
             stop = start + 1
             if self.speed.known:
                 rows = sizes[start]
-                while stop < len(sizes) and self.speed.expected(stop + 1 - start, (rows + sizes[stop]) * per_row) <= TARGET_REQUEST_S:
+                while stop < len(sizes) and self.speed.expected(stop + 1 - start,
+                                                                (rows + sizes[stop]) * per_row) <= TARGET_REQUEST_S:
                     rows += sizes[stop]
                     stop += 1
             chunks.append((start, stop))
@@ -480,14 +484,16 @@ class GuardedFunction(_Session):
         ragged = _num_draft_tokens(proposal)
         outputs, start = [], 0
         for number, rows in enumerate(sizes):
-            what = f"the function (in {where})" if len(sizes) == 1 else f"the function (in {where}, call {number + 1} of {len(sizes)})"
+            what = (f"the function (in {where})" if len(sizes) == 1
+                    else f"the function (in {where}, call {number + 1} of {len(sizes)})")
             args = tuple(passed[name][start:start + rows] for name in names) + (generator,)
             keywords = {} if ragged is None else {
                 "num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
             started = time.perf_counter()
             try:
-                result = self._in_process(lambda: self.fn(*args, **keywords),
-                                          self.speed.deadline(1, rows * per_row, self.timeout_s), what, where)
+                result = self._in_process(functools.partial(self.fn, *args, **keywords),
+                                          self.speed.deadline(1, rows * per_row, self.timeout_s),
+                                          what, where)
             except Fault as fault:
                 if fault.kind == "exception" and fault.__cause__ is not None:
                     raise Fault("exception", exception_message(fault.__cause__, what)) from None

@@ -70,6 +70,7 @@ import torch
 
 import specverify
 from specverify.auditing.isolation.faults import Fault
+from specverify.errors import SpecverifyError
 
 ISOLATION_MODES = ("process", "none")
 
@@ -301,7 +302,8 @@ class CapturedStream:
             total = self.total
         lines = text.splitlines()
         shown = [line[:200] for line in lines[:REPORT_LINES]]
-        truncated = total > len(self.head) or len(lines) > REPORT_LINES or any(len(line) > 200 for line in lines[:REPORT_LINES])
+        truncated = (total > len(self.head) or len(lines) > REPORT_LINES
+                     or any(len(line) > 200 for line in lines[:REPORT_LINES]))
         return {"bytes": total, "first_lines": shown, "truncated": truncated}
 
 
@@ -317,7 +319,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-class WorkerLost(Exception):
+class WorkerLost(SpecverifyError):
     """The worker ended or stopped answering; ``fault`` says how (see the module docstring)."""
 
     def __init__(self, fault: Fault) -> None:
@@ -342,7 +344,8 @@ class WorkerProcess:
         parent_end, child_end = socket.socketpair()
         environment = dict(os.environ)
         package_root = str(Path(specverify.__file__).resolve().parents[1])
-        environment["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p])
+        inherited = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+        environment["PYTHONPATH"] = os.pathsep.join([package_root] + inherited)
         environment["PYTHONUNBUFFERED"] = "1"
         self.process = subprocess.Popen(
             [sys.executable, "-u", "-m", "specverify.auditing.isolation.worker", str(child_end.fileno())],
@@ -459,5 +462,5 @@ class WorkerProcess:
                                   "returning")
 
 
-class LoadFailed(Exception):
+class LoadFailed(SpecverifyError):
     """The worker could not load the target (the message says why)."""

@@ -143,8 +143,8 @@ class Worker:
     def _views(self, request: dict[str, Any]) -> list[Any]:
         import torch
 
-        from specverify.auditing.isolation.process import SharedBuffer
         from specverify.auditing.isolation.presentation import view_of
+        from specverify.auditing.isolation.process import SharedBuffer
 
         path, size = request["buffer"]
         if self.buffer is None or self.buffer.path != path:
@@ -179,7 +179,8 @@ class Worker:
         except Fault as fault:
             return ("fault", fault.kind.value, fault.message, 0)
         except Exception as error:
-            return ("fault", "malformed", f"returned output the audit could not read ({type(error).__name__}: {error})", 0)
+            return ("fault", "malformed", f"returned output the audit could not read ({type(error).__name__}: {error})",
+                    0)
         output.copy_(emitted)
         if not on_cpu:
             for view, tensor in zip(inputs, passed):
@@ -203,7 +204,8 @@ class Worker:
             except Exception as error:
                 return ("raw-error", type(error).__name__, f"the output cannot be sent to the audit: {error}")
         if isinstance(result, torch.Tensor):
-            result = result.detach().cpu().clone() if result.layout == torch.strided and result.device.type != "meta" else result
+            if result.layout == torch.strided and result.device.type != "meta":
+                result = result.detach().cpu().clone()
         return ("raw-ok", result)
 
     def generate(self, request: dict[str, Any]) -> tuple:

@@ -22,7 +22,7 @@ def _property(text: str) -> str:
     return _message(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotations(report: AuditReport) -> list[str]:
+def annotations(report: AuditReport) -> list[str]:  # type: ignore[no-redef]  # the name `from __future__` binds
     """The workflow-command lines (see the module docstring)."""
     where = ""
     path = report.target.rsplit(":", 1)[0] if ":" in report.target else ""

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from specverify.auditing.runner import AuditReport
-from specverify.auditing.reports.tree_drawings import tree_sections
 from specverify.auditing.checks import CheckResult
+from specverify.auditing.reports.tree_drawings import tree_sections
+from specverify.auditing.runner import AuditReport
 
 MAX_BARS = 40
 """Observed-vs-expected plots show at most this many cells (the largest deviations)."""
@@ -139,7 +139,8 @@ def _check_rows(report: AuditReport) -> str:
     for c in report.checks:
         parameters = ", ".join(f"{k}={v}" for k, v in c.parameters.items())
         rows.append(
-            f"<tr class='{c.verdict}'><td><b>{html.escape(c.name)}</b><br><span class='note'>{html.escape(c.description)}"
+            f"<tr class='{c.verdict}'><td><b>{html.escape(c.name)}</b><br><span "
+            f"class='note'>{html.escape(c.description)}"
             f"</span><br><span class='note'>{html.escape(parameters)}</span></td><td>{c.verdict}</td>"
             f"<td class='num'>{c.n or '—'}</td><td class='num'>{f'{c.look}/{c.num_looks}' if c.look else '—'}</td>"
             f"<td class='num'>{c.num_cells or '—'}</td>"

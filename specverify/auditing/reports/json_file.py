@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from specverify import __version__
-from specverify.auditing.runner import AuditReport
 from specverify.auditing.checks import CheckResult
+from specverify.auditing.runner import AuditReport
 
 SCHEMA = "specverify.audit/1"
 

@@ -60,10 +60,10 @@ def junit_tree(report: AuditReport) -> ElementTree.ElementTree:
     elif report.exit_code != 0:
         _outcome(verdict, "error", text, details)
         counts["errors"] += 1
-    for key, value in counts.items():
-        suite.set(key, str(value))
+    for key, count in counts.items():
+        suite.set(key, str(count))
     suite.set("time", f"{report.timings.get('total_s', 0.0):.3f}")
-    root = ElementTree.Element("testsuites", name="specverify", **{k: suite.get(k) for k in (*counts, "time")})
+    root = ElementTree.Element("testsuites", name="specverify", **{k: suite.attrib[k] for k in (*counts, "time")})
     root.append(suite)
     ElementTree.indent(root)
     return ElementTree.ElementTree(root)

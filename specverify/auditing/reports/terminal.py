@@ -50,9 +50,9 @@ def format_table(report: AuditReport) -> str:
 def format_report(report: AuditReport, *, table: bool = True) -> str:
     """The header, the table, what did not run and why (unless the plan's notes said it), the
     messages of failing/erroring checks (each finding once; one the verdict line already states is
-    not repeated), the diagnosis and the minimal failing case, and the verdict line.  ``table=False`` leaves the table out (the
-    per-check lines of the progress already went to the same stream); so does an audit in which
-    no check ran or every check that ran stopped with the same error."""
+    not repeated), the diagnosis and the minimal failing case, and the verdict line.  ``table=False``
+    leaves the table out (the per-check lines of the progress already went to the same stream); so
+    does an audit in which no check ran or every check that ran stopped with the same error."""
     budget = report.budget.describe()
     header = (f"specverify audit of {report.target} — level {report.level}, budget {budget}, "
               f"α = {report.alpha:g} family-wise ({report.correction}), seed {report.seed}, device {report.device}"
@@ -86,7 +86,8 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
     if report.warnings:
         shown_warnings = [w if len(w) <= 160 else w[:157] + "…" for w in report.warnings[:3]]
         more = f" (and {len(report.warnings) - 3} more in --json)" if len(report.warnings) > 3 else ""
-        parts.append(f"{len(report.warnings)} warning(s) from the code under audit, kept out of the run's output{more}:")
+        parts.append(f"{len(report.warnings)} warning(s) from the code under audit, "
+                     f"kept out of the run's output{more}:")
         parts += [f"  {w}" for w in shown_warnings]
     if report.exit_code != 0:
         parts.append(f"replay: {report.replay_command}")

@@ -39,16 +39,17 @@ import torch
 
 from specverify.auditing.checks import (  # the framework names are re-exported for the 0.1 path specverify.battery
     BUDGETS,
+    EXACT_TOLERANCE,
     POWER,
     Battery,
     Check,
     CheckKind,
     CheckResult,
     ChiSquareCheck,
-    EXACT_TOLERANCE,
     ExactCase,
     InputsUnchangedCheck,
     Plan,
+    SampleBudget,
     SequentialCheck,
     Tally,
     Verdict,
@@ -57,7 +58,6 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     binomial_sample_size,
     declared_arithmetic_of,
     exact_cases_result,
-    SampleBudget,
     goodness_of_fit_result,
     resolve_budget,
     result_from_fault,
@@ -72,17 +72,17 @@ from specverify.auditing.isolation.faults import (
 )
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.core.rules import accepts_num_draft_tokens, accepts_uniforms
+from specverify.core.seeding import derive_seed
 from specverify.testing.harness import (
     DEFAULT_BATCH_ROWS,
     GuardedFunction,
+    StepSample,
     markov_prefix_law,
     positional_window_law,
-    StepSample,
     propose,
     sample_runs,
     sample_steps,
 )
-from specverify.core.seeding import derive_seed
 
 """An exact TV above this fails the exact check (integration rounding is ~1e-13)."""
 
@@ -263,7 +263,8 @@ class StepLawCheck(ChiSquareCheck):
     def _expected(self, maps: np.ndarray) -> np.ndarray:
         bank = self.bank
         if bank.kind == "positional":
-            laws = [positional_window_law(bank, r, self.window, maps[r], self.cells_per_position) for r in range(bank.num_chains)]
+            laws = [positional_window_law(bank, r, self.window, maps[r],
+                                          self.cells_per_position) for r in range(bank.num_chains)]
         else:
             laws = [markov_prefix_law(bank, r, self.window[1]) for r in range(bank.num_chains)]
         return np.concatenate(laws) / bank.num_chains
@@ -297,7 +298,8 @@ class StepLawCheck(ChiSquareCheck):
 
     @functools.cached_property
     def cells(self) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-        """The cell maps (:meth:`_cell_maps`), the expected law of the cells and their labels (fixed before sampling)."""
+        """The cell maps (:meth:`_cell_maps`), the expected law of the cells and their labels (fixed before
+        sampling)."""
         maps = self._cell_maps()
         return maps, self._expected(maps), self._labels(maps)
 

@@ -55,13 +55,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from specverify.auditing.sampler.battery import (
-    CheckResult,
-    Plan,
-    StepLawCheck,
-    positional_family_bank,
-    skipped_result,
-)
 from specverify.auditing.checks import (
     CallLogCheck,
     Check,
@@ -75,15 +68,24 @@ from specverify.auditing.checks import (
     goodness_of_fit_result,
 )
 from specverify.auditing.isolation.faults import Fault, FaultKind, validate_emitted
-from specverify.core.seeding import derive_seed
+from specverify.auditing.sampler.battery import (
+    CheckResult,
+    Plan,
+    StepLawCheck,
+    positional_family_bank,
+    skipped_result,
+)
 from specverify.core.chains import ChainBank, PositionalBank
+from specverify.core.seeding import derive_seed
 from specverify.testing.harness import RaggedSample, StepSample, complete, propose, sample_ragged_steps
 
 LATE_CALLS = 500
-"""Calls of the function's life before the late-calls check samples (2.5× the 200 of issue 14's table)."""
+"""Calls of the function's life before the late-calls check samples (2.5× the 200 of
+tests/auditing/hostile/drift_calls.py)."""
 
 LATE_ROWS = 1 << 19
-"""Rows of the function's life before the late-calls check samples (2× the 250 000 of issue 14's table)."""
+"""Rows of the function's life before the late-calls check samples (2× the 250 000 of
+tests/auditing/hostile/drift_rows.py)."""
 
 LATE_ROWS_PER_SAMPLE = 10
 """Under a fixed budget of N samples (``--budget N``, a smoke test) the late-calls check warms the
@@ -140,7 +142,8 @@ class GroupedStepCheck(StepLawCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         sample, calls = sample_steps_in_groups(
             session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n, pattern=self.pattern,
-            harness_seed=derive_seed(plan.seed, "harness", look), function_seed=derive_seed(plan.seed, "function", look),
+            harness_seed=derive_seed(plan.seed, "harness", look),
+            function_seed=derive_seed(plan.seed, "function", look),
             where=self.name)
         tally = self.tally(sample, n)
         return Tally(n, dict(tally.counts, calls=np.array(calls)))

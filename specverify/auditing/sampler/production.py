@@ -1,5 +1,5 @@
 """Sampler checks at the shapes engines serve (SPEC §1): real vocabularies, K up to 16, batches of
-1,024 rows, bfloat16 / float16 inputs, strided views (issue 19).
+1,024 rows, bfloat16 / float16 inputs, strided views.
 
 The battery's other checks run at toy shapes (V ≤ 8, K ≤ 8, contiguous float32), where a
 vocabulary tile, a partial last tile, a half-precision CDF, a K-specialised kernel, a row block or
@@ -26,7 +26,7 @@ at moderate V.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from specverify.auditing.checks import (
-    BUDGETS,
     Check,
     CheckKind,
     CheckResult,
@@ -46,8 +45,8 @@ from specverify.auditing.checks import (
     Verdict,
     declared_arithmetic_of,
     exact_cases_result,
-    look_fields,
     level_phrase,
+    look_fields,
 )
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.sampler import production_laws as laws
@@ -157,7 +156,7 @@ class ExactShape:
         return f"{self.case.label} (V={self.case.vocab_size:,}, K={self.case.num_draft}, {self.dtype}, {layout})"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_shapes() -> tuple[ExactShape, ...]:
     """The cases of ``exact-large-vocabulary``, in run order (cheap and broad first)."""
     v = laws.VOCABULARIES
@@ -169,7 +168,8 @@ def exact_shapes() -> tuple[ExactShape, ...]:
     )
 
 
-def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str, where: str) -> Callable[..., torch.Tensor]:
+def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
+                         where: str) -> Callable[..., torch.Tensor]:
     """The :data:`specverify.core.exact_final.Evaluator` of one case: the function called with
     ``uniforms=`` (generator withheld) on the case's laws in ``dtype`` and ``shape``'s layout, in
     chunks within MAX_INPUT_ELEMENTS; outputs validated for their layout only (a wrong accepted
@@ -190,7 +190,8 @@ def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
             rows = len(tokens)
             batch = (("target_probs", target.expand(rows, -1, -1)), ("draft_probs", draft.expand(rows, -1, -1)),
                      ("draft_tokens", tokens))
-            inputs = [presented(tensor, device=torch.device("cpu"), strided=shape.strided, decoy=decoy_value(name, vocab))
+            inputs = [presented(tensor, device=torch.device("cpu"), strided=shape.strided,
+                                decoy=decoy_value(name, vocab))
                       for name, tensor in batch]
             try:
                 result = raw(*inputs, None, uniforms=uniforms[start:start + per_call])
@@ -254,9 +255,10 @@ def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tole
 # --------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
-    """``num_chains`` production chains of ``family`` (:func:`specverify.auditing.sampler.production_laws.step_family`)."""
+    """``num_chains`` production chains of ``family``
+    (:func:`specverify.auditing.sampler.production_laws.step_family`)."""
     return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))
 
 
@@ -399,7 +401,8 @@ class ProductionStepCheck(SequentialCheck):
         shown = ", ".join(f"{x:.2f}" for x in reached)
         tv = max(test.empirical_tv for *_, test in results)
         if worst.impossible_count and failed:
-            message = (f"emitted {worst.impossible_count} token(s) of target probability 0 at position {j} of chain {r}: "
+            message = (f"emitted {worst.impossible_count} token(s) of target probability 0 "
+                       f"at position {j} of chain {r}: "
                        "certain loss")
         elif failed:
             parts = "; ".join(f"{part.name} p={part.pvalue:.3g}" for part in worst.parts)
@@ -460,6 +463,8 @@ def exact_production_check() -> ExactFinalDrawCheck:
         exact_shapes())
 
 
-__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck", "balanced_chains", "bonus_case",
-           "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype", "production_bank",
+__all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck",
+           "balanced_chains", "bonus_case",
+           "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype",
+           "production_bank",
            "production_checks", "production_proposal", "rows_per_call", "sparse_law"]

@@ -185,8 +185,9 @@ def permuted(rng: np.random.Generator, law: np.ndarray) -> np.ndarray:
     return moved
 
 
-@functools.lru_cache(maxsize=None)
-def step_family(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int = 1) -> tuple[np.ndarray, np.ndarray]:
+@functools.cache
+def step_family(name: str, family: str, vocab_size: int, num_draft: int,
+                num_chains: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``p [R, K+1, V]`` and ``q [R, K, V]`` of ``num_chains`` production chains, exact in every dtype.
 
     Every target law of the family is :func:`permuted` from one base law (the positions and
@@ -221,6 +222,7 @@ def step_family(name: str, family: str, vocab_size: int, num_draft: int, num_cha
     return p, q
 
 
-__all__ = ["BOUNDARY_MASS", "SIGNIFICANT_BITS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids", "dyadic_law", "exact_in_dtypes",
+__all__ = ["BOUNDARY_MASS", "SIGNIFICANT_BITS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids", "dyadic_law",
+           "exact_in_dtypes",
            "near_law", "permuted", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
            "zipf_weights"]

@@ -69,6 +69,7 @@ from specverify.auditing.checks import (
     CheckKind,
     CheckResult,
     ChiSquareCheck,
+    ExactCase,
     InputsUnchangedCheck,
     Plan,
     SampleBudget,
@@ -78,10 +79,9 @@ from specverify.auditing.checks import (
     binomial_detectable_rate,
     binomial_result,
     binomial_sample_size,
-    ExactCase,
+    check_report,
     declared_arithmetic_of,
     exact_cases_result,
-    check_report,
     goodness_of_fit_result,
     level_phrase,
     look_fields,
@@ -99,11 +99,11 @@ from specverify.auditing.sampler.coverage import contract_checks
 from specverify.auditing.tree.catalog import rows_at_a_time
 from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
+from specverify.core.identity import identity_detectable_tv, identity_sample_size, identity_test
 from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
-from specverify.core.tree_exact import eagle_shape
-from specverify.core.identity import identity_detectable_tv, identity_sample_size, identity_test
 from specverify.core.transitions import transition_goodness_of_fit
+from specverify.core.tree_exact import eagle_shape
 from specverify.core.tree_rules import DRAFT_SCHEMES
 from specverify.testing.tree_harness import (
     DEFAULT_TREE_ROWS,
@@ -127,7 +127,8 @@ def parse_schemes(declared: Any) -> tuple[str, ...]:
     """The schemes of a ``draft_schemes`` value (None: all three); a malformed value is a Fault."""
     if declared is None:
         return DRAFT_SCHEMES
-    schemes = (declared,) if isinstance(declared, str) else tuple(declared) if isinstance(declared, (tuple, list)) else ()
+    schemes = (declared,) if isinstance(declared,
+                                        str) else tuple(declared) if isinstance(declared, (tuple, list)) else ()
     unknown = [s for s in schemes if s not in DRAFT_SCHEMES]
     if unknown or not schemes:
         raise Fault("malformed", f"draft_schemes = {declared!r}: expected a non-empty tuple of "
@@ -224,7 +225,7 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
     description: str
     bank: MarkovBank
     shapes: tuple[tuple[int, ...], ...]
-    scheme: str
+    scheme: str | tuple[str, ...]
     length: int
     loop: bool = False
     call_rows: tuple[int, ...] | None = None
@@ -311,7 +312,8 @@ class TreeTransitionCheck(ScaledTvCheck, ChiSquareCheck):
         bank = self.bank
         reachable = sum(min(bank.num_states, bank.vocab_size**j) for j in range(self.length))
         self.num_cells = bank.num_chains * reachable * (bank.vocab_size - 1) + 1  # degrees of freedom + 1
-        self.parameters = {"scheme": self.scheme, **shape_parameters(self.shapes, self.call_rows, self.orders, self.strided),
+        self.parameters = {"scheme": self.scheme,
+                           **shape_parameters(self.shapes, self.call_rows, self.orders, self.strided),
                            "chain": f"markov order {bank.order}", "V": bank.vocab_size, "chains": bank.num_chains,
                            "L": self.length, "blocks": bank.num_chains * reachable, "cells": self.num_cells,
                            "test": "transitions", **_scale_parameter(self.tv_scale)}
@@ -342,7 +344,8 @@ class TreeTransitionCheck(ScaledTvCheck, ChiSquareCheck):
                        f"conditional TV {position_tv[worst]:.4f}; per position "
                        f"{', '.join(f'{tv:.3f}' for tv in position_tv)})")
         else:
-            message = f"every position follows the target's law given the state before it (p-value {fit.pvalue:.3g} > {where})"
+            message = (f"every position follows the target's law given the state before it "
+                       f"(p-value {fit.pvalue:.3g} > {where})")
         expected = (totals[..., None] * probs / max(1, int(totals.sum()))).reshape(-1)
         return check_report(self, plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n,
                             num_cells=fit.dof + 1, statistic=float(fit.statistic), pvalue=float(fit.pvalue),
@@ -426,7 +429,8 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
         self.law = self.bank.target[0, 0]
         self.length = max(tree_exact.tree_depth(s) for s in self.shapes) + 1
         self.num_cells = self.bank.vocab_size
-        self.parameters = {"scheme": list(self.schemes), **shape_parameters(self.shapes, self.call_rows, None, self.strided),
+        self.parameters = {"scheme": list(self.schemes),
+                           **shape_parameters(self.shapes, self.call_rows, None, self.strided),
                            "chain": "context-free Zipf(1.1)", "V": self.bank.vocab_size, "chains": self.bank.num_chains,
                            "L": self.length, "tokens per step": self.length, "test": "identity",
                            **_scale_parameter(self.tv_scale)}
@@ -494,7 +498,7 @@ class TreeAcceptanceCheck(SequentialCheck):
     scheme: str
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.BINOMIAL
-    num_cells: ClassVar[int] = 2
+    num_cells: ClassVar[int] = 2  # type: ignore[misc]  # one value for every instance (Check declares it per instance)
 
     def __post_init__(self) -> None:
         bounds, optimum = [], []
@@ -601,7 +605,8 @@ class TreeRandomnessCheck(Check):
             raise Fault("malformed", session.scheme_error)
         chain = torch.arange(self.rows) % self.bank.num_chains
         shape_of_row = torch.zeros(self.rows, dtype=torch.int64)
-        drafted = draft_trees(self.bank, chain, self.bank.prompt_states(chain), padded_parents([self.shape], shape_of_row),
+        drafted = draft_trees(self.bank, chain, self.bank.prompt_states(chain),
+                              padded_parents([self.shape], shape_of_row),
                               present_nodes([self.shape], shape_of_row), self.scheme,
                               torch.Generator().manual_seed(derive_seed(plan.seed, "harness")))
 
@@ -746,7 +751,8 @@ class TreeBattery(Battery):
                     acceptance=False, orders=tree_exact.NODE_ORDERS, tv_scale=PRODUCTION_TV_SCALE),
             ]
         checks.append(TreeLawCheck(
-            "tree-small-batches", f"The wide 60-node trees of tree-dynamic-wide (V={WIDE_VOCAB}), rows of every declared "
+            "tree-small-batches", "The wide 60-node trees of tree-dynamic-wide "
+            f"(V={WIDE_VOCAB}), rows of every declared "
             "scheme mixed, called with 1 to 4 rows at a time (the single-request latency path and small batches "
             "engines serve by separate kernels): the first token.",
             tree_bank("tree-small-batches", WIDE_VOCAB, 1), production_trees(top_k=10, concentration=1.0, expand=3),

@@ -187,10 +187,12 @@ def residual_not_updated(target_probs, draft_probs, tree_tokens, parents, genera
 def residual_with_previous_node_q(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
     """After rejecting node n the residual subtracts the draft row of node n-1 (an off-by-one)."""
     return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms,
-                 residual=lambda step, q_row: (step.r - step.s[:, None] * step.q[:, max(step.node - 1, 0)]).clamp(min=0))  # BUG
+                 residual=lambda step, q_row: (step.r - step.s[:, None] * step.q[:, max(step.node - 1, 0)])
+                 .clamp(min=0))  # BUG
 
 
-def children_scored_at_parent_position(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def children_scored_at_parent_position(target_probs, draft_probs, tree_tokens, parents, generator=None, *,
+                                       uniforms=None):
     """An accepted node's children (and its bonus) are scored with the target law at the node's
     parent, ``target_probs[parent + 1]``, instead of at the node, ``target_probs[n + 1]``."""
     def parent_row(step: _Step) -> torch.Tensor:
@@ -239,7 +241,8 @@ def duplicate_sibling_counted_twice(target_probs, draft_probs, tree_tokens, pare
         return ~same.any(-1)  # BUG: later copies are never tested
 
     return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, tested_extra=earlier_copy,
-                 residual=lambda step, q_row: (step.r - (multiplicity(step) * step.s)[:, None] * q_row).clamp(min=0))  # BUG
+                 residual=lambda step, q_row: (step.r - (multiplicity(step) * step.s)[:, None] * q_row)
+                 .clamp(min=0))  # BUG
 
 
 def _first_sibling_row(step: _Step) -> torch.Tensor:
@@ -249,7 +252,8 @@ def _first_sibling_row(step: _Step) -> torch.Tensor:
     return step.q[torch.arange(step.q.shape[0]), first]
 
 
-def without_replacement_as_independent(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def without_replacement_as_independent(target_probs, draft_probs, tree_tokens, parents, generator=None, *,
+                                       uniforms=None):
     """Siblings drawn without replacement verified as if independent: every sibling's test and
     residual use the parent's draft law (the first sibling's row), not the renormalised law it was drawn from."""
     return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, q_row=_first_sibling_row)  # BUG
@@ -262,7 +266,8 @@ def residual_with_first_sibling_q(target_probs, draft_probs, tree_tokens, parent
                  residual=lambda step, q_row: _default_residual(step, _first_sibling_row(step)))  # BUG
 
 
-def deterministic_verified_with_soft_q(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def deterministic_verified_with_soft_q(target_probs, draft_probs, tree_tokens, parents, generator=None, *,
+                                       uniforms=None):
     """Deterministic (top-k) children verified with a soft draft law: every child of a node is
     taken to have been drawn from the uniform law over the node's child tokens."""
     def soft_row(step: _Step) -> torch.Tensor:
@@ -281,7 +286,8 @@ def acceptance_threshold_below_one(target_probs, draft_probs, tree_tokens, paren
                                    threshold_single=1.0, threshold_acc=0.7).emitted  # BUG: threshold < 1
 
 
-def last_rejection_falls_back_to_argmax(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+def last_rejection_falls_back_to_argmax(target_probs, draft_probs, tree_tokens, parents, generator=None, *,
+                                        uniforms=None):
     """When every child of the final node was rejected, the token is the argmax of the residual
     instead of a draw from it (at a leaf the bonus is still sampled)."""
     def final(step: _Step, p_node: torch.Tensor) -> torch.Tensor:
@@ -348,7 +354,8 @@ def _module_level(fn: Callable[..., torch.Tensor], name: str, doc: str) -> Calla
     return fn
 
 
-positions_capped_at_depth_three = _module_level(positions_capped_at(3), "positions_capped_at_depth_three", """A node's target row is found through its position, computed with at most three parent
+positions_capped_at_depth_three = _module_level(positions_capped_at(3), "positions_capped_at_depth_three", """\
+A node's target row is found through its position, computed with at most three parent
 hops: an accepted node at depth d ≥ 4 continues with the law of its ancestor at depth 3.""")
 
 
@@ -386,7 +393,8 @@ def residual_in_slots(slots: int) -> Callable[..., torch.Tensor]:
     return rule
 
 
-residual_in_three_slots = _module_level(residual_in_slots(3), "residual_in_three_slots", """The laws a node's children are tested against live in three per-node slots (p and the
+residual_in_three_slots = _module_level(residual_in_slots(3), "residual_in_three_slots", """\
+The laws a node's children are tested against live in three per-node slots (p and the
 residuals after the first and second rejections): the 4th and later children are tested
 against the third slot, and the final draw after them uses that slot's residual.""")
 
@@ -414,7 +422,8 @@ def target_law_cached_as_top(entries: int) -> Callable[..., torch.Tensor]:
     return rule
 
 
-target_law_cached_as_top_entries = _module_level(target_law_cached_as_top(4), "target_law_cached_as_top_entries", """Each node's target law is cached as its top 4 entries, renormalised (a sparse cache sized
+target_law_cached_as_top_entries = _module_level(target_law_cached_as_top(4), "target_law_cached_as_top_entries", """\
+Each node's target law is cached as its top 4 entries, renormalised (a sparse cache sized
 for small vocabularies): exact for V ≤ 4, for V ≥ 5 the tokens outside a law's top 4 are
 never accepted nor drawn.""")
 
@@ -434,7 +443,8 @@ def small_batch_path_up_to(rows: int) -> Callable[..., torch.Tensor]:
 SMALL_BATCH_ROWS = 4
 """Calls of at most this many rows take the separate path of :func:`small_batch_path`."""
 
-small_batch_path = _module_level(small_batch_path_up_to(SMALL_BATCH_ROWS), "small_batch_path", """Calls of at most 4 rows take a separate latency path whose final token after a rejection is
+small_batch_path = _module_level(small_batch_path_up_to(SMALL_BATCH_ROWS), "small_batch_path", """\
+Calls of at most 4 rows take a separate latency path whose final token after a rejection is
 drawn from the node's target law p instead of the residual; larger calls are exact.""")
 
 _ENTRIES = (
@@ -452,7 +462,8 @@ _ENTRIES = (
                   (3, 1, 1, 0.0, (-1, 0), "independent")),
     BuggyTreeRule("bonus_from_parent", "At an accepted leaf the bonus token is drawn from the parent's law "
                   "target_probs[parent + 1] instead of the leaf's target_probs[leaf + 1].",
-                  "bonus gathered at the wrong node index", "bonus", bonus_from_parent, (3, 1, 1, 0.0, (-1, 0), "independent")),
+                  "bonus gathered at the wrong node index", "bonus", bonus_from_parent,
+                  (3, 1, 1, 0.0, (-1, 0), "independent")),
     BuggyTreeRule("path_jumps_branches", "The accepted path is emitted as nodes 0..depth−1 in index order, so an "
                   "accepted second branch is reported with the first branch's tokens.",
                   "tree paths written out as if the tree were a chain", "indexing", path_jumps_branches,

@@ -1,7 +1,6 @@
 """Correct but slow: a per-row Python loop (as transformers' per-row _speculative_sampling), ~0.25 ms per row."""
 import time
 
-
 from specverify.core.rules import verify as reference
 
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Static checks: ruff over the repository, mypy --strict over specverify/core, mypy over the
+# package and the reference decoder (configuration in pyproject.toml).  Exits non-zero on any
+# finding; every step runs, so one run lists them all.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+status=0
+echo "== ruff check ."
+python3 -m ruff check . || status=1
+# Only specverify/core is reported here (imports are followed silently); the next step checks the rest.
+echo "== mypy --strict specverify/core"
+python3 -m mypy --strict --follow-imports=silent specverify/core || status=1
+echo "== mypy specverify reference"
+python3 -m mypy specverify reference || status=1
+exit "$status"
