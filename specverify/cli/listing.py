@@ -85,8 +85,9 @@ def _first_sentence(text: str, limit: int = 100) -> str:
 
 def listing() -> str:
     """The text ``specverify audit --list`` prints."""
-    from specverify.auditing.sampler.catalog import CATALOG
+    from specverify.auditing.decoder.catalog import DECODER_CATALOG
     from specverify.auditing.loading import BUILTINS
+    from specverify.auditing.sampler.catalog import CATALOG
 
     lines = ["Built-in targets (specverify audit NAME [--level LEVEL]):"]
     for level, names in BUILTINS.items():
@@ -107,4 +108,11 @@ def listing() -> str:
                  "the randomness-source check)")
     lines.append("  (*: a production-shape bug, exact on the toy example; its exact TV at the production case of "
                  "exact-large-vocabulary; —†: not integrable one row at a time, caught by the production-* checks)")
+    lines += ["", "Decoder catalog (specverify audit --level decoder catalog:NAME): the reference decoder with one "
+              "mistake; ε̄: the mean per-position TV the position-law check sees (Monte Carlo):",
+              f"  {'name':<37} {'class':<12} {'ε̄':>6}  what is wrong"]
+    for name, decoder in DECODER_CATALOG.items():
+        shown = "—" if decoder.tv is None else f"{decoder.tv:.3f}"
+        lines.append(f"  {name.replace('_', '-'):<37} {decoder.bug_class:<12} {shown:>6}  "
+                     f"{_first_sentence(decoder.description)}")
     return "\n".join(lines)
