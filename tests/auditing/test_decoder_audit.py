@@ -34,7 +34,6 @@ from specverify.auditing.decoder.battery import (
     MODEL_PAIRS,
     PIT_BINS,
     POSITION_STRATA,
-    DecoderBattery,
     DecoderModels,
     PositionLawCheck,
     Setting,
@@ -327,7 +326,7 @@ def test_exact_sampler_passes_in_process_and_in_a_worker():
 
 
 def test_exact_sampler_report_is_deterministic():
-    strip = lambda report: [dataclasses.replace(c, seconds=0.0) for c in report.checks]  # noqa: E731
+    strip = lambda report: [dataclasses.replace(c, seconds=0.0) for c in report.checks]
     first, second = (audit_table(TableDecoder(), checks=["position-laws"], isolation="none") for _ in range(2))
     assert strip(first) == strip(second)
 
@@ -456,13 +455,13 @@ def test_catalog_entry_is_greedy_exact_and_changes_the_sampled_tokens(models, na
     entry = DECODER_CATALOG[name]
     greedy = GREEDY_CASES[0]
     target, draft = models.pair(greedy.models)
-    settings = dict(max_new_tokens=CONTINUATION_LENGTH, temperature=0.0, top_k=None, top_p=None)
+    settings = {"max_new_tokens": CONTINUATION_LENGTH, "temperature": 0.0, "top_k": None, "top_p": None}
     prompt = torch.tensor([greedy.prompt])
     assert torch.equal(entry.fn(target, draft, prompt, seed=0, **settings),
                        reference.decoder.generate(target, draft, prompt, seed=0, **settings))
     stratum = POSITION_STRATA[7]
     target, draft = models.pair(stratum.models)
-    settings = dict(max_new_tokens=CONTINUATION_LENGTH, temperature=0.7, top_k=4, top_p=None)
+    settings = {"max_new_tokens": CONTINUATION_LENGTH, "temperature": 0.7, "top_k": 4, "top_p": None}
     prompt = torch.tensor([stratum.prompt])
     assert any(not torch.equal(entry.fn(target, draft, prompt, seed=seed, **settings),
                                reference.decoder.generate(target, draft, prompt, seed=seed, **settings))

@@ -92,7 +92,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from specverify.core import stats
 from specverify.auditing.checks import (
     Check,
     CheckKind,
@@ -108,8 +107,14 @@ from specverify.auditing.checks import (
     resolve_budget,
 )
 from specverify.auditing.endpoint.pit import token_pit_values
-from specverify.auditing.isolation.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
+from specverify.auditing.isolation.faults import (
+    FaultKind,
+    preserved_global_rng,
+    seed_global_rng,
+    validate_new_tokens,
+)
 from specverify.auditing.isolation.guarded import GuardedGenerate
+from specverify.core import stats
 from specverify.core.processing import process_logits
 from specverify.core.seeding import derive_seed
 from specverify.core.transitions import transition_goodness_of_fit

@@ -18,9 +18,11 @@ mistake is marked ``# BUG``.  Two classes:
   the law the user asked for (:mod:`specverify.core.processing`).
 
 ``tv`` is what the position-law check sees (:class:`specverify.auditing.decoder.battery.PositionLawCheck`):
-ε̄, the root mean square over the check's strata and 16 positions of the TV between the binned
-PIT law and the uniform one, estimated by Monte Carlo (``tv_calls`` calls per stratum, the
-plug-in estimate minus the correct reference decoder's at the same n; docs/budgets.md).
+ε̄, the root mean square over its strata, positions and blocks of the TV between the binned PIT
+law and the uniform one.  It is stated for the entries whose output is exactly the target's chain
+at another setting (``temperature_applied_twice``: T²; ``sampling_parameters_on_draft_only``: T = 1
+unfiltered), by Monte Carlo of that chain (3 000 continuations per stratum, the plug-in minus the
+exact sampler's in quadrature); None where it was not measured.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from reference.drafters import Draft, ModelDrafter
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
 
-__all__ = ["BuggyDecoder", "DECODER_CATALOG"]
+__all__ = ["DECODER_CATALOG", "BuggyDecoder"]
 
 
 @dataclass(frozen=True)
