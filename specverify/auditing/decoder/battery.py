@@ -428,7 +428,7 @@ class GreedyIdentityCheck(Check):
 
 @dataclass
 class ModelsUnchangedCheck(Check):
-    """After all other checks: the target's and the draft's parameters are unchanged."""
+    """After all other checks: the parameters of every target and draft are unchanged."""
 
     name: str
     description: str
@@ -506,7 +506,7 @@ class PositionLawCheck(SequentialCheck):
         for s, rows in enumerate(continuations):
             if rows:
                 tokens = np.asarray(rows, dtype=np.int64)
-                values = token_pit_values(session.models.conditional_laws(self.strata[s], tokens), tokens,
+                values = token_pit_values(self.models.conditional_laws(self.strata[s], tokens), tokens,
                                           uniforms.random(tokens.shape))
                 self._count(counts[s], values)
         return Tally(n, {"blocks": counts})
