@@ -138,39 +138,20 @@ def correction_uniform_reused_next_step(target, draft, input_ids, *, max_new_tok
 # ------------------------------------------------------------------------------------------------
 
 
-class MisreportingDrafter(ModelDrafter):
-    """Draws with ``drawn(params)`` and tells the verifier the law at ``params``."""
-
-    def drawn(self, params: SamplingParams) -> SamplingParams:
-        raise NotImplementedError
+class UntemperedDrafter(ModelDrafter):
+    """Draws at temperature 1 (with the request's filters) and tells the verifier q_1^(1/T), renormalised."""
 
     def propose(self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
                 generators: Sequence[torch.Generator]) -> Draft:
         if params.is_greedy or not bool(gammas.any()):
             return super().propose(sequences, gammas, params, generators)
-        draft = super().propose(sequences, gammas, self.drawn(params), generators)
-        logits = torch.log(draft.probs.double().clamp(min=1e-300))
-        believed = params.apply(logits * self.drawn(params).temperature)
-        return dataclasses.replace(draft, probs=believed)
-
-
-class UntemperedDrafter(MisreportingDrafter):
-    def drawn(self, params: SamplingParams) -> SamplingParams:
-        return dataclasses.replace(params, temperature=1.0)  # BUG: the draft model samples at T = 1
+        draft = super().propose(sequences, gammas, dataclasses.replace(params, temperature=1.0), generators)  # BUG
+        believed = draft.probs.double() ** (1.0 / params.temperature)  # q_T ∝ q_1^(1/T) on the drawn support
+        return dataclasses.replace(draft, probs=(believed / believed.sum(-1, keepdim=True)).float())
 
 
 def draft_ignores_temperature(target, draft, input_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
     return _generate(target, UntemperedDrafter(draft), input_ids, max_new_tokens=max_new_tokens,
-                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-
-
-class UnfilteredDrafter(MisreportingDrafter):
-    def drawn(self, params: SamplingParams) -> SamplingParams:
-        return dataclasses.replace(params, top_k=None, top_p=None)  # BUG: the draft model samples unfiltered
-
-
-def draft_ignores_filters(target, draft, input_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
-    return _generate(target, UnfilteredDrafter(draft), input_ids, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
@@ -225,11 +206,6 @@ _ENTRIES = (
         "The draft model samples at temperature 1 while the verifier is told its law at the request's T "
         "(q_T ∝ q_1^{1/T}): q in the acceptance ratio is not the law of the draft (lossless only at T = 1).",
         "processing", draft_ignores_temperature),
-    BuggyDecoder(
-        "draft_ignores_filters",
-        "The draft model samples without top-k/top-p while the verifier is told the filtered law: a draft "
-        "outside the filtered set has q = 0 in the ratio and is accepted whenever p > 0.",
-        "processing", draft_ignores_filters),
     BuggyDecoder(
         "sampling_parameters_on_draft_only",
         "Temperature, top-k and top-p are applied to the draft's logits only: the verification is exact, "
