@@ -19,10 +19,9 @@ mistake is marked ``# BUG``.  Two classes:
 
 ``tv`` is what the position-law check sees (:class:`specverify.auditing.decoder.battery.PositionLawCheck`):
 ε̄, the root mean square over its strata, positions and blocks of the TV between the binned PIT
-law and the uniform one.  It is stated for the entries whose output is exactly the target's chain
-at another setting (``temperature_applied_twice``: T²; ``sampling_parameters_on_draft_only``: T = 1
-unfiltered), by Monte Carlo of that chain (3 000 continuations per stratum, the plug-in minus the
-exact sampler's in quadrature); None where it was not measured.
+law and the uniform one; None until measured (the entries whose output is exactly the target's
+chain at another setting, ``temperature_applied_twice`` and ``sampling_parameters_on_draft_only``,
+can be measured by sampling that chain; the others need Monte Carlo of the decoder itself).
 """
 
 from __future__ import annotations
