@@ -27,7 +27,7 @@ POWER_CEILING_TV: dict[str, float] = {"sampler": 0.25, "tree": 0.25, "decoder": 
 """Per level: the largest TV a passing audit may be unable to detect (every statistical check must
 detect TV ≤ this with power 0.99, :mod:`specverify.auditing.power`).  A fixed budget that falls
 short ends in exit 2 ("underpowered") unless ``--allow-underpowered``.  The quick budget of every
-level is within it (sampler and tree 0.05, decoder 0.25, endpoint 0.1 / 0.2)."""
+level is within it (sampler and tree 0.05, decoder 0.05 per position, endpoint 0.1 / 0.2)."""
 
 FAIL_FAST_BUDGETS = frozenset({"quick", "standard"})
 """Budgets whose audits stop at the first failing check unless told otherwise (``fail_fast=``,

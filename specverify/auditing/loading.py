@@ -78,7 +78,8 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
     """Return the callable named by ``spec`` (see the module docstring for the forms).
 
     ``level`` selects the table of built-in names: ``sampler`` (SPEC §1), ``decoder`` (SPEC §2) or
-    ``tree`` (SPEC §3; ``catalog:<name>`` then names an entry of the tree bug catalog).
+    ``tree`` (SPEC §3; ``catalog:<name>`` then names an entry of the tree bug catalog; at the
+    decoder level, of the decoder bug catalog).
     """
     if level not in BUILTINS:
         raise LoadError(f"level: expected one of {sorted(BUILTINS)}, got {level!r}")
@@ -94,6 +95,14 @@ def load_target(spec: str, level: str = "sampler") -> Callable[..., Any]:
         if name not in TREE_CATALOG:
             raise LoadError(f"target: no tree catalog entry {name!r}; known: {', '.join(sorted(TREE_CATALOG))}")
         return TREE_CATALOG[name].fn
+    if spec.startswith("catalog:") and level == "decoder":
+        from specverify.auditing.decoder.catalog import DECODER_CATALOG
+
+        name = catalog_key(spec.split(":", 1)[1])
+        if name not in DECODER_CATALOG:
+            raise LoadError(f"target: no decoder catalog entry {spec.split(':', 1)[1]!r}; known: "
+                            f"{', '.join(sorted(DECODER_CATALOG))}")
+        return DECODER_CATALOG[name].fn
     if spec.startswith("catalog:"):
         from specverify.auditing.sampler.catalog import CATALOG
 

@@ -11,7 +11,7 @@ so a detectable TV ≥ 1 means the check has no guaranteed power against any dev
 Which TV a run must reach:
 
 - a named budget (``quick`` / ``standard`` / ``thorough``) asks for its own ε (sampler and tree
-  level quick: 0.05; decoder quick: 0.25; endpoint quick: 0.1 for the PIT checks and 0.2 between
+  level quick: 0.05; decoder quick: 0.05 (mean per position); endpoint quick: 0.1 for the PIT checks and 0.2 between
   the servers' laws), and every check is sized to detect it, so a named budget is underpowered
   only where a check could not be sized (a detectable TV above the level's ceiling);
 - a fixed budget (N samples per check) asks for no TV, so it must reach the level's ceiling

@@ -93,13 +93,15 @@ def exact_tv(name: str) -> float | None:
 
 
 CATALOG_SOURCE = Path(__file__).resolve().parents[1] / "auditing" / "sampler" / "catalog.py"
+DECODER_CATALOG_SOURCE = Path(__file__).resolve().parents[1] / "auditing" / "decoder" / "catalog.py"
 """The catalog's source, read by :func:`catalog_entries` (importing it would import torch)."""
 
 DESCRIPTION_WIDTH = 100
 """Columns of a wrapped catalog description (indented under its entry)."""
 
 
-def catalog_entries(source: Path = CATALOG_SOURCE) -> list[tuple[str, str, str]]:
+def catalog_entries(source: Path = CATALOG_SOURCE,
+                    positional: tuple[str, ...] = ("name", "description", "bug_class")) -> list[tuple[str, str, str]]:
     """``(name, bug_class, description)`` of every ``BuggyRule(...)`` in the catalog's ``_ENTRIES``,
     in order, evaluated from the source: string literals, and f-strings over the module's
     upper-case constants."""
@@ -114,10 +116,13 @@ def catalog_entries(source: Path = CATALOG_SOURCE) -> list[tuple[str, str, str]]
         else:
             continue
         name = target.id
-        if name == "_ENTRIES" and isinstance(node.value, ast.List):
+        if name == "_ENTRIES" and isinstance(node.value, (ast.List, ast.Tuple)):
             for call in node.value.elts:
-                fields = {k.arg: _evaluate(k.value, constants) for k in call.keywords
-                          if k.arg in ("name", "bug_class", "description")}
+                assert isinstance(call, ast.Call)
+                fields = {field: _evaluate(value, constants) for field, value in zip(positional, call.args)
+                          if field in ("name", "bug_class", "description")}
+                fields.update({k.arg: _evaluate(k.value, constants) for k in call.keywords
+                               if k.arg in ("name", "bug_class", "description")})
                 entries.append((fields["name"], fields["bug_class"], fields["description"]))
         elif name.isupper():
             constants[name] = _evaluate(node.value, constants)
@@ -163,4 +168,11 @@ def listing() -> str:
     lines.append("  (‡: a ragged-row bug (num_draft_tokens=), exact on full rows; its exact TV on a row of the "
                  "example with k = 0 drafts padded to K = 2; —‡: it emits impossible outputs there or needs other "
                  "rows, caught by exact-ragged-drafts and ragged-drafts)")
+    lines += ["", "Decoder catalog (specverify audit --level decoder catalog:NAME): the reference decoder with one "
+              "mistake (their TVs on the position-law check are not measured yet):",
+              f"  {'name':<33} {'class':<16}", "      what is wrong"]
+    for name, bug_class, description in catalog_entries(DECODER_CATALOG_SOURCE):
+        lines.append(f"  {name.replace('_', '-'):<33} {bug_class:<16}")
+        lines += textwrap.wrap(description, DESCRIPTION_WIDTH, initial_indent="      ", subsequent_indent="      ",
+                               break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines)

@@ -98,9 +98,10 @@ def _initialise(model: LlamaForCausalLM, *, seed: int, logit_scale: float) -> No
 
 
 def tiny_target_and_draft(
-    *, vocab_size: int = 12, seed: int = 0, hidden_size: int = 16, draft_noise: float = 0.3
+    *, vocab_size: int = 12, seed: int = 0, hidden_size: int = 16, draft_noise: float = 0.3, logit_scale: float = 2.0,
+    draft_layers: int = 1,
 ) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
-    """A 2-layer target and a different 1-layer draft over the same vocabulary.
+    """A 2-layer target and a different draft (1 layer by default) over the same vocabulary.
 
     The target has two layers so that early-exit self-drafting (its first layer plus its own head)
     is a genuine drafter.  The draft starts from the same seed (so it equals that early exit: the
@@ -108,9 +109,14 @@ def tiny_target_and_draft(
     ``N(0, (draft_noise * std(w))**2)`` (seed ``seed + 1``): a separate model whose law overlaps the
     target's partly.  With the defaults the per-token acceptance ``sum_x min(p, q)`` is about 0.5
     at temperature 1 (0.65 without noise; an unrelated random draft would give about 0.25).
+    ``logit_scale`` (both models, :func:`tiny_causal_lm`) sets how peaked their laws are;
+    ``draft_layers = 2`` makes the draft the target itself plus the noise (acceptance about 0.95 at
+    ``draft_noise = 0.05``).
     """
-    target = tiny_causal_lm(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=2, seed=seed)
-    draft = tiny_causal_lm(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=1, seed=seed)
+    target = tiny_causal_lm(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=2, seed=seed,
+                            logit_scale=logit_scale)
+    draft = tiny_causal_lm(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=draft_layers, seed=seed,
+                           logit_scale=logit_scale)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, parameter in sorted(draft.named_parameters()):

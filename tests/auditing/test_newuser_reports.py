@@ -75,7 +75,7 @@ def test_decoder_level_progress_states_calls_and_time():
     from specverify.auditing.progress import LineProgress
 
     stream = io.StringIO()
-    specverify.audit("reference", level="decoder", budget=20, checks=["determinism", "sampling-temperatures"],
+    specverify.audit("reference", level="decoder", budget=20, checks=["determinism", "position-laws"],
                      progress=LineProgress(stream))
     first = stream.getvalue().splitlines()[0]
     assert "level decoder" in first and "calls in all; expected ~" in first

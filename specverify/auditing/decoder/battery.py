@@ -4,18 +4,18 @@
 
     generate(target, draft, input_ids, *, max_new_tokens, temperature, top_k, top_p, seed) -> new_tokens
 
-with a tiny random-initialised Hugging Face target and a different draft over one 8-token
-vocabulary (:func:`specverify.hf.tiny_models.tiny_target_and_draft`, fp32, deterministic), so that
-the decoder's KV caches, rollbacks, position ids and sampling all run for real while the law it
-must sample from is known exactly: with ``V = 8`` and ``L = 3`` new tokens every continuation is
-enumerated,
+with tiny random-initialised Hugging Face targets and drafts over one 8-token vocabulary
+(:func:`specverify.hf.tiny_models.tiny_target_and_draft`, fp32, deterministic): five model pairs
+(:data:`MODEL_PAIRS`) whose laws are peaked or flat and whose drafts are close to the target
+(acceptance ≈ 0.92), far from it (≈ 0.16) or in between, so that the decoder's KV caches,
+rollbacks, position ids, rejections, full acceptances and sampling all run for real.  SPEC §2: a
+lossless decoder's ``new_tokens`` follow the target's law after the same temperature / top-k /
+top-p processing (:func:`specverify.core.processing.process_logits`), token after token,
 
-    P(x_1 x_2 x_3 | prompt) = Π_i p(x_i | prompt, x_<i),
+    P(x_1 .. x_L | prompt) = Π_t p(x_t | prompt, x_<t)
 
-each ``p`` the target's next-token law after the same temperature / top-k / top-p processing
-(:func:`specverify.core.processing.process_logits`).  SPEC §2: a lossless decoder's ``new_tokens``
-follow ``P`` (Leviathan et al. 2023, Theorem 1, applied step after step); under greedy they equal
-the target's own greedy decoding.
+(Leviathan et al. 2023, Theorem 1, applied step after step); under greedy they equal the target's
+own greedy decoding.
 
 Checks (in order):
 
@@ -23,40 +23,59 @@ Checks (in order):
   (torch, numpy, ``random``) are: all randomness must be derived from ``seed``;
 - ``seed-sensitivity``: k calls with different seeds at temperature 1 are not all identical; k is
   the smallest number for which a lossless decoder returns k identical continuations with
-  probability Σ_x P(x)^k ≤ 1e-9 (computed exactly; not charged to α);
-- ``greedy-identity`` (exact): at temperature 0, 8 new tokens after each prompt equal the target's
-  greedy continuation token for token (also with top-k/top-p set, which greedy ignores): one
-  teacher-forced target pass over the whole continuation, every token its argmax given the tokens
-  before it (:mod:`specverify.core.greedy_identity` with τ = 0, the rule of every level);
-- ``sampling-temperatures`` and ``sampling-top-k-top-p`` (goodness of fit): the joint law of the
-  L = 3 new tokens, over strata (setting, prompt) drawn uniformly at random per call, so the
-  stratum and the continuation together are one multinomial.  Cells are fixed before sampling
-  from the exact law: every continuation whose expected count n·P/S reaches 5 is its own cell, the
-  rarer ones of a stratum share one "other" cell (merged into the stratum's rarest own cell when
-  still below 5), and the continuations of probability 0 (cut by top-k/top-p) form one cell of
-  expected count 0: a single sample there is a certain loss.  No cell is then pooled by the
-  test, so the power statement below holds for the total variation on exactly these cells;
-- ``inputs-unchanged`` and ``models-unchanged`` (contract): ``input_ids`` and the two models'
+  probability Σ_x P(x)^k ≤ 1e-9 (computed exactly on 3 tokens; not charged to α);
+- ``greedy-identity`` (exact): at temperature 0, 16 new tokens after each prompt, on every model
+  pair, equal the target's greedy continuation token for token (also with top-k/top-p set, which
+  greedy ignores): one teacher-forced target pass over the whole continuation, every token its
+  argmax given the tokens before it (:mod:`specverify.core.greedy_identity` with τ = 0);
+- ``position-laws`` (goodness of fit): every one of the L = 16 new tokens against its exact
+  conditional law, over 8 strata (model pair, setting, prompt; :data:`POSITION_STRATA`) drawn
+  uniformly per call (see below);
+- ``inputs-unchanged`` and ``models-unchanged`` (contract): ``input_ids`` and the models'
   parameters are the same after every call.
 
-Sample sizes.  Each call yields one sequence and costs several model forward passes (50–100 ms
-for the reference decoder on a shared CPU), so the decoder level cannot afford the sampler
-level's TV targets.  Its named budgets (:data:`DECODER_BUDGETS`) are sized, like the sampler's,
-with :func:`specverify.core.stats.sample_size_for_tv` at each check's Bonferroni share of the
-family-wise α (α/2) and power 0.99, ``n`` and the cells being solved together (more samples, more
-cells).  At α = 1e-3, calls per statistical check (temperatures / filters):
+The position-law check.  One teacher-forced pass of the stratum's target over each returned
+continuation gives, processed like the request, the exact law ``p_t = p(· | prompt, x_<t)`` of
+every new token ``x_t``.  Its randomized PIT value (:func:`specverify.auditing.endpoint.pit.token_pit_values`)
 
-=========  ===========  ===============  ==========================================
-budget     detects TV   calls per check  audit (all checks), reference decoder
-=========  ===========  ===============  ==========================================
-quick      0.25         209 / 224        463 calls, ~47 s
-standard   0.10         2 397 / 1 965    4 392 calls, ~5–7 min
-thorough   0.05         14 845 / 8 567   23 450 calls, ~30–40 min
-=========  ===========  ===============  ==========================================
+    u_t = F_t(x_t −) + U_t · p_t(x_t),      U_t ~ Uniform(0, 1) drawn by the audit,
 
-A fixed budget of N calls per check reports the TV it can then detect.  Seeds: call i of a
-check uses ``derive_seed(plan seed, "call", i)``, the plan seed being derived from the check's name
-and parameters and the audit's base seed.
+is Uniform(0, 1) given everything before it (x_<t and U_<t) exactly when ``x_t ~ p_t``, so under
+H0 the u_t of a continuation are i.i.d. uniform (Rosenblatt 1952).  Each u_t falls in one of
+``B = 4`` equal bins; the *block* of position t is (stratum, t, bin of u_{t−1}) (t = 1: (stratum, 1)),
+a function of the past, so under H0 the bin of u_t is uniform in every block, and the counts are
+tested by Pearson's X² of transition counts summed over blocks
+(:func:`specverify.core.transitions.transition_goodness_of_fit`).  A token of probability 0 under
+``p_t`` (cut by top-k/top-p) is a certain loss (p-value 0).  The blocks make the test see both
+kinds of loss: a token drawn from a wrong law (a sampling parameter misapplied, a residual
+mixed up: u_t not uniform) and randomness reused or correlated across steps or between drafting
+and verification (u_t not independent of u_{t−1}).
+
+What it detects.  Let the decoder's token at position t, in block m, have a PIT law whose
+B-binned version is at TV ε_m from uniform (a token law q_t at TV δ from p_t gives a PIT law at
+TV exactly δ; binning can only lower it).  The noncentrality is ≥ 4 n Σ_m π_m ε_m²
+(:mod:`specverify.core.transitions`), π_m the probability of block m; so with
+``ε̄² = Σ_m π_m ε_m² / L`` (the mean over the L positions of the squared deviation, averaged over
+strata and past), n calls detect ε̄ with power 0.99 when 4 n L ε̄² reaches the χ² noncentrality
+of the test's ``dof = S (1 + (L − 1) B)(B − 1)`` = 1 464 (:meth:`PositionLawCheck.required_samples`).
+A deviation ε at every position of every stratum is ε̄ = ε; at every position of one stratum,
+ε̄ = ε / √8; at one position of every stratum, ε̄ = ε / 4.
+
+Budgets (:data:`DECODER_BUDGETS`, α = 1e-3, power 0.99; calls of the position-law check, every
+look; wall time measured for the reference decoder on this project's 2 shared cores, docs/budgets.md):
+
+=========  ==============  ===========  ================================================
+budget     detects ε̄ ≥     calls        one stratum, every position / one position, every stratum
+=========  ==============  ===========  ================================================
+quick      0.05            2 019        0.14 / 0.2
+standard   0.02            12 616       0.057 / 0.08
+thorough   0.01            50 461       0.028 / 0.04
+=========  ==============  ===========  ================================================
+
+A fixed budget of N calls per statistical check reports the ε̄ it can then detect.  Seeds: call i
+of a check uses ``derive_seed(plan seed, "call", i)``, the plan seed being derived from the check's
+name and parameters and the audit's base seed; the strata and the PIT's U of look j come from
+``derive_seed(plan seed, "strata", j)`` and ``derive_seed(plan seed, "pit", j)``.
 
 Faults inside a call (an exception, a hang past the per-call deadline, output that is not an int64
 tensor ``[max_new_tokens]`` of ids in ``[0, V)``) stop that check with verdict ``error`` ("could not
@@ -65,7 +84,7 @@ audit"); they never end the audit.
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,27 +103,36 @@ from specverify.auditing.checks import (
     SequentialCheck,
     Tally,
     Verdict,
-    goodness_of_fit_result,
+    level_phrase,
+    look_fields,
     resolve_budget,
 )
-from specverify.auditing.isolation.faults import FaultKind, preserved_global_rng, seed_global_rng, validate_new_tokens
+from specverify.auditing.endpoint.pit import token_pit_values
+from specverify.auditing.isolation.faults import (
+    FaultKind,
+    preserved_global_rng,
+    seed_global_rng,
+    validate_new_tokens,
+)
 from specverify.auditing.isolation.guarded import GuardedGenerate
 from specverify.core import stats
+from specverify.core.processing import process_logits
 from specverify.core.seeding import derive_seed
+from specverify.core.transitions import transition_goodness_of_fit
 
-DECODER_BUDGETS: dict[str, float] = {"quick": 0.25, "standard": 0.1, "thorough": 0.05}
-"""Named decoder budgets: the TV (on each check's cells) every statistical check detects with power ≥ POWER."""
+DECODER_BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
+"""Named decoder budgets: the mean per-position TV ε̄ (module docstring) the position-law check
+detects with power ≥ POWER."""
 
 VOCAB_SIZE = 8
 MODEL_SEED = 0
-CONTINUATION_LENGTH = 3
-GREEDY_LENGTH = 8
-DETERMINISM_LENGTH = 8
+CONTINUATION_LENGTH = 16
+"""New tokens per call of the position-law, greedy and determinism checks: 5–8 steps of a γ = 4
+decoder, so rejections, full acceptances and step boundaries all occur."""
+SEED_LENGTH = 3
+PIT_BINS = 4
 PROMPTS: tuple[tuple[int, ...], ...] = ((3,), (1, 5, 2, 6), (7, 0, 4, 4, 2, 1))
 """Prompts of 1, 4 and 6 tokens (prefill of one token, and of several)."""
-
-MIN_EXPECTED = 5.0
-"""Smallest expected count of a cell of the goodness-of-fit checks (Cochran's rule)."""
 
 SEED_FALSE_ALARM = 1e-9
 """Largest probability that ``seed-sensitivity`` fails a lossless decoder."""
@@ -115,6 +143,30 @@ MAX_SEED_CALLS = 64
 # --------------------------------------------------------------------------------------------
 # Settings, models and exact laws
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """A target and a draft of :func:`specverify.hf.tiny_models.tiny_target_and_draft` (V = 8):
+    ``logit_scale`` sets how peaked both laws are, ``draft_noise`` and ``draft_layers`` how far the
+    draft is from the target; ``acceptance`` is Σ_x min(p, q) at temperature 1, measured on 200
+    random contexts."""
+
+    logit_scale: float
+    draft_noise: float
+    draft_layers: int
+    acceptance: float
+
+
+MODEL_PAIRS: dict[str, ModelPair] = {
+    "base": ModelPair(2.0, 0.3, 1, 0.52),
+    "close-draft": ModelPair(2.0, 0.05, 2, 0.92),
+    "far-draft": ModelPair(2.0, 3.0, 1, 0.16),
+    "flat": ModelPair(0.8, 0.3, 1, 0.73),
+    "peaked": ModelPair(4.0, 0.3, 1, 0.42),
+}
+"""The audit's model pairs: next-token entropy ≈ 1.08 nats (max p ≈ 0.61) for base and the two
+draft variants, 1.79 (0.34) for ``flat``, 0.55 (0.80) for ``peaked``."""
 
 
 @dataclass(frozen=True)
@@ -134,31 +186,45 @@ class Setting:
         return ", ".join(parts)
 
 
-Stratum = tuple[Setting, tuple[int, ...]]
+@dataclass(frozen=True)
+class Stratum:
+    """One kind of call: its settings, its prompt and the model pair (a :data:`MODEL_PAIRS` key)."""
 
+    setting: Setting
+    prompt: tuple[int, ...]
+    models: str = "base"
 
-def stratum_label(stratum: Stratum) -> str:
-    setting, prompt = stratum
-    return f"{setting.label()}, prompt {list(prompt)}"
+    def label(self) -> str:
+        return f"{self.models} models, {self.setting.label()}, prompt {list(self.prompt)}"
 
 
 class DecoderModels:
-    """The audit's tiny target and draft (:func:`specverify.hf.tiny_models.tiny_target_and_draft`,
-    V = 8, fp32) on ``device``, with their exact continuation laws and greedy continuations."""
+    """The audit's tiny model pairs (:data:`MODEL_PAIRS`, V = 8, fp32) on ``device``, with their
+    exact laws and greedy continuations; ``target``/``draft`` are the ``base`` pair."""
 
     def __init__(self, device: str = "cpu") -> None:
         from specverify.hf.tiny_models import tiny_target_and_draft
 
-        target, draft = tiny_target_and_draft(vocab_size=VOCAB_SIZE, seed=MODEL_SEED)
         self.device = torch.device(device)
-        self.target = target.to(self.device)
-        self.draft = draft.to(self.device)
+        self.pairs: dict[str, tuple[torch.nn.Module, torch.nn.Module]] = {}
+        for name, spec in MODEL_PAIRS.items():
+            target, draft = tiny_target_and_draft(vocab_size=VOCAB_SIZE, seed=MODEL_SEED, draft_noise=spec.draft_noise,
+                                                  logit_scale=spec.logit_scale, draft_layers=spec.draft_layers)
+            self.pairs[name] = (target.to(self.device), draft.to(self.device))
+        self.target, self.draft = self.pairs["base"]
         self.vocab_size = VOCAB_SIZE
         self._snapshot = {name: self._parameters(model) for name, model in self._models()}
         self._laws: dict[tuple[Stratum, int], np.ndarray] = {}
 
+    def pair(self, name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """``(target, draft)`` of the model pair ``name``."""
+        if name not in self.pairs:
+            raise ValueError(f"models: no model pair {name!r}; use one of {', '.join(self.pairs)}")
+        return self.pairs[name]
+
     def _models(self) -> tuple[tuple[str, torch.nn.Module], ...]:
-        return (("target", self.target), ("draft", self.draft))
+        return tuple((f"{role} of the {name} pair", model) for name, (target, draft) in self.pairs.items()
+                     for role, model in (("target", target), ("draft", draft)))
 
     @staticmethod
     def _parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -172,9 +238,9 @@ class DecoderModels:
         if key not in self._laws:
             from specverify.hf.tiny_models import continuation_laws
 
-            setting, prompt = stratum
-            laws = continuation_laws(self.target, prompt, length, temperature=setting.temperature,
-                                     top_k=setting.top_k, top_p=setting.top_p)
+            setting = stratum.setting
+            laws = continuation_laws(self.pair(stratum.models)[0], stratum.prompt, length,
+                                     temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p)
             joint = laws[0]
             for law in laws[1:]:
                 joint = joint[..., None] * law
@@ -182,17 +248,34 @@ class DecoderModels:
         return self._laws[key]
 
     @torch.no_grad()
-    def greedy(self, prompt: tuple[int, ...], length: int) -> tuple[list[int], float]:
-        """The target's own greedy continuation (argmax of full forward passes, no cache) and the
-        smallest gap between the two largest logits along it (how far it is from a tie)."""
-        tokens = list(prompt)
+    def conditional_laws(self, stratum: Stratum, tokens: np.ndarray) -> np.ndarray:
+        """``p(· | prompt, x_<t)`` for every new token of every continuation ``tokens [N, L]``:
+        float64 ``[N, L, V]``, from one teacher-forced pass of the stratum's target over
+        ``prompt + x_1 .. x_{L−1}``, processed by :func:`process_logits` with the stratum's setting
+        and normalised in float64."""
+        target = self.pair(stratum.models)[0]
+        setting = stratum.setting
+        prompt = torch.tensor(stratum.prompt, dtype=torch.int64, device=self.device)
+        continuations = torch.as_tensor(tokens, dtype=torch.int64, device=self.device)
+        inputs = torch.cat([prompt.expand(len(continuations), -1), continuations[:, :-1]], 1)
+        logits = target(input_ids=inputs).logits[:, len(stratum.prompt) - 1:].double()
+        probs = process_logits(logits, temperature=setting.temperature, top_k=setting.top_k,
+                               top_p=setting.top_p).double()
+        return (probs / probs.sum(-1, keepdim=True)).cpu().numpy()
+
+    @torch.no_grad()
+    def greedy(self, stratum: Stratum, length: int) -> tuple[list[int], float]:
+        """The stratum's target's own greedy continuation (argmax of full forward passes, no cache)
+        and the smallest gap between the two largest logits along it (how far it is from a tie)."""
+        target = self.pair(stratum.models)[0]
+        tokens = list(stratum.prompt)
         margin = float("inf")
         for _ in range(length):
-            logits = self.target(torch.tensor([tokens], device=self.device)).logits[0, -1].double()
+            logits = target(torch.tensor([tokens], device=self.device)).logits[0, -1].double()
             top = logits.topk(2).values
             margin = min(margin, float(top[0] - top[1]))
             tokens.append(int(logits.argmax()))
-        return tokens[len(prompt):], margin
+        return tokens[len(stratum.prompt):], margin
 
     def changed(self) -> list[str]:
         """Names of the models whose parameters differ from the snapshot taken at construction."""
@@ -210,8 +293,6 @@ class DecoderModels:
 # --------------------------------------------------------------------------------------------
 
 
-
-
 @dataclass
 class DecoderSession:
     """A guarded SPEC §2 function and the models every decoder check uses."""
@@ -219,19 +300,6 @@ class DecoderSession:
     function: GuardedGenerate
     models: DecoderModels
     timeout_s: float
-
-
-def sequence_index(tokens: torch.Tensor, vocab_size: int) -> int:
-    """``Σ_i x_i V^(L−1−i)``: the index of a continuation in :meth:`DecoderModels.sequence_law`."""
-    index = 0
-    for token in tokens.tolist():
-        index = index * vocab_size + int(token)
-    return index
-
-
-def _tokens_label(index: int, vocab_size: int, length: int) -> str:
-    digits = [(index // vocab_size ** (length - 1 - i)) % vocab_size for i in range(length)]
-    return "(" + ", ".join(map(str, digits)) + ")"
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,7 +320,7 @@ class DeterminismCheck(Check):
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.parameters = {"strata": [stratum_label(s) for s in self.strata], "max_new_tokens": self.length}
+        self.parameters = {"strata": [s.label() for s in self.strata], "max_new_tokens": self.length}
 
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
         for number, stratum in enumerate(self.strata):
@@ -261,20 +329,19 @@ class DeterminismCheck(Check):
                 first, repeat, other = (self._call(session, stratum, seed, derive_seed(plan.seed, "global", number, g))
                                         for g in (1, 1, 2))
             if not torch.equal(first, repeat):
-                return self._failed(plan, "two calls with the same seed and the same global "
-                                    "RNG states returned different "
-                                    f"tokens ({stratum_label(stratum)}): the decoder draws randomness from outside "
+                return self._failed(plan, "two calls with the same seed and the same global RNG states returned "
+                                    f"different tokens ({stratum.label()}): the decoder draws randomness from outside "
                                     "both (OS entropy, time, threads); derive everything from `seed`")
             if not torch.equal(first, other):
                 return self._failed(plan, f"the tokens changed when only the global RNG seeds changed (same `seed`, "
-                                    f"{stratum_label(stratum)}): the decoder samples from the global torch/numpy/"
+                                    f"{stratum.label()}): the decoder samples from the global torch/numpy/"
                                     "random RNG instead of deriving its randomness from `seed`")
         return self.report(plan, Verdict.PASS,
                            f"same seed, same tokens, whatever the global RNG states ({len(self.strata)} prompts)")
 
     def _call(self, session: DecoderSession, stratum: Stratum, seed: int, global_seed: int) -> torch.Tensor:
         seed_global_rng(global_seed)
-        return session.function(stratum, self.length, seed, where=f"{self.name}, {stratum_label(stratum)}")
+        return session.function(stratum, self.length, seed, where=f"{self.name}, {stratum.label()}")
 
     def _failed(self, plan: Plan, message: str) -> CheckResult:
         return self.report(plan, Verdict.FAIL, message, fault=FaultKind.GLOBAL_RNG)
@@ -303,7 +370,7 @@ class SeedSensitivityCheck(Check):
                 self.calls = calls
                 break
         self.false_alarm = float(np.sum(self.law**self.calls))
-        self.parameters = {"stratum": stratum_label(self.stratum), "max_new_tokens": self.length,
+        self.parameters = {"stratum": self.stratum.label(), "max_new_tokens": self.length,
                            "calls": self.calls, "P(all equal | lossless)": float(f"{self.false_alarm:.3g}")}
 
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
@@ -311,8 +378,7 @@ class SeedSensitivityCheck(Check):
                                           where=f"{self.name}, call {i}").tolist())
                    for i in range(self.calls)}
         if len(outputs) == 1:
-            message = (f"{self.calls} different seeds all gave {next(iter(outputs))} "
-                       f"({stratum_label(self.stratum)}); a "
+            message = (f"{self.calls} different seeds all gave {next(iter(outputs))} ({self.stratum.label()}); a "
                        f"lossless decoder does so with probability {self.false_alarm:.2g}: the output ignores `seed`, "
                        "so it cannot follow the target's law")
             return self.report(plan, Verdict.FAIL, message)
@@ -335,9 +401,9 @@ class GreedyIdentityCheck(Check):
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.expected = [self.models.greedy(prompt, self.length) for _, prompt in self.cases]
+        self.expected = [self.models.greedy(case, self.length) for case in self.cases]
         margin = min(m for _, m in self.expected)
-        self.parameters = {"cases": [stratum_label(c) for c in self.cases], "max_new_tokens": self.length,
+        self.parameters = {"cases": [c.label() for c in self.cases], "max_new_tokens": self.length,
                            "smallest top-2 logit gap": float(f"{margin:.3g}")}
 
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
@@ -345,12 +411,13 @@ class GreedyIdentityCheck(Check):
 
         for number, (case, (expected, _)) in enumerate(zip(self.cases, self.expected)):
             got = session.function(case, self.length, derive_seed(plan.seed, "call", number),
-                                   where=f"{self.name}, {stratum_label(case)}")
-            prompt = torch.tensor(case[1], dtype=torch.int64, device=self.models.device)
-            (result,) = check_identity(self.models.target, [prompt], [got], labels=[stratum_label(case)]).results
+                                   where=f"{self.name}, {case.label()}")
+            prompt = torch.tensor(case.prompt, dtype=torch.int64, device=self.models.device)
+            target = self.models.pair(case.models)[0]
+            (result,) = check_identity(target, [prompt], [got.to(self.models.device)], labels=[case.label()]).results
             if not result.passed:
                 first = result.first_divergences[0]
-                message = (f"{stratum_label(case)}: generated {got.tolist()}, but the target's greedy continuation is "
+                message = (f"{case.label()}: generated {got.tolist()}, but the target's greedy continuation is "
                            f"{expected}: at new token {first.position} the target, given the generated tokens before "
                            f"it, prefers token {first.target_token} to {first.candidate_token} by {first.gap:.3g} in "
                            f"logit ({len(result.exceedances)} of {result.positions} new tokens are not its argmax)")
@@ -362,7 +429,7 @@ class GreedyIdentityCheck(Check):
 
 @dataclass
 class ModelsUnchangedCheck(Check):
-    """After all other checks: the target's and the draft's parameters are unchanged."""
+    """After all other checks: the parameters of every target and draft are unchanged."""
 
     name: str
     description: str
@@ -375,7 +442,7 @@ class ModelsUnchangedCheck(Check):
         changed = session.models.changed()
         if changed:
             return self.report(plan, Verdict.FAIL,
-                               f"the decoder modified the parameters of the {' and '.join(changed)} model",
+                               f"the decoder modified the parameters of the {' and '.join(changed)}",
                                fault=FaultKind.MUTATION)
         if session.function.log.model_changes:  # seen by the worker, which has its own models
             changes = session.function.log.model_changes
@@ -387,123 +454,116 @@ class ModelsUnchangedCheck(Check):
 
 
 # --------------------------------------------------------------------------------------------
-# The sequence-law check
+# The position-law check
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CellMap:
-    """Cells of a :class:`SequenceLawCheck` for a given n (see the module docstring).
-
-    index: int64 ``[S, V**L]``, the cell of every (stratum, continuation); expected: float64
-    ``[cells]``, each cell's probability (stratum drawn with probability 1/S); labels: one per
-    cell; num_positive: the cells of positive probability (the test's cells)."""
-
-    index: np.ndarray
-    expected: np.ndarray
-    labels: tuple[str, ...]
-    num_positive: int
-
-
 @dataclass
-class SequenceLawCheck(SequentialCheck):
-    """The joint law of the L new tokens over strata (setting, prompt), against the exact law."""
+class PositionLawCheck(SequentialCheck):
+    """Every new token against its exact conditional law, by its randomized PIT value, in blocks
+    (stratum, position, bin of the previous PIT value) (see the module docstring).
+
+    Counts are int64 ``[S, L, B, B + 1]``: stratum, position, the previous PIT value's bin (0 at
+    the first position), and the PIT value's bin, the last column counting tokens of probability
+    0.  Planning: n calls give ``n L`` tokens, each in one block, and the noncentrality is
+    ``≥ 4 n L ε̄²``, so n = ⌈n_tokens / L⌉ with n_tokens the size at which Pearson's test on
+    ``dof + 1`` cells detects TV ε̄ (:func:`specverify.core.stats.sample_size_for_tv`)."""
 
     name: str
     description: str
     strata: tuple[Stratum, ...]
     length: int
-    laws: np.ndarray  # [S, V**L]
+    models: DecoderModels
+    bins: int = PIT_BINS
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
 
     def __post_init__(self) -> None:
-        self.vocab_size = round(self.laws.shape[1] ** (1 / self.length))
-        self.num_cells = int((self.laws > 0).sum())
-        self.parameters = {"strata": [stratum_label(s) for s in self.strata], "max_new_tokens": self.length,
-                           "V": self.vocab_size}
-
-    def cell_map(self, n: int) -> CellMap:
-        """Cells fixed from the exact law before sampling: own cells for continuations of expected
-        count n·P/S ≥ MIN_EXPECTED, one "other" cell per stratum, one zero-probability cell."""
-        strata, sequences = self.laws.shape
-        threshold = MIN_EXPECTED * strata / n
-        index = np.zeros((strata, sequences), dtype=np.int64)
-        expected: list[float] = []
-        labels: list[str] = []
-        zero_cells: list[tuple[int, np.ndarray]] = []
-        for s, law in enumerate(self.laws):
-            name = stratum_label(self.strata[s])
-            order = np.argsort(-law, kind="stable")
-            own = [int(t) for t in order if law[t] >= threshold]
-            rest = np.flatnonzero((law > 0) & (law < threshold))
-            for token in own:
-                index[s, token] = len(expected)
-                expected.append(law[token] / strata)
-                labels.append(f"{name}: tokens {_tokens_label(token, self.vocab_size, self.length)}")
-            rest_mass = float(law[rest].sum())
-            if rest.size and (not own or n * rest_mass / strata >= MIN_EXPECTED):
-                index[s, rest] = len(expected)
-                expected.append(rest_mass / strata)
-                labels.append(f"{name}: {rest.size} rarer continuations")
-            elif rest.size:
-                index[s, rest] = index[s, own[-1]]
-                expected[-1] += rest_mass / strata
-                labels[-1] += f" + {rest.size} rarer continuations"
-            zeros = np.flatnonzero(law == 0)
-            if zeros.size:
-                zero_cells.append((s, zeros))
-        num_positive = len(expected)
-        for s, zeros in zero_cells:
-            index[s, zeros] = len(expected)
-            expected.append(0.0)
-            labels.append(f"{stratum_label(self.strata[s])}: {zeros.size} continuations of probability 0")
-        return CellMap(index, np.asarray(expected), tuple(labels), num_positive)
+        blocks = len(self.strata) * (1 + (self.length - 1) * self.bins)
+        self.num_cells = blocks * (self.bins - 1) + 1  # dof + 1: the cells of one Pearson test of that dof
+        self.parameters = {"strata": [s.label() for s in self.strata], "max_new_tokens": self.length,
+                           "PIT bins": self.bins}
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        """Smallest n that detects TV ε on the cells of ``cell_map(n)`` with ``power``: iterate
-        n ← sample_size_for_tv(ε, cells), cells ← cell_map(n) from all cells down (n and the
-        number of cells only decrease, so it stops at a consistent pair)."""
-        cells = max(2, self.num_cells)
-        while True:
-            n = stats.sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=cells)
-            fewer = max(2, self.cell_map(n).num_positive)
-            if fewer >= cells:
-                return n
-            cells = fewer
+        tokens = stats.sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self.num_cells)
+        return math.ceil(tokens / self.length)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        return stats.detectable_tv(n, alpha=alpha, power=power, num_cells=max(2, self.cell_map(n).num_positive))
+        return stats.detectable_tv(n * self.length, alpha=alpha, power=power, num_cells=self.num_cells)
 
     def draw(self, session: DecoderSession, plan: Plan, n: int, look: int) -> Tally:
         """``n`` calls, each on a stratum drawn uniformly; call ``i`` of the check (counted over
-        all looks) gets the seed ``derive_seed(plan.seed, "call", i)``."""
+        all looks) gets the seed ``derive_seed(plan.seed, "call", i)``; then each stratum's
+        continuations are scored in one teacher-forced pass and counted in their blocks."""
         first = plan.looks[look - 1] if plan.looks and look else 0
-        rng = np.random.default_rng(derive_seed(plan.seed, "strata", look))
-        per_stratum = np.zeros(self.laws.shape, dtype=np.int64)
-        for call, s in enumerate(rng.integers(len(self.strata), size=n), start=first):
+        choices = np.random.default_rng(derive_seed(plan.seed, "strata", look)).integers(len(self.strata), size=n)
+        continuations: list[list[list[int]]] = [[] for _ in self.strata]
+        for call, s in enumerate(choices, start=first):
             tokens = session.function(self.strata[s], self.length, derive_seed(plan.seed, "call", call),
                                       where=f"{self.name}, call {call}")
-            per_stratum[s, sequence_index(tokens, self.vocab_size)] += 1
-        return Tally(n, {"per stratum": per_stratum})
+            continuations[s].append(tokens.tolist())
+        counts = np.zeros((len(self.strata), self.length, self.bins, self.bins + 1), dtype=np.int64)
+        uniforms = np.random.default_rng(derive_seed(plan.seed, "pit", look))
+        for s, rows in enumerate(continuations):
+            if rows:
+                tokens = np.asarray(rows, dtype=np.int64)
+                values = token_pit_values(self.models.conditional_laws(self.strata[s], tokens), tokens,
+                                          uniforms.random(tokens.shape))
+                self._count(counts[s], values)
+        return Tally(n, {"blocks": counts})
+
+    def _count(self, counts: np.ndarray, values: np.ndarray) -> None:
+        """Add the PIT values ``[N, L]`` of one stratum's continuations to its ``counts [L, B, B + 1]``
+        (NaN: a token of probability 0, counted in column B; the next position's block is then bin 0)."""
+        cell = np.where(np.isnan(values), self.bins, np.minimum(np.nan_to_num(values) * self.bins, self.bins - 1))
+        cell = cell.astype(np.int64)
+        previous = np.concatenate([np.zeros_like(cell[:, :1]), cell[:, :-1] % self.bins], 1)
+        positions = np.broadcast_to(np.arange(self.length), cell.shape)
+        np.add.at(counts, (positions, previous, cell), 1)
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
-        """The goodness of fit on the cells of ``cell_map(n)`` for the n drawn so far."""
-        per_stratum = tally.counts["per stratum"]
-        cells = self.cell_map(tally.n)
-        counts = np.bincount(cells.index.ravel(), weights=per_stratum.ravel(),
-                             minlength=len(cells.expected)).astype(np.int64)
-        result = goodness_of_fit_result(self, plan, counts, cells.expected, cells.labels, None, level=level, look=look)
-        return dataclasses.replace(result, message=result.message + "; " + self._per_stratum(per_stratum))
+        """Pearson's X² of the transition counts against the uniform bins (probability 0 for the
+        last column) at ``level``."""
+        counts = tally.counts["blocks"]
+        law = np.append(np.full(self.bins, 1.0 / self.bins), 0.0)
+        fit = transition_goodness_of_fit(counts.reshape(-1, self.bins + 1), np.tile(law, (counts[..., 0].size, 1)))
+        failed = fit.pvalue <= level
+        where = level_phrase(plan, level, look)
+        if fit.impossible_count:
+            message = (f"emitted {fit.impossible_count} token(s) of target probability 0 (cut by top-k/top-p) "
+                       f"{self._impossible(counts)}: certain loss")
+        elif failed:
+            message = (f"the new tokens do not follow the target's conditional laws: p-value {fit.pvalue:.3g} ≤ "
+                       f"{where} (X² = {fit.statistic:.1f}, dof {fit.dof}); {self._deviations(counts)}")
+        else:
+            message = (f"every position consistent with the target's conditional law (p-value {fit.pvalue:.3g} > "
+                       f"{where}; X² = {fit.statistic:.1f}, dof {fit.dof}, {tally.n} calls × {self.length} tokens)")
+        return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n,
+                           statistic=float(fit.statistic), pvalue=float(fit.pvalue),
+                           empirical_tv=self._largest_tv(counts)[0], **look_fields(plan, level, look))
 
-    def _per_stratum(self, per_stratum: np.ndarray) -> str:
-        """Plug-in TV of each stratum's continuations (diagnosis only: not what is tested)."""
-        parts = []
-        for s, counts in enumerate(per_stratum):
-            n = int(counts.sum())
-            tv = 0.5 * float(np.abs(counts / max(n, 1) - self.laws[s]).sum()) if n else float("nan")
-            parts.append(f"{stratum_label(self.strata[s])}: n={n}, TV {tv:.3f}")
-        return "per stratum (plug-in, biased up at small n): " + "; ".join(parts)
+    def _position_tvs(self, counts: np.ndarray) -> np.ndarray:
+        """Plug-in TV of the binned PIT law from uniform at each (stratum, position), the previous
+        bin summed out (diagnosis only, biased up at small counts): float64 ``[S, L]``."""
+        marginal = counts.sum(2)[..., : self.bins]
+        totals = marginal.sum(-1, keepdims=True)
+        return 0.5 * np.abs(marginal / np.maximum(totals, 1) - 1.0 / self.bins).sum(-1) * (totals[..., 0] > 0)
+
+    def _largest_tv(self, counts: np.ndarray) -> tuple[float, int, int]:
+        tvs = self._position_tvs(counts)
+        s, t = np.unravel_index(int(np.argmax(tvs)), tvs.shape)
+        return float(tvs[s, t]), int(s), int(t)
+
+    def _deviations(self, counts: np.ndarray) -> str:
+        tv, s, t = self._largest_tv(counts)
+        per_stratum = self._position_tvs(counts).mean(1)
+        worst = int(np.argmax(per_stratum))
+        return (f"largest plug-in TV of the binned PIT law {tv:.3f} at new token {t + 1} ({self.strata[s].label()}); "
+                f"largest mean over positions {per_stratum[worst]:.3f} ({self.strata[worst].label()})")
+
+    def _impossible(self, counts: np.ndarray) -> str:
+        s, t = (int(i[0]) for i in np.nonzero(counts[..., self.bins].sum(2)))
+        return f"(first at new token {t + 1}, {self.strata[s].label()})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,19 +571,22 @@ class SequenceLawCheck(SequentialCheck):
 # --------------------------------------------------------------------------------------------
 
 
-TEMPERATURE_STRATA: tuple[Stratum, ...] = (
-    (Setting(1.0), PROMPTS[0]),
-    (Setting(0.7), PROMPTS[1]),
-    (Setting(1.3), PROMPTS[2]),
+POSITION_STRATA: tuple[Stratum, ...] = (
+    Stratum(Setting(1.0), PROMPTS[1], "base"),
+    Stratum(Setting(0.7), PROMPTS[0], "peaked"),
+    Stratum(Setting(1.3), PROMPTS[2], "flat"),
+    Stratum(Setting(1.0, top_k=3), PROMPTS[1], "far-draft"),
+    Stratum(Setting(1.0, top_p=0.8), PROMPTS[2], "close-draft"),
+    Stratum(Setting(0.8, top_k=5, top_p=0.9), PROMPTS[0], "base"),
+    Stratum(Setting(1.3, top_p=0.9), PROMPTS[0], "far-draft"),
+    Stratum(Setting(0.7, top_k=4), PROMPTS[1], "close-draft"),
 )
-FILTER_STRATA: tuple[Stratum, ...] = (
-    (Setting(1.0, top_k=3), PROMPTS[1]),
-    (Setting(1.0, top_p=0.8), PROMPTS[2]),
-    (Setting(0.8, top_k=5, top_p=0.9), PROMPTS[0]),
-)
-GREEDY_CASES: tuple[Stratum, ...] = tuple((Setting(0.0), prompt) for prompt in PROMPTS) + (
-    (Setting(0.0, top_k=3, top_p=0.9), PROMPTS[1]),
-)
+"""The position-law check's strata: temperatures 0.7, 0.8, 1 and 1.3, top-k alone, top-p alone and
+both, on every model pair and prompt length."""
+
+GREEDY_CASES: tuple[Stratum, ...] = tuple(Stratum(Setting(0.0), prompt) for prompt in PROMPTS) + (
+    Stratum(Setting(0.0, top_k=3, top_p=0.9), PROMPTS[1]),
+) + tuple(Stratum(Setting(0.0), PROMPTS[1], name) for name in MODEL_PAIRS if name != "base")
 
 
 def resolve_decoder_budget(budget: str | int | SampleBudget) -> SampleBudget:
@@ -550,37 +613,33 @@ class DecoderBattery(Battery):
         return DecoderSession(GuardedGenerate(fn, models, timeout_s=timeout_s, isolation=isolation), models, timeout_s)
 
     def checks(self, session: DecoderSession) -> list[Any]:
-        models, length = session.models, CONTINUATION_LENGTH
-        seed_stratum = (Setting(1.0), PROMPTS[1])
+        models = session.models
+        seed_stratum = Stratum(Setting(1.0), PROMPTS[1])
         return [
             DeterminismCheck(
                 "determinism",
                 "The same seed must give the same tokens whatever the global RNG states: all randomness "
                 "must be derived from `seed`.",
-                ((Setting(1.3), PROMPTS[0]), (Setting(1.3), PROMPTS[2])), DETERMINISM_LENGTH),
+                (Stratum(Setting(1.3), PROMPTS[0]), Stratum(Setting(1.3), PROMPTS[2], "far-draft")),
+                CONTINUATION_LENGTH),
             SeedSensitivityCheck(
                 "seed-sensitivity",
                 "Different seeds at temperature 1 must not all give the same tokens (the number of calls makes "
                 "that probability ≤ 1e-9 for a lossless decoder; not charged to α).",
-                seed_stratum, length, models.sequence_law(seed_stratum, length)),
+                seed_stratum, SEED_LENGTH, models.sequence_law(seed_stratum, SEED_LENGTH)),
             GreedyIdentityCheck(
                 "greedy-identity",
-                "Temperature 0: the new tokens must equal the target's own greedy decoding, token for token "
-                "(also with top-k/top-p set, which greedy decoding ignores).",
-                GREEDY_CASES, GREEDY_LENGTH, models),
-            SequenceLawCheck(
-                "sampling-temperatures",
-                "Temperatures 1.0, 0.7 and 1.3 (one prompt each, chosen at random per call): the joint law of "
-                "the 3 new tokens must be the target's, computed exactly by enumeration.",
-                TEMPERATURE_STRATA, length, np.stack([models.sequence_law(s, length) for s in TEMPERATURE_STRATA])),
-            SequenceLawCheck(
-                "sampling-top-k-top-p",
-                "Top-k 3, top-p 0.8, and T=0.8 with top-k 5 and top-p 0.9: the joint law of the 3 new tokens "
-                "must be the target's after the same filtering (a continuation the filters forbid is a "
-                "certain loss).",
-                FILTER_STRATA, length, np.stack([models.sequence_law(s, length) for s in FILTER_STRATA])),
+                "Temperature 0: the new tokens must equal the target's own greedy decoding, token for token, "
+                "on every model pair (also with top-k/top-p set, which greedy decoding ignores).",
+                GREEDY_CASES, CONTINUATION_LENGTH, models),
+            PositionLawCheck(
+                "position-laws",
+                f"Each of {CONTINUATION_LENGTH} new tokens against the target's exact law given the tokens before "
+                "it (randomized PIT, in blocks by position and the previous PIT value): temperatures 0.7–1.3, "
+                "top-k, top-p and both, on five model pairs.",
+                POSITION_STRATA, CONTINUATION_LENGTH, models),
             InputsUnchangedCheck("inputs-unchanged", "No call may modify the input_ids tensor it is given."),
-            ModelsUnchangedCheck("models-unchanged", "No call may modify the parameters of the target or the draft."),
+            ModelsUnchangedCheck("models-unchanged", "No call may modify the parameters of the targets or the drafts."),
         ]
 
 
@@ -594,6 +653,6 @@ def audit_decoder(generate_fn: Callable[..., Any] | str, **options: Any) -> Any:
 
 
 __all__ = [
-    "DECODER_BUDGETS", "DecoderBattery", "DecoderModels", "Setting", "audit_decoder", "resolve_decoder_budget",
-    "validate_new_tokens",
+    "DECODER_BUDGETS", "MODEL_PAIRS", "POSITION_STRATA", "DecoderBattery", "DecoderModels", "PositionLawCheck",
+    "Setting", "Stratum", "audit_decoder", "resolve_decoder_budget", "validate_new_tokens",
 ]

@@ -84,3 +84,13 @@ def plug_in_tv(counts: np.ndarray) -> float:
     """½ Σ |count/n − 1/B| of binned u's (diagnosis)."""
     n = counts.sum()
     return 0.5 * float(np.abs(counts / n - 1.0 / counts.size).sum()) if n else math.nan
+
+
+def token_pit_values(laws: np.ndarray, tokens: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """The randomized PIT of token ids: u = F(x−) + U · p(x) for every ``tokens[...]`` under its own
+    law ``laws[..., :]`` (float64, tokens ordered by id, F(x−) = Σ_{y < x} p(y)) with
+    ``uniforms[...]`` as U; NaN where p(x) = 0 (a token the law cannot produce)."""
+    index = np.asarray(tokens, dtype=np.int64)[..., None]
+    probability = np.take_along_axis(laws, index, -1)[..., 0]
+    below = np.take_along_axis(np.cumsum(laws, -1) - laws, index, -1)[..., 0]
+    return np.where(probability > 0, below + uniforms * probability, np.nan)

@@ -603,13 +603,16 @@ class GuardedGenerate(_Session):
         super().__init__(fn, timeout_s=timeout_s, device=str(models.device), isolation=isolation)
 
     def __call__(self, stratum: Any, max_new_tokens: int, seed: int, *, where: str) -> torch.Tensor:
+        """One call on ``stratum`` (a :class:`~specverify.auditing.decoder.battery.Stratum`: settings,
+        prompt, and the model pair it runs on)."""
         from specverify.auditing.isolation.faults import validate_new_tokens
 
-        setting, prompt = stratum
+        setting, prompt = stratum.setting, stratum.prompt
         what = f"generate (in {where})"
         deadline = self.speed.deadline(1, 0, self.timeout_s)
         if self.isolation == "process":
-            message = {"op": "generate", "prompt": list(prompt), "max_new_tokens": max_new_tokens,
+            message = {"op": "generate", "models": stratum.models, "prompt": list(prompt),
+                       "max_new_tokens": max_new_tokens,
                        "temperature": setting.temperature, "top_k": setting.top_k, "top_p": setting.top_p,
                        "seed": seed, "global_seed": global_rng_fingerprint()}
             reply = self._request(message, deadline, what, where)
@@ -624,8 +627,10 @@ class GuardedGenerate(_Session):
             original = torch.tensor([prompt], dtype=torch.int64, device=self.models.device)
             passed = original.clone()
 
+            target, draft = self.models.pair(stratum.models)
+
             def call() -> Any:
-                return self.fn(self.models.target, self.models.draft, passed, max_new_tokens=max_new_tokens,
+                return self.fn(target, draft, passed, max_new_tokens=max_new_tokens,
                                temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
 
             started = time.perf_counter()

@@ -223,8 +223,9 @@ class Worker:
         original = torch.tensor([request["prompt"]], dtype=torch.int64, device=models.device)
         passed = original.clone()
         started = time.perf_counter()
+        target, draft = models.pair(request["models"])
         try:
-            result = self.fn(models.target, models.draft, passed, max_new_tokens=request["max_new_tokens"],
+            result = self.fn(target, draft, passed, max_new_tokens=request["max_new_tokens"],
                              temperature=request["temperature"], top_k=request["top_k"], top_p=request["top_p"],
                              seed=request["seed"])
         except BaseException as error:  # noqa: BLE001
