@@ -71,6 +71,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--model", help="endpoint level: the `model` field (default: the server's first /models id)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="endpoint level: requests in flight at once, and the burst size (default 4)")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="endpoint level: the model's context in tokens, bounding the longest prompt sent "
+                             "(default: the server's GET /models max_model_len; unknown: prompts up to 1,024 characters)")
     parser.add_argument("--seeded-determinism", action="store_true",
                         help="endpoint level: the server promises that a seeded request gives the same tokens alone "
                              "and in any batch (e.g. vLLM with VLLM_BATCH_INVARIANT=1), so seed-reproducibility "
@@ -147,7 +150,8 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     progress = progress_for(sys.stderr, quiet=args.quiet)
     level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
-                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism)
+                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism,
+                          context_length=args.context_length)
                      if args.level == "endpoint" else {})
     try:
         from specverify.auditing.runner import audit

@@ -89,7 +89,24 @@ from specverify.auditing.endpoint.checks import (
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.context_law import ContextLawCheck
+from specverify.auditing.endpoint.request_space import (
+    PENALTIES,
+    Coverage,
+    field_cases,
+    length_cases,
+    load_cases,
+    prefix_cases,
+    probe_fields,
+    record_field_support,
+)
 from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
+from specverify.auditing.endpoint.space_checks import (
+    CaseLawCheck,
+    ChoicesJointCheck,
+    CoverageCheck,
+    PenaltyCheck,
+    StopHandlingCheck,
+)
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.loading import LoadError
 from specverify.auditing.sampler.battery import SampleBudget, resolve_budget
@@ -161,6 +178,13 @@ class EndpointSession:
     greedy_alone: list[Completion] | None = None
     choices: bool | str = True
     """True when the candidate serves ``n = 2``, else why not (its answer to the probe)."""
+    fields: dict[str, str | None] = field(default_factory=dict)
+    """Each optional field of the request space -> None (served) or the candidate's refusal."""
+    four_choices: str | None = None
+    """None when the candidate serves ``n = 4``, else its refusal."""
+    context_length: int | None = None
+    """The model's context in tokens (``--context-length``, else the server's ``GET /models``), or None."""
+    coverage: Coverage = field(default_factory=Coverage)
 
     @property
     def function(self) -> EndpointClient:
@@ -216,13 +240,17 @@ class EndpointBattery:
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None,
-                 seeded_determinism: bool = False) -> None:
+                 seeded_determinism: bool = False, context_length: int | None = None) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
         if not isinstance(seeded_determinism, bool):
             raise ValueError(f"seeded_determinism: expected True (the server promises that a seeded request gives "
                              f"the same tokens alone and in any batch) or False, got {seeded_determinism!r}")
         self.seeded_determinism = seeded_determinism
+        if context_length is not None and not (isinstance(context_length, int) and context_length > 16):
+            raise ValueError(f"context_length: expected the model's context in tokens (an integer above 16), or None "
+                             f"to read it from the server, got {context_length!r}")
+        self.context_length = context_length
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError(f"deadline_s: expected a positive number of seconds (or None: by budget), got {deadline_s!r}")
         self.baseline_url = None if baseline is None else baseline
@@ -281,6 +309,7 @@ class EndpointBattery:
         if session.choices is not True:
             session.notes.append(f"the candidate does not serve n = 2 choices per request ({session.choices}): "
                                  "pit-pairs-n2 not run")
+        self._probe_space(session)
         if baseline is None:
             session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
             return session
@@ -291,6 +320,25 @@ class EndpointBattery:
                                  "law of token i+1, as llama-cpp-python 0.3.16 returns them); corrected")
         self._same_model(candidate, baseline, first)
         return session
+
+    def _probe_space(self, session: EndpointSession) -> None:
+        """The optional fields and ``n = 4`` the candidate serves, and the model's context."""
+        candidate = session.candidate
+        session.fields = probe_fields(candidate, MODEL_PROBE)
+        record_field_support(session.coverage, session.fields, session.baseline is not None)
+        session.four_choices = candidate.refusal(dict(NEUTRAL_PROCESSING, prompt=MODEL_PROBE, max_tokens=1,
+                                                      temperature=1.0, n=4, seed=1))
+        if session.choices is not True:
+            session.coverage.missing("n", "2", f"the candidate does not serve n = 2 ({session.choices})")
+        if session.four_choices is not None or session.choices is not True:
+            session.coverage.missing("n", "4", f"the candidate does not serve n = 4 ({session.four_choices})")
+        session.context_length = self.context_length or candidate.context_length()
+        if session.context_length is None:
+            session.coverage.missing("prompt length", "above 1,024 characters",
+                                     "the server does not state its context (GET /models max_model_len): "
+                                     "--context-length N sends prompts up to N tokens")
+        if self.concurrency < 2:
+            session.coverage.missing("load", "bursts of 2 or more", "concurrency 1: --concurrency N sends bursts")
 
     @staticmethod
     def _same_model(candidate: EndpointClient, baseline: EndpointClient, first: Completion) -> None:
@@ -359,6 +407,7 @@ class EndpointBattery:
                 "T=0.8, top-p 0.9 (standard fields only, engine defaults apply): the first 2 tokens' joint law is "
                 "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
                 SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
+        checks += self.space_checks(session)
         checks.append(SeedReproducibilityCheck(
             "seed-reproducibility",
             "A seeded sampled request gives the same tokens alone, twice inside a burst of other prompts, and alone "
@@ -368,6 +417,51 @@ class EndpointBattery:
             "acceptance", "Speculation counters per prompt kind where the server exposes them, checked for consistency "
             "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",
             PROMPTS, length))
+        checks.append(CoverageCheck(
+            "request-space-coverage",
+            "The request space the audit reached: each dimension, the values reached with the evidence that the "
+            "server took the path, and the values not covered with the flag that would cover them."))
+        return checks
+
+    def space_checks(self, session: EndpointSession) -> list[Any]:
+        """The checks of the request space (:mod:`~specverify.auditing.endpoint.request_space`)."""
+        checks: list[Any] = [
+            CaseLawCheck("space-sampling-fields",
+                         "Per sampling-field value (temperature 0.5 and 1.3, top-p 0.8, min-p 0.1, no seed): the "
+                         "randomized PIT of sampled tokens under that value's law, tested value by value.",
+                         field_cases(SAMPLING_PROMPTS, session.fields)),
+            CaseLawCheck("space-prompt-lengths",
+                         "Per prompt length (40 characters up to the model's context): the randomized PIT of sampled "
+                         "tokens, tested length by length (long prompts take other paths: chunked prefill).",
+                         length_cases(session.context_length)),
+            CaseLawCheck("space-prefixes",
+                         "A prompt repeated and prompts sharing a long prefix (prefix-cache hits): the randomized PIT "
+                         "of the first two sampled tokens, tested per pattern.", prefix_cases(PROMPTS)),
+        ]
+        if self.concurrency >= 2:
+            checks.append(CaseLawCheck(
+                "space-load",
+                f"Bursts of 1, 2, 4, … {self.concurrency} concurrent requests and back to 1: the randomized PIT "
+                "of sampled tokens, tested per burst size (paths switched by batch size).",
+                load_cases(SAMPLING_PROMPTS, self.concurrency)))
+        choices = tuple(n for n, served in ((2, session.choices is True),
+                                            (4, session.choices is True and session.four_choices is None)) if served)
+        if choices:
+            checks.append(ChoicesJointCheck(
+                "choices-joint",
+                "Requests with n = 2 and n = 4, seeded and not: disjoint pairs of choices are independent draws "
+                "(joint PIT cells; identical first tokens against Σ p² under independence, exact).",
+                PROMPTS, choices))
+        penalties = tuple((name, value) for name, value in PENALTIES if session.fields.get(name) is None)
+        if session.baseline is not None and penalties:
+            checks.append(PenaltyCheck(
+                "space-penalties",
+                "Per penalty field: the number of repeated tokens among the first 8 has the same law on candidate "
+                "and baseline (χ² homogeneity, field by field).", SAMPLING_PROMPTS, penalties))
+        checks.append(StopHandlingCheck(
+            "stop-handling",
+            "max_tokens is exact, finish_reason is 'length' exactly when max_tokens tokens came back, no stop string "
+            "is returned and nothing follows one, an end token is last.", PROMPTS))
         return checks
 
 
