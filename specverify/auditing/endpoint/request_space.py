@@ -81,7 +81,8 @@ def filler_text(characters: int, seed: object) -> str:
 class Case:
     """One value of one dimension and the requests that reach it: ``prompts`` in turn, the sampling
     settings whose processed law the logprobs give (temperature, top-k, and a top-p or min-p
-    truncation), ``seeded`` or not, sent in bursts of ``burst`` concurrent requests."""
+    truncation), ``seeded`` or not, sent in bursts of exactly ``burst`` concurrent requests (one at a
+    time for 1), or up to the client's concurrency when ``burst`` is None."""
 
     dimension: str
     value: str
@@ -91,7 +92,7 @@ class Case:
     top_p: float = 1.0
     min_p: float = 0.0
     seeded: bool = True
-    burst: int = 1
+    burst: int | None = None
     max_tokens: int = 8
 
     @property

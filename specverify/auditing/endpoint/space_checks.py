@@ -139,7 +139,7 @@ class CaseLawCheck(SequentialCheck):
 
     def _evidence(self, case: Case) -> str:
         text = f"PIT of sampled tokens tested; {prompt_token_range(self.prompt_tokens[case.label])}"
-        if case.burst > 1:
+        if case.burst is not None and case.burst > 1:
             text += "; " + self.evidence[case.label].describe(case.burst).split(";")[0]
             evidence = self.evidence[case.label]
             if evidence.timed:
@@ -159,13 +159,13 @@ class CaseLawCheck(SequentialCheck):
             uniforms = np.random.default_rng(derive_seed(plan.seed, self.name, look, index) % (2**32))
             drawn = 0
             while drawn < per:
-                count = case.burst if case.burst > 1 else min(batch, math.ceil((per - drawn) / case.max_tokens))
+                count = case.burst or min(batch, math.ceil((per - drawn) / case.max_tokens))
                 issued = int(requests[index])
                 bodies = [case.body(case.prompts[(issued + i) % len(case.prompts)],
                                     request_seed(plan.seed, self.name, look, index, issued + i)) for i in range(count)]
                 completions = session.candidate.complete_many(bodies)
                 requests[index] += count
-                if case.burst > 1:
+                if case.burst is not None and case.burst > 1:
                     self.evidence[case.label] += co_batching(completions)
                 for completion in completions:
                     if completion.prompt_tokens is not None:
@@ -184,7 +184,7 @@ class CaseLawCheck(SequentialCheck):
                         else:
                             bins[index, :PIT_BINS] += uniform_bins(np.array([u]), PIT_BINS)
                         drawn += 1
-                if requests[index] > 4 * per + 10 + case.burst:
+                if requests[index] > 4 * per + 10 + (case.burst or 0):
                     raise Fault("malformed", f"{self.name}: {int(requests[index])} requests of {case.label} returned "
                                              f"too few tokens for {per} PIT values")
         return Tally(n, {"bins": bins, "requests": requests, "unjudged": unjudged})
