@@ -74,6 +74,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--context-length", type=int, default=None,
                         help="endpoint level: the model's context in tokens, bounding the longest prompt sent "
                              "(default: the server's GET /models max_model_len; unknown: prompts up to 1,024 characters)")
+    parser.add_argument("--no-request-space", dest="request_space", action="store_false",
+                        help="endpoint level: leave out the request-space checks (sampling fields, prompt lengths, "
+                             "prefixes, load, n = 2/4, penalties, stop handling) and the coverage table")
     parser.add_argument("--seeded-determinism", action="store_true",
                         help="endpoint level: the server promises that a seeded request gives the same tokens alone "
                              "and in any batch (e.g. vLLM with VLLM_BATCH_INVARIANT=1), so seed-reproducibility "
@@ -151,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
     progress = progress_for(sys.stderr, quiet=args.quiet)
     level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
                           deadline_s=args.deadline, seeded_determinism=args.seeded_determinism,
-                          context_length=args.context_length)
+                          context_length=args.context_length, request_space=args.request_space)
                      if args.level == "endpoint" else {})
     try:
         from specverify.auditing.runner import audit

@@ -240,7 +240,8 @@ class EndpointBattery:
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None,
-                 seeded_determinism: bool = False, context_length: int | None = None) -> None:
+                 seeded_determinism: bool = False, context_length: int | None = None,
+                 request_space: bool = True) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
         if not isinstance(seeded_determinism, bool):
@@ -251,6 +252,10 @@ class EndpointBattery:
             raise ValueError(f"context_length: expected the model's context in tokens (an integer above 16), or None "
                              f"to read it from the server, got {context_length!r}")
         self.context_length = context_length
+        if not isinstance(request_space, bool):
+            raise ValueError(f"request_space: expected True (the request-space checks run) or False (the core "
+                             f"battery only), got {request_space!r}")
+        self.request_space = request_space
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError(f"deadline_s: expected a positive number of seconds (or None: by budget), got {deadline_s!r}")
         self.baseline_url = None if baseline is None else baseline
@@ -407,7 +412,8 @@ class EndpointBattery:
                 "T=0.8, top-p 0.9 (standard fields only, engine defaults apply): the first 2 tokens' joint law is "
                 "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
                 SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
-        checks += self.space_checks(session)
+        if self.request_space:
+            checks += self.space_checks(session)
         checks.append(SeedReproducibilityCheck(
             "seed-reproducibility",
             "A seeded sampled request gives the same tokens alone, twice inside a burst of other prompts, and alone "
@@ -417,10 +423,11 @@ class EndpointBattery:
             "acceptance", "Speculation counters per prompt kind where the server exposes them, checked for consistency "
             "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",
             PROMPTS, length))
-        checks.append(CoverageCheck(
+        if self.request_space:
+            checks.append(CoverageCheck(
             "request-space-coverage",
-            "The request space the audit reached: each dimension, the values reached with the evidence that the "
-            "server took the path, and the values not covered with the flag that would cover them."))
+                "The request space the audit reached: each dimension, the values reached with the evidence that "
+                "the server took the path, and the values not covered with the flag that would cover them."))
         return checks
 
     def space_checks(self, session: EndpointSession) -> list[Any]:
