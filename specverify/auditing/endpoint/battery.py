@@ -39,6 +39,12 @@ Checks, in order:
   consistency (:class:`~specverify.auditing.endpoint.checks.AcceptanceCheck`); a failure is
   "contract violated": the counters misreport speculation.
 
+The request space (``request_space=True``, the default; :mod:`~specverify.auditing.endpoint.request_space`,
+:mod:`~specverify.auditing.endpoint.space_checks`): ``space-sampling-fields``, ``space-prompt-lengths``,
+``space-prefixes``, ``space-load`` (PIT per value of a dimension), ``choices-joint`` (``n`` = 2, 4),
+``space-penalties`` (with a baseline), ``stop-handling`` (exact) and ``request-space-coverage``,
+the coverage table, last.
+
 Out of reach of the PIT, and why: top-p (its order relative to temperature is engine-specific),
 min-p, penalties, grammars and logit bias (processing the logprobs do not show), top-k above the
 returned n (the mass of ranks n+1…k is unknown), and the full-vocabulary law at T = 1 (the value
@@ -47,9 +53,12 @@ that disables top-k differs between engines: 0, -1).  The two-sample check cover
 Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the context
 check a visit-weighted mean TV ε per token on its contexts' cells, the pairs check ε on its 16
 cells, the two-sample check 2ε between the servers' joint laws, with power 0.99 at its
-Bonferroni share of α (six statistical checks with a baseline: 1.7e-4 each; each sized at its
-final look, 7/8 of the share); the greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.
-Samples (requests) per check at α = 1e-3 with a baseline and ``concurrency`` 4:
+Bonferroni share of α (the six core statistical checks with a baseline, ``request_space=False``:
+1.7e-4 each; each sized at its final look, 7/8 of the share); the greedy checks run
+``GREEDY_TOKENS[budget]`` tokens per prompt.  The request-space checks detect ε per value
+(docs/budgets.md has their sizes); with them twelve statistical checks share α.
+Samples (requests) per core check at α = 1e-3 with a baseline, ``concurrency`` 4 and
+``request_space=False``:
 
 =========  =====  ===============  ================  ===============  ===============  =================  ======
 budget     ε      each pit-T*      context (2 tok.)  burst (8 tok.)   pairs (n=2)      two-sample         greedy
