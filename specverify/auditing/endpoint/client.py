@@ -223,8 +223,13 @@ class EndpointClient:
 
     def context_length(self) -> int | None:
         """The model's context in tokens as ``GET /models`` states it (vLLM's ``max_model_len``,
-        llama.cpp's ``meta.n_ctx_train``), or None."""
-        document = self._json("GET", "/models", None)
+        llama.cpp's ``meta.n_ctx_train``), or None (also when the server has no ``/models``)."""
+        try:
+            document = self._json("GET", "/models", None)
+        except Fault as fault:
+            if fault.kind == "timeout" or self.down is not None:
+                raise
+            return None
         data = document.get("data") if isinstance(document, dict) else None
         for entry in data if isinstance(data, list) else []:
             if not isinstance(entry, dict) or (self.model is not None and entry.get("id") != self.model):

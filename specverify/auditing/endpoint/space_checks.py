@@ -274,7 +274,7 @@ class PenaltyCheck(SequentialCheck):
 
     def body(self, prompt: Prompt, name: str, value: float, seed: int) -> dict[str, Any]:
         body = dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=PENALTY_TOKENS, temperature=1.0, top_k=8,
-                    top_p=1.0, min_p=0.0, seed=seed)
+                    top_p=1.0, min_p=0.0, seed=seed, logprobs=1)
         body[name] = value
         return body
 
@@ -286,7 +286,7 @@ class PenaltyCheck(SequentialCheck):
                 bodies = [self.body(self.prompts[i % len(self.prompts)], name, value,
                                     request_seed(plan.seed, self.name, role, look, index, i)) for i in range(per)]
                 for completion in client.complete_many(bodies):
-                    counts[index, row, min(repeats(completion.text, PENALTY_TOKENS), PENALTY_TOKENS - 1)] += 1
+                    counts[index, row, min(repeats(completion.tokens, PENALTY_TOKENS), PENALTY_TOKENS - 1)] += 1
         return Tally(n, {"counts": counts})
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
