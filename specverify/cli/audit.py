@@ -83,7 +83,8 @@ def register(subparsers: Any) -> None:
                              "judges it (default: differences are reported, not judged)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="endpoint level: deadline of the whole run in seconds (default by budget: quick 1 h, "
-                             "standard 4 h, thorough 16 h; N samples: 3 s each, at least 1 h)")
+                             "standard 4 h, thorough 16 h; N samples: 3 s each, at least 1 h; 4 times those with the "
+                             "request space)")
     parser.set_defaults(handler=run)
 
 

@@ -74,7 +74,8 @@ burst check's requests are 1/7 more than its u's need, for the companions that r
 
 Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadline_s``
 (``--deadline``; by default :func:`default_deadline_s`: 1 h for ``quick``, 4 h for ``standard``,
-16 h for ``thorough``, about twice what SmolLM2-135M on llama-cpp-python needs on 2 CPU cores);
+16 h for ``thorough`` without the request space, about twice what SmolLM2-135M on llama-cpp-python
+needs on 2 CPU cores; 4 × those with it);
 transient failures are retried (:mod:`~specverify.auditing.endpoint.client`).
 """
 
@@ -133,11 +134,18 @@ CONTEXT_TOP_K = 4
 TWO_SAMPLE_TOKENS = 2
 
 
-def default_deadline_s(budget: SampleBudget) -> float:
-    """The whole run's default deadline for ``budget`` (see the module docstring)."""
+REQUEST_SPACE_DEADLINE_FACTOR = 4.0
+"""The request space roughly triples a run's requests (≈ 7,100 more at ``quick``, ≈ 85 min at the
+≈ 0.7 s per request of the llama.cpp pair, estimated), so its default deadlines are 4 × the core's."""
+
+
+def default_deadline_s(budget: SampleBudget, request_space: bool = True) -> float:
+    """The whole run's default deadline for ``budget`` (see the module docstring), ×
+    :data:`REQUEST_SPACE_DEADLINE_FACTOR` with the request-space checks."""
+    factor = REQUEST_SPACE_DEADLINE_FACTOR if request_space else 1.0
     if budget.name in DEFAULT_DEADLINES_S:
-        return DEFAULT_DEADLINES_S[budget.name]
-    return max(DEFAULT_DEADLINES_S["quick"], SECONDS_PER_SAMPLE_DEADLINE * (budget.samples or 0))
+        return factor * DEFAULT_DEADLINES_S[budget.name]
+    return factor * max(DEFAULT_DEADLINES_S["quick"], SECONDS_PER_SAMPLE_DEADLINE * (budget.samples or 0))
 
 
 PROMPTS: tuple[Prompt, ...] = (
@@ -282,7 +290,7 @@ class EndpointBattery:
             resolved = resolve_budget(budget)
         self.budget_name = resolved.name if resolved.name in GREEDY_TOKENS else "quick"  # N samples: quick's greedy
         if self.deadline_s is None:
-            self.deadline_s = default_deadline_s(resolved)
+            self.deadline_s = default_deadline_s(resolved, self.request_space)
         return resolved
 
     def load_target(self, spec: str) -> EndpointTarget:
