@@ -569,8 +569,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         state = self.server.state
         if self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "toy", "object": "model",
-                                                                 "max_model_len": state.config.context_length}]}).encode())
+            models = [{"id": "toy", "object": "model", "max_model_len": state.config.context_length}]
+            self._send(200, json.dumps({"object": "list", "data": models}).encode())
         else:
             self._send(404, b'{"error": "not found"}')
 

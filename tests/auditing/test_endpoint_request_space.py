@@ -17,8 +17,16 @@ pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install
 from specverify.auditing.checks import COVERAGE_TABLE
 from specverify.auditing.endpoint.client import Completion
 from specverify.auditing.endpoint.pit import pit_value, processed_law, truncated_law
-from specverify.auditing.endpoint.request_space import filler_text, length_cases, load_cases
-from specverify.auditing.endpoint.space_checks import poisson_binomial_sf, repeats, stop_violations
+from specverify.auditing.endpoint.request_space import (
+    filler_text,
+    length_cases,
+    load_cases,
+)
+from specverify.auditing.endpoint.space_checks import (
+    poisson_binomial_sf,
+    repeats,
+    stop_violations,
+)
 from specverify.auditing.reports.terminal import format_report
 from specverify.auditing.runner import audit
 

@@ -219,6 +219,20 @@ def prompt_token_range(counts: Sequence[int]) -> str:
             else "the server reports no usage.prompt_tokens")
 
 
-__all__ = ["Case", "Coverage", "CoverageRow", "DIMENSIONS", "KNOWN_END_TOKENS", "OPTIONAL_FIELDS", "PENALTIES",
-           "PROMPT_LENGTHS", "field_cases", "filler_text", "length_cases", "load_cases", "prefix_cases",
-           "probe_fields", "record_field_support"]
+__all__ = [
+    "DIMENSIONS",
+    "KNOWN_END_TOKENS",
+    "OPTIONAL_FIELDS",
+    "PENALTIES",
+    "PROMPT_LENGTHS",
+    "Case",
+    "Coverage",
+    "CoverageRow",
+    "field_cases",
+    "filler_text",
+    "length_cases",
+    "load_cases",
+    "prefix_cases",
+    "probe_fields",
+    "record_field_support",
+]

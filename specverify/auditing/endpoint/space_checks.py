@@ -54,7 +54,12 @@ from specverify.auditing.checks import (
     monte_carlo_draws,
 )
 from specverify.auditing.endpoint.bursts import CoBatching, co_batching
-from specverify.auditing.endpoint.checks import NEUTRAL_PROCESSING, PIT_BINS, Prompt, request_seed
+from specverify.auditing.endpoint.checks import (
+    NEUTRAL_PROCESSING,
+    PIT_BINS,
+    Prompt,
+    request_seed,
+)
 from specverify.auditing.endpoint.client import Completion
 from specverify.auditing.endpoint.greedy import tolerance
 from specverify.auditing.endpoint.pit import (
@@ -64,7 +69,11 @@ from specverify.auditing.endpoint.pit import (
     truncated_law,
     uniform_bins,
 )
-from specverify.auditing.endpoint.request_space import KNOWN_END_TOKENS, Case, prompt_token_range
+from specverify.auditing.endpoint.request_space import (
+    KNOWN_END_TOKENS,
+    Case,
+    prompt_token_range,
+)
 from specverify.auditing.isolation.faults import Fault
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
@@ -209,7 +218,8 @@ class CaseLawCheck(SequentialCheck):
                        f"{fits[worst].empirical_tv:.4f} (the loss is confined to this value of {case.dimension} "
                        f"or largest there)")
         else:
-            message = f"every value consistent with its law (smallest p-value × {len(self.cases)}: {adjusted:.3g} > {where})"
+            message = (f"every value consistent with its law (smallest p-value × {len(self.cases)}: "
+                       f"{adjusted:.3g} > {where})")
         message += f"; per value: {'; '.join(parts)}; {requests} requests"
         if unjudged:
             message += f"; {unjudged} positions not judged (a top-p / min-p cut within rounding of its threshold)"
@@ -308,7 +318,8 @@ class PenaltyCheck(SequentialCheck):
                        f"{tests[worst].pvalue:.3g} × {len(tests)} fields ≤ {where}; estimated TV "
                        f"{tests[worst].empirical_tv:.4f} (a penalty applied on one path and not the other)")
         else:
-            message = f"candidate and baseline consistent under every penalty (smallest p × {len(tests)}: {adjusted:.3g} > {where})"
+            message = (f"candidate and baseline consistent under every penalty (smallest p × {len(tests)}: "
+                       f"{adjusted:.3g} > {where})")
         requests = int(counts.sum())
         return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, f"{message}; {'; '.join(parts)}",
                            n=requests, statistic=float(tests[worst].statistic), pvalue=adjusted,
@@ -423,7 +434,8 @@ class ChoicesJointCheck(SequentialCheck):
             if us[0] is None or us[1] is None:
                 cells[-1] += 1
             else:
-                cells[min(int(us[0] * PAIR_BINS), PAIR_BINS - 1) * PAIR_BINS + min(int(us[1] * PAIR_BINS), PAIR_BINS - 1)] += 1
+                row, column = (min(int(u * PAIR_BINS), PAIR_BINS - 1) for u in us)
+                cells[row * PAIR_BINS + column] += 1
             added += 1
         return added
 
@@ -529,7 +541,8 @@ class StopHandlingCheck(Check):
         session.coverage.reached("stop", "max_tokens exact", f"max_tokens {list(LENGTH_PROBES)}: finish reasons "
                                                              f"{dict(sorted(reasons.items(), key=str))}")
         if stop_supported:
-            session.coverage.reached("stop", "stop strings", f"{stopped}/{STOP_REQUESTS} requests ended by a stop string")
+            session.coverage.reached("stop", "stop strings",
+                                     f"{stopped}/{STOP_REQUESTS} requests ended by a stop string")
         if ends:
             session.coverage.reached("stop", "end token", f"{ends} choices returned a known end token")
         else:
