@@ -7,6 +7,7 @@ Poisson-binomial tail, the stop claims) are checked against brute force."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -27,6 +28,7 @@ from specverify.auditing.endpoint.space_checks import (
     repeats,
     stop_violations,
 )
+from specverify.auditing.reports.json_file import write_json
 from specverify.auditing.reports.terminal import format_report
 from specverify.auditing.runner import audit
 
@@ -75,7 +77,7 @@ def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None
     assert "prompt length=1024 chars do not follow" in message or "prompt length=4087 chars do not follow" in message
 
 
-def test_coverage_table_reports_refused_fields_and_missing_flags(toy_server) -> None:
+def test_coverage_table_reports_refused_fields_and_missing_flags(toy_server, tmp_path) -> None:
     """The toy refuses repetition_penalty (HTTP 400): not covered, never silently skipped; without a
     baseline the penalties are not covered and --baseline is named; the table is in the terminal
     report and its rows in the result's parameters (the JSON)."""
@@ -88,6 +90,8 @@ def test_coverage_table_reports_refused_fields_and_missing_flags(toy_server) -> 
     assert "--baseline" in rows["penalties"]["not covered"]["presence_penalty=1.0"]
     assert set(rows["stop"]["reached"]) == {"max_tokens exact", "stop strings"}
     assert "NOT COVERED repetition_penalty=1.2" in format_report(report)
+    written = json.loads(write_json(report, tmp_path / "report.json").read_text())
+    assert written["checks"][-1]["parameters"][COVERAGE_TABLE] == coverage.parameters[COVERAGE_TABLE]
     assert [c.value for c in length_cases(2048)][-1] == "2039 chars"  # the context read from GET /models
 
 
