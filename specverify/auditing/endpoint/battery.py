@@ -331,7 +331,8 @@ class EndpointBattery:
         if session.choices is not True:
             session.notes.append(f"the candidate does not serve n = 2 choices per request ({session.choices}): "
                                  "pit-pairs-n2 not run")
-        self._probe_space(session)
+        if self.request_space:
+            self._probe_space(session)
         if baseline is None:
             session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
             return session
