@@ -137,6 +137,11 @@ class Plan:
     """True under a fixed budget of N samples per check (``--budget N``), False under a named one."""
 
 
+COVERAGE_TABLE = "coverage"
+"""A check result whose ``parameters`` hold this key reports coverage (rows of what the audit
+reached): the terminal report prints its message whatever its verdict, and the JSON keeps the rows."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """Outcome of one check (the rows of the report).

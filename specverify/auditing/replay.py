@@ -30,10 +30,12 @@ DEFAULTS = {"level": "sampler", "alpha": 1e-3, "device": "cpu", "isolation": "pr
 """Options left out of the replay line when they have these values (the CLI's defaults)."""
 
 LEVEL_FLAGS = {"baseline": "--baseline", "model": "--model", "concurrency": "--concurrency",
-               "deadline_s": "--deadline", "seeded_determinism": "--seeded-determinism"}
+               "deadline_s": "--deadline", "seeded_determinism": "--seeded-determinism",
+               "context_length": "--context-length", "request_space": "--no-request-space"}
 """The command-line flag of each keyword a level's battery takes (the endpoint level's)."""
 
-LEVEL_DEFAULTS = {"baseline": None, "model": None, "concurrency": 4, "deadline_s": None, "seeded_determinism": False}
+LEVEL_DEFAULTS = {"baseline": None, "model": None, "concurrency": 4, "deadline_s": None, "seeded_determinism": False,
+                  "context_length": None, "request_space": True}
 """A level keyword with this value is left out of the replay line (the CLI's defaults)."""
 
 
@@ -138,7 +140,7 @@ def replay_command(target: str, *, level: str, seed: int, budget: str, alpha: fl
             continue
         flag = LEVEL_FLAGS[keyword]
         text = _number(value) if isinstance(value, float) else str(value)
-        parts += [flag] if value is True else [flag, _quoted(text)]
+        parts += [flag] if isinstance(value, bool) else [flag, _quoted(text)]  # a switch: its non-default value
     if checks is not None:
         parts += ["--checks", _quoted(",".join(checks))]
     if fail_fast is not None and fail_fast != default_fail_fast(budget):

@@ -79,13 +79,21 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--model", help="endpoint level: the `model` field (default: the server's first /models id)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="endpoint level: requests in flight at once, and the burst size (default 4)")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="endpoint level: the model's context in tokens, bounding the longest prompt sent "
+                             "(default: the server's GET /models max_model_len; unknown: prompts up to 1,024 "
+                             "characters)")
+    parser.add_argument("--no-request-space", dest="request_space", action="store_false",
+                        help="endpoint level: leave out the request-space checks (sampling fields, prompt lengths, "
+                             "prefixes, load, n = 2/4, penalties, stop handling) and the coverage table")
     parser.add_argument("--seeded-determinism", action="store_true",
                         help="endpoint level: the server promises that a seeded request gives the same tokens alone "
                              "and in any batch (e.g. vLLM with VLLM_BATCH_INVARIANT=1), so seed-reproducibility "
                              "judges it (default: differences are reported, not judged)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="endpoint level: deadline of the whole run in seconds (default by budget: quick 1 h, "
-                             "standard 4 h, thorough 16 h; N samples: 3 s each, at least 1 h)")
+                             "standard 4 h, thorough 16 h; N samples: 3 s each, at least 1 h; 4 times those with the "
+                             "request space)")
     parser.set_defaults(handler=run)
 
 
@@ -97,7 +105,8 @@ option reaches :func:`audit_keywords` and the replay lines (tests/auditing/test_
 def audit_keywords(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """The keyword arguments of :func:`specverify.audit` that the options in ``args`` give."""
     level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
-                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism)
+                          deadline_s=args.deadline, seeded_determinism=args.seeded_determinism,
+                          context_length=args.context_length, request_space=args.request_space)
                      if args.level == "endpoint" else {})
     return dict(level=args.level, budget=args.budget, alpha=args.alpha, seed=seed, device=args.device,
                 timeout_s=args.timeout, isolation=args.isolation, fail_fast=args.fail_fast,

@@ -38,7 +38,26 @@ all of them identical).
 ``timings`` (llama.cpp's fields): ``prompt_ms`` (0: the toy has no prefill cost), ``predicted_ms``
 (the request's time from admission to its last token) and the speculation counters.
 
-Processing (like vLLM): temperature, then top-k, top-p, min-p.  Returned logprobs are raw.
+Processing (like vLLM): presence and frequency penalties (OpenAI's definition: logit − presence ·
+[c > 0] − frequency · c, c the token's count among the tokens generated so far), then temperature,
+top-k, top-p, min-p.  Returned logprobs are raw.  ``repetition_penalty`` other than 1 is refused
+(HTTP 400: the field is not supported), as is a prompt longer than ``context_length`` −
+``max_tokens`` (``GET /v1/models`` says ``max_model_len``).  ``stop`` strings end a choice before
+their first occurrence (``finish_reason`` "stop"; the stop string is not returned).
+
+Planted bugs of the request space (one per failure class of the endpoint's request space):
+``ignored_field`` = a sampling field (``"min_p"``, ``"top_p"``, ``"presence_penalty"``,
+``"frequency_penalty"``) the speculative path drops (drafts and verification use the law without
+it; the baseline applies it); ``long_prompt_bug`` = L: a prompt longer than L tokens is verified by
+the lossy rule ``bonus_from_draft`` (a path switched on by long prompts, as chunked prefill is);
+``prefix_bug`` = P: a prompt whose first P characters equal those of an earlier, different prompt
+gets the earlier prompt's last-position law for its first verified position (prefix-cache state
+leaking between requests); ``seed_bug="shared-uniforms"``: the choices of an ``n > 1`` request
+draw their verification uniforms from one generator seed, their drafts from their own (each
+choice exactly distributed, the choices dependent); ``stop_bug``: stop strings are looked for only
+at the end of each verification step, so the tokens accepted after one are returned and the choice
+says ``finish_reason`` "length"; ``load_bug`` = B: a verification step of more than B rows uses
+``bonus_from_draft`` (a path switched on by load; needs ``batching``).
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
 ``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
 accepted draft) | ``"no-n"`` (one choice whatever ``n`` asks, as llama-cpp-python's server);
@@ -62,6 +81,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -69,6 +89,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specverify.auditing.sampler.catalog import CATALOG
 from specverify.core.rules import verify as correct_verify
 from specverify.core.seeding import derive_seed
 
@@ -77,6 +98,10 @@ INDEX = {c: i for i, c in enumerate(ALPHABET)}
 V = len(ALPHABET)
 NUM_DRAFT = 3
 MAX_SLEEP_S = 5.0
+LOSSY_RULE = CATALOG["bonus_from_draft"].fn
+"""The rule the planted path switches (``long_prompt_bug``, ``load_bug``) verify with."""
+SETTING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+NEUTRAL_SETTINGS = {"top_k": None, "top_p": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def tokenize(text: str) -> list[int]:
@@ -116,8 +141,13 @@ class ToyLM:
 
 
 def process(logprobs: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
-            min_p: float | None) -> np.ndarray:
-    """Sampling law after temperature, top-k, top-p, min-p (temperature 0: one-hot argmax)."""
+            min_p: float | None, presence: float = 0.0, frequency: float = 0.0,
+            generated: Seq[int] = ()) -> np.ndarray:
+    """Sampling law after the presence / frequency penalties over the ``generated`` tokens, then
+    temperature, top-k, top-p, min-p (temperature 0: one-hot argmax)."""
+    if (presence or frequency) and len(generated):
+        counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=V).astype(np.float64)
+        logprobs = logprobs - presence * (counts > 0) - frequency * counts
     if temperature == 0:
         probs = np.zeros(V)
         probs[int(np.argmax(logprobs))] = 1.0
@@ -154,8 +184,16 @@ class ToyConfig:
     step_s: float = 0.002
     step_bug: str | None = None
     seed_bug: str | None = None
+    context_length: int = 4096
+    ignored_field: str | None = None
+    long_prompt_bug: int | None = None
+    prefix_bug: int | None = None
+    stop_bug: bool = False
+    load_bug: int | None = None
 
     def __post_init__(self) -> None:
+        if self.ignored_field not in IGNORABLE_FIELDS:
+            raise ValueError(f"ignored_field: expected one of {IGNORABLE_FIELDS}, got {self.ignored_field!r}")
         if self.step_bug not in STEP_BUGS:
             raise ValueError(f"step_bug: expected one of {STEP_BUGS}, got {self.step_bug!r}")
         if self.seed_bug not in SEED_BUGS:
@@ -163,7 +201,10 @@ class ToyConfig:
 
 
 STEP_BUGS = (None, "settings", "rows", "seed")
-SEED_BUGS = (None, "step", "choices")
+SEED_BUGS = (None, "step", "choices", "shared-uniforms")
+IGNORABLE_FIELDS = (None, "min_p", "top_p", "presence_penalty", "frequency_penalty")
+PREFIX_CACHE_MIN = 8
+"""Characters two prompts must share for the prefix cache to match them."""
 
 
 @dataclass
@@ -176,6 +217,8 @@ class ToyState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     """Every completion request received, in arrival order."""
+    prefixes: dict[str, str] = field(default_factory=dict)
+    """The prefix cache: a prompt's first ``prefix_bug`` characters -> the prompt that stored them."""
 
 
 def _top(logprobs: np.ndarray, n: int, token: int) -> dict[str, float]:
@@ -195,6 +238,12 @@ class Sequence:
     seed: int
     rng: np.random.Generator
     generator: torch.Generator
+    prompt_length: int = 0
+    leaked: list[int] | None = None
+    """``prefix_bug``: the context whose last-position law the prefix cache returns for this prompt."""
+    stop: tuple[str, ...] = ()
+    stopped_at: int | None = None
+    """Tokens kept when a stop string ended the choice (None: it did not)."""
     out: list[int] = field(default_factory=list)
     accepted_flags: list[bool] = field(default_factory=list)
     drafted: int = 0
@@ -205,13 +254,25 @@ class Sequence:
     @classmethod
     def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> Sequence:
         settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
-                    params.get("min_p"))
+                    params.get("min_p"), float(params.get("presence_penalty") or 0.0),
+                    float(params.get("frequency_penalty") or 0.0))
+        stop = params.get("stop") or ()
         return cls(list(prompt), max_tokens, settings, seed, np.random.default_rng(seed),
-                   torch.Generator().manual_seed(seed))
+                   torch.Generator().manual_seed(seed), prompt_length=len(prompt),
+                   stop=(stop,) if isinstance(stop, str) else tuple(stop))
 
     @property
     def finished(self) -> bool:
-        return len(self.out) >= self.max_tokens
+        return len(self.out) >= self.max_tokens or self.stopped_at is not None
+
+    def look_for_stop(self, buggy: bool) -> None:
+        """End the choice at the first stop string in its text (``buggy``: keep the whole step)."""
+        text = "".join(ALPHABET[t] for t in self.out)
+        found = [text.find(s) for s in self.stop if s and s in text]
+        if found:
+            self.stopped_at = len(self.out) if buggy else min(found)  # BUG when buggy: the step's tokens kept
+
+
 
 
 def _inverse_cdf(probs: np.ndarray, coin: float) -> int:
@@ -219,18 +280,38 @@ def _inverse_cdf(probs: np.ndarray, coin: float) -> int:
     return int(min(np.searchsorted(np.cumsum(probs), coin, side="right"), int(np.flatnonzero(probs)[-1])))
 
 
+def spec_settings(config: ToyConfig, settings: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The settings the speculative path applies: all of them, but ``ignored_field`` (BUG when set)."""
+    if config.ignored_field is None:
+        return settings
+    index = SETTING_FIELDS.index(config.ignored_field)
+    return settings[:index] + (NEUTRAL_SETTINGS[config.ignored_field],) + settings[index + 1:]
+
+
+def step_rule(config: ToyConfig, row: Sequence, rows: list[Sequence]) -> Callable[..., Any]:
+    """The verification rule of ``row`` in a step of ``rows`` (the planted paths switch to a lossy one)."""
+    if config.long_prompt_bug is not None and row.prompt_length > config.long_prompt_bug:
+        return LOSSY_RULE  # BUG: the long-prompt path
+    if config.load_bug is not None and len(rows) > config.load_bug:
+        return LOSSY_RULE  # BUG: the loaded path
+    return config.rule or correct_verify
+
+
 def step(state: ToyState, rows: list[Sequence]) -> None:
     """One verification step over ``rows`` (a batch of running sequences; module docstring)."""
     config = state.config
     if not config.speculative:
         for row in rows:
-            token = int(row.rng.choice(V, p=process(state.target.logprobs(row.context), *row.settings)))
+            law = process(state.target.logprobs(row.context), *row.settings, generated=row.out)
+            token = int(row.rng.choice(V, p=law))
             row.context.append(token)
             row.out.append(token)
+            row.look_for_stop(False)
         return
     planned = []
     for row in rows:
         settings = rows[0].settings if config.step_bug == "settings" else row.settings  # BUG when "settings"
+        settings = spec_settings(config, settings)
         temperature = settings[0]
         coins = None
         if config.seed_bug == "step" and temperature > 0:  # BUG: generators re-created from (seed, step)
@@ -238,7 +319,7 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
                                generator=torch.Generator().manual_seed(derive_seed(row.seed, row.steps) % 2**63))
         drafts, draft_probs, extended = [], [], list(row.context)
         for i in range(NUM_DRAFT):
-            q = process(state.draft.logprobs(extended), *settings)
+            q = process(state.draft.logprobs(extended), *settings, generated=row.out + drafts)
             if temperature == 0:
                 token = int(np.argmax(q))
             elif coins is not None:
@@ -248,8 +329,11 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
             drafts.append(token)
             draft_probs.append(q)
             extended.append(token)
-        target_probs = [process(_returned(state, row.context + drafts[:i], "verify"), *settings)
-                        for i in range(NUM_DRAFT + 1)]
+        contexts = [row.context + drafts[:i] for i in range(NUM_DRAFT + 1)]
+        if row.leaked is not None and row.steps == 0:  # BUG (prefix_bug): the cached prompt's last-position law
+            contexts[0] = row.leaked
+        target_probs = [process(_returned(state, context, "verify"), *settings, generated=row.out + drafts[:i])
+                        for i, context in enumerate(contexts)]
         planned.append((settings, drafts, draft_probs, target_probs, coins))
     if config.step_bug == "rows" and len(rows) > 1:  # BUG: request b's bonus row read from request b + 1
         bonus = [plan[3][NUM_DRAFT] for plan in planned]
@@ -260,7 +344,7 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
             emitted = _greedy_verify(state, drafts, [state.target.logprobs(row.context + drafts[:i])
                                                      for i in range(NUM_DRAFT + 1)])
         else:
-            rule = config.rule or correct_verify
+            rule = step_rule(config, row, rows)
             generator = rows[0].generator if config.step_bug == "seed" else row.generator  # BUG when "seed"
             arguments = (torch.tensor(np.array(target_probs))[None], torch.tensor(np.array(draft_probs))[None],
                          torch.tensor(drafts, dtype=torch.int64)[None])
@@ -272,6 +356,7 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
         row.context.extend(emitted)
         row.out.extend(emitted)
         row.steps += 1
+        row.look_for_stop(config.stop_bug)
 
 
 def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int,
@@ -374,13 +459,28 @@ def completion(state: ToyState, body: dict[str, Any], engine: StepEngine | None 
         raise ValueError("prompt must be a string")
     prompt = tokenize(prompt_text)
     max_tokens = int(body.get("max_tokens", 16))
+    if len(prompt) + max_tokens > config.context_length:
+        raise ValueError(f"this model's maximum context length is {config.context_length} tokens: the prompt has "
+                         f"{len(prompt)} and max_tokens is {max_tokens}")
+    if float(body.get("repetition_penalty", 1.0)) != 1.0:
+        raise ValueError("repetition_penalty is not supported")
     count = 1 if config.fault == "no-n" else int(body.get("n", 1))  # "no-n": n ignored (llama-cpp-python)
     if not 1 <= count <= 16:
         raise ValueError("n must be between 1 and 16")
     temperature = float(body.get("temperature", 1.0))
     seed = body.get("seed")
-    sequences = [Sequence.start(prompt, max_tokens, body, s)
-                 for s in choice_seeds(config, None if seed is None else int(seed), count)]
+    seeds = choice_seeds(config, None if seed is None else int(seed), count)
+    sequences = [Sequence.start(prompt, max_tokens, body, s) for s in seeds]
+    if config.seed_bug == "shared-uniforms":  # BUG: one verification generator seed for every choice
+        for sequence in sequences:
+            sequence.generator = torch.Generator().manual_seed(seeds[0])
+    if config.prefix_bug is not None and len(prompt_text) >= config.prefix_bug:
+        with state.lock:
+            cached = state.prefixes.get(prompt_text[:config.prefix_bug])
+            state.prefixes[prompt_text[:config.prefix_bug]] = prompt_text
+        if cached is not None and cached != prompt_text:  # BUG: the cached prompt's state leaks into this one
+            for sequence in sequences:
+                sequence.leaked = tokenize(cached)
     started = time.monotonic()
     if engine is not None:
         engine.run(sequences)
@@ -391,9 +491,10 @@ def completion(state: ToyState, body: dict[str, Any], engine: StepEngine | None 
                 if config.batch_bug:
                     time.sleep(0.002)
     elapsed_ms = (time.monotonic() - started) * 1000.0
-    choices = [_choice(state, body, prompt_text, prompt, s.out[:max_tokens], index)
-               for index, s in enumerate(sequences)]
-    timings = (dict(_counters(sequences[0]), predicted_n=len(sequences[0].out[:max_tokens]), prompt_ms=0.0,
+    kept = [s.out[:max_tokens if s.stopped_at is None else min(max_tokens, s.stopped_at)] for s in sequences]
+    choices = [_choice(state, body, prompt_text, prompt, new, index, "length" if s.stopped_at is None else "stop")
+               for index, (s, new) in enumerate(zip(sequences, kept))]
+    timings = (dict(_counters(sequences[0]), predicted_n=len(kept[0]), prompt_ms=0.0,
                     predicted_ms=elapsed_ms) if config.speculative else None)
     return {"id": "cmpl-toy", "object": "text_completion", "created": 0, "model": body.get("model", "toy"),
             "choices": choices, "timings": timings,
@@ -402,12 +503,13 @@ def completion(state: ToyState, body: dict[str, Any], engine: StepEngine | None 
 
 
 def _choice(state: ToyState, body: dict[str, Any], prompt_text: str, prompt: list[int], new: list[int],
-            index: int) -> dict[str, Any]:
+            index: int, finish_reason: str) -> dict[str, Any]:
     config = state.config
     text = "".join(ALPHABET[t] for t in new)
     echo = bool(body.get("echo"))
     logprobs = body.get("logprobs")
-    choice: dict[str, Any] = {"index": index, "text": (prompt_text if echo else "") + text, "finish_reason": "length",
+    choice: dict[str, Any] = {"index": index, "text": (prompt_text if echo else "") + text,
+                              "finish_reason": finish_reason,
                               "logprobs": None}
     if logprobs is not None and config.fault != "no-logprobs":
         n = int(logprobs)
@@ -467,8 +569,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def do_GET(self) -> None:
+        state = self.server.state
         if self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "toy", "object": "model"}]}).encode())
+            models = [{"id": "toy", "object": "model", "max_model_len": state.config.context_length}]
+            self._send(200, json.dumps({"object": "list", "data": models}).encode())
         else:
             self._send(404, b'{"error": "not found"}')
 

@@ -98,10 +98,13 @@ def test_the_default_deadline_follows_the_budget():
     from specverify.auditing.endpoint.battery import EndpointBattery
 
     for budget, hours in (("quick", 1), ("standard", 4), ("thorough", 16)):
-        battery = EndpointBattery()
+        battery = EndpointBattery(request_space=False)
         battery.resolve_budget(budget)
         assert battery.deadline_s == hours * 3600.0
-    battery = EndpointBattery()
+        battery = EndpointBattery()  # the request space: about three times the requests
+        battery.resolve_budget(budget)
+        assert battery.deadline_s == 4 * hours * 3600.0
+    battery = EndpointBattery(request_space=False)
     battery.resolve_budget(5000)
     assert battery.deadline_s == 15000.0
     battery = EndpointBattery(deadline_s=60.0)

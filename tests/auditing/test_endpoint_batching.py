@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
 
+from test_endpoint_audit import CORE_CHECKS
+
 from specverify.auditing.endpoint.battery import PROMPTS, EndpointBattery, EndpointTarget
 from specverify.auditing.endpoint.bursts import BURST_SETTINGS, CoBatching, burst_rows, co_batching
 from specverify.auditing.endpoint.client import Completion, parse_choices
@@ -30,7 +32,8 @@ def test_lossless_batching_server_passes_every_check(toy_server) -> None:
     """The batching toy runs every request's rows in shared steps, each with its own settings and
     random state: lossless, and (float64, per-request generators) seeded-deterministic in any batch."""
     candidate, baseline = toy_server(speculative=True, batching=True), toy_server(speculative=False)
-    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, seeded_determinism=True)
+    report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, seeded_determinism=True,
+                   checks=CORE_CHECKS)
     assert report.exit_code == 0, report.explain()
     assert set(_verdicts(report).values()) == {"pass"} and set(NEW_CHECKS) <= set(_verdicts(report))
     assert candidate.engine.largest_step >= 4  # the server did verify several requests in one step

@@ -50,7 +50,7 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: LlamaPair) -> None:
     (llama-cpp-python reports no speculation counters)."""
     candidate, baseline = llama_pair
     report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300,
-                   allow_underpowered=True)
+                   allow_underpowered=True, request_space=False)
     print(report.explain())
     for check in report.checks:
         print(f"{check.name}: {check.verdict}: {check.message}")

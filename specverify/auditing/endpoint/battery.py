@@ -39,6 +39,12 @@ Checks, in order:
   consistency (:class:`~specverify.auditing.endpoint.checks.AcceptanceCheck`); a failure is
   "contract violated": the counters misreport speculation.
 
+The request space (``request_space=True``, the default; :mod:`~specverify.auditing.endpoint.request_space`,
+:mod:`~specverify.auditing.endpoint.space_checks`): ``space-sampling-fields``, ``space-prompt-lengths``,
+``space-prefixes``, ``space-load`` (PIT per value of a dimension), ``choices-joint`` (``n`` = 2, 4),
+``space-penalties`` (with a baseline), ``stop-handling`` (exact) and ``request-space-coverage``,
+the coverage table, last.
+
 Out of reach of the PIT, and why: top-p (its order relative to temperature is engine-specific),
 min-p, penalties, grammars and logit bias (processing the logprobs do not show), top-k above the
 returned n (the mass of ranks n+1…k is unknown), and the full-vocabulary law at T = 1 (the value
@@ -47,9 +53,12 @@ that disables top-k differs between engines: 0, -1).  The two-sample check cover
 Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cells, the context
 check a visit-weighted mean TV ε per token on its contexts' cells, the pairs check ε on its 16
 cells, the two-sample check 2ε between the servers' joint laws, with power 0.99 at its
-Bonferroni share of α (six statistical checks with a baseline: 1.7e-4 each; each sized at its
-final look, 7/8 of the share); the greedy checks run ``GREEDY_TOKENS[budget]`` tokens per prompt.
-Samples (requests) per check at α = 1e-3 with a baseline and ``concurrency`` 4:
+Bonferroni share of α (the six core statistical checks with a baseline, ``request_space=False``:
+1.7e-4 each; each sized at its final look, 7/8 of the share); the greedy checks run
+``GREEDY_TOKENS[budget]`` tokens per prompt.  The request-space checks detect ε per value
+(docs/budgets.md has their sizes); with them twelve statistical checks share α.
+Samples (requests) per core check at α = 1e-3 with a baseline, ``concurrency`` 4 and
+``request_space=False``:
 
 =========  =====  ===============  ================  ===============  ===============  =================  ======
 budget     ε      each pit-T*      context (2 tok.)  burst (8 tok.)   pairs (n=2)      two-sample         greedy
@@ -65,7 +74,8 @@ burst check's requests are 1/7 more than its u's need, for the companions that r
 
 Deadlines: every request has ``timeout_s`` (``--timeout``); the run has ``deadline_s``
 (``--deadline``; by default :func:`default_deadline_s`: 1 h for ``quick``, 4 h for ``standard``,
-16 h for ``thorough``, about twice what SmolLM2-135M on llama-cpp-python needs on 2 CPU cores);
+16 h for ``thorough`` without the request space, about twice what SmolLM2-135M on llama-cpp-python
+needs on 2 CPU cores; 4 × those with it);
 transient failures are retried (:mod:`~specverify.auditing.endpoint.client`).
 """
 
@@ -90,7 +100,24 @@ from specverify.auditing.endpoint.checks import (
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.context_law import ContextLawCheck
+from specverify.auditing.endpoint.request_space import (
+    PENALTIES,
+    Coverage,
+    field_cases,
+    length_cases,
+    load_cases,
+    prefix_cases,
+    probe_fields,
+    record_field_support,
+)
 from specverify.auditing.endpoint.scoring import completion_laws, detect_offset, echo_body, prompt_boundary
+from specverify.auditing.endpoint.space_checks import (
+    CaseLawCheck,
+    ChoicesJointCheck,
+    CoverageCheck,
+    PenaltyCheck,
+    StopHandlingCheck,
+)
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.loading import LoadError
 from specverify.auditing.sampler.battery import SampleBudget, resolve_budget
@@ -108,11 +135,18 @@ CONTEXT_TOP_K = 4
 TWO_SAMPLE_TOKENS = 2
 
 
-def default_deadline_s(budget: SampleBudget) -> float:
-    """The whole run's default deadline for ``budget`` (see the module docstring)."""
+REQUEST_SPACE_DEADLINE_FACTOR = 4.0
+"""The request space roughly triples a run's requests (≈ 7,100 more at ``quick``, ≈ 85 min at the
+≈ 0.7 s per request of the llama.cpp pair, estimated), so its default deadlines are 4 × the core's."""
+
+
+def default_deadline_s(budget: SampleBudget, request_space: bool = True) -> float:
+    """The whole run's default deadline for ``budget`` (see the module docstring), ×
+    :data:`REQUEST_SPACE_DEADLINE_FACTOR` with the request-space checks."""
+    factor = REQUEST_SPACE_DEADLINE_FACTOR if request_space else 1.0
     if budget.name in DEFAULT_DEADLINES_S:
-        return DEFAULT_DEADLINES_S[budget.name]
-    return max(DEFAULT_DEADLINES_S["quick"], SECONDS_PER_SAMPLE_DEADLINE * (budget.samples or 0))
+        return factor * DEFAULT_DEADLINES_S[budget.name]
+    return factor * max(DEFAULT_DEADLINES_S["quick"], SECONDS_PER_SAMPLE_DEADLINE * (budget.samples or 0))
 
 
 PROMPTS: tuple[Prompt, ...] = (
@@ -162,6 +196,13 @@ class EndpointSession:
     greedy_alone: list[Completion] | None = None
     choices: bool | str = True
     """True when the candidate serves ``n = 2``, else why not (its answer to the probe)."""
+    fields: dict[str, str | None] = field(default_factory=dict)
+    """Each optional field of the request space -> None (served) or the candidate's refusal."""
+    four_choices: str | None = None
+    """None when the candidate serves ``n = 4``, else its refusal."""
+    context_length: int | None = None
+    """The model's context in tokens (``--context-length``, else the server's ``GET /models``), or None."""
+    coverage: Coverage = field(default_factory=Coverage)
 
     @property
     def function(self) -> EndpointClient:
@@ -217,13 +258,22 @@ class EndpointBattery(Battery):
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None,
-                 seeded_determinism: bool = False) -> None:
+                 seeded_determinism: bool = False, context_length: int | None = None,
+                 request_space: bool = True) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
         if not isinstance(seeded_determinism, bool):
             raise ValueError(f"seeded_determinism: expected True (the server promises that a seeded request gives "
                              f"the same tokens alone and in any batch) or False, got {seeded_determinism!r}")
         self.seeded_determinism = seeded_determinism
+        if context_length is not None and not (isinstance(context_length, int) and context_length > 16):
+            raise ValueError(f"context_length: expected the model's context in tokens (an integer above 16), or None "
+                             f"to read it from the server, got {context_length!r}")
+        self.context_length = context_length
+        if not isinstance(request_space, bool):
+            raise ValueError(f"request_space: expected True (the request-space checks run) or False (the core "
+                             f"battery only), got {request_space!r}")
+        self.request_space = request_space
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError("deadline_s: expected a positive number of seconds (or None: "
                              f"by budget), got {deadline_s!r}")
@@ -242,7 +292,7 @@ class EndpointBattery(Battery):
             resolved = resolve_budget(budget)
         self.budget_name = resolved.name if resolved.name in GREEDY_TOKENS else "quick"  # N samples: quick's greedy
         if self.deadline_s is None:
-            self.deadline_s = default_deadline_s(resolved)
+            self.deadline_s = default_deadline_s(resolved, self.request_space)
         return resolved
 
     def load_target(self, spec: str) -> EndpointTarget:
@@ -283,6 +333,8 @@ class EndpointBattery(Battery):
         if session.choices is not True:
             session.notes.append(f"the candidate does not serve n = 2 choices per request ({session.choices}): "
                                  "pit-pairs-n2 not run")
+        if self.request_space:
+            self._probe_space(session)
         if baseline is None:
             session.notes.append("no baseline: the candidate's own logprobs stand for the target's law")
             return session
@@ -293,6 +345,25 @@ class EndpointBattery(Battery):
                                  "law of token i+1, as llama-cpp-python 0.3.16 returns them); corrected")
         self._same_model(candidate, baseline, first)
         return session
+
+    def _probe_space(self, session: EndpointSession) -> None:
+        """The optional fields and ``n = 4`` the candidate serves, and the model's context."""
+        candidate = session.candidate
+        session.fields = probe_fields(candidate, MODEL_PROBE)
+        record_field_support(session.coverage, session.fields, session.baseline is not None)
+        session.four_choices = candidate.refusal(dict(NEUTRAL_PROCESSING, prompt=MODEL_PROBE, max_tokens=1,
+                                                      temperature=1.0, n=4, seed=1))
+        if session.choices is not True:
+            session.coverage.missing("n", "2", f"the candidate does not serve n = 2 ({session.choices})")
+        if session.four_choices is not None or session.choices is not True:
+            session.coverage.missing("n", "4", f"the candidate does not serve n = 4 ({session.four_choices})")
+        session.context_length = self.context_length or candidate.context_length()
+        if session.context_length is None:
+            session.coverage.missing("prompt length", "above 1,024 characters",
+                                     "the server does not state its context (GET /models max_model_len): "
+                                     "--context-length N sends prompts up to N tokens")
+        if self.concurrency < 2:
+            session.coverage.missing("load", "bursts of 2 or more", "concurrency 1: --concurrency N sends bursts")
 
     @staticmethod
     def _same_model(candidate: EndpointClient, baseline: EndpointClient, first: Completion) -> None:
@@ -361,6 +432,8 @@ class EndpointBattery(Battery):
                 "T=0.8, top-p 0.9 (standard fields only, engine defaults apply): the first 2 tokens' joint law is "
                 "the same on candidate and baseline (χ² homogeneity, cells from a pilot run).",
                 SAMPLING_PROMPTS, {"temperature": 0.8, "top_p": 0.9}, TWO_SAMPLE_TOKENS))
+        if self.request_space:
+            checks += self.space_checks(session)
         checks.append(SeedReproducibilityCheck(
             "seed-reproducibility",
             "A seeded sampled request gives the same tokens alone, twice inside a burst of other prompts, and alone "
@@ -370,6 +443,52 @@ class EndpointBattery(Battery):
             "acceptance", "Speculation counters per prompt kind where the server exposes them, checked for consistency "
             "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",
             PROMPTS, length))
+        if self.request_space:
+            checks.append(CoverageCheck(
+            "request-space-coverage",
+                "The request space the audit reached: each dimension, the values reached with the evidence that "
+                "the server took the path, and the values not covered with the flag that would cover them."))
+        return checks
+
+    def space_checks(self, session: EndpointSession) -> list[Any]:
+        """The checks of the request space (:mod:`~specverify.auditing.endpoint.request_space`)."""
+        checks: list[Any] = [
+            CaseLawCheck("space-sampling-fields",
+                         "Per sampling-field value (temperature 0.5 and 1.3, top-p 0.8, min-p 0.1, no seed): the "
+                         "randomized PIT of sampled tokens under that value's law, tested value by value.",
+                         field_cases(SAMPLING_PROMPTS, session.fields)),
+            CaseLawCheck("space-prompt-lengths",
+                         "Per prompt length (40 characters up to the model's context): the randomized PIT of sampled "
+                         "tokens, tested length by length (long prompts take other paths: chunked prefill).",
+                         length_cases(session.context_length)),
+            CaseLawCheck("space-prefixes",
+                         "A prompt repeated and prompts sharing a long prefix (prefix-cache hits): the randomized PIT "
+                         "of the first two sampled tokens, tested per pattern.", prefix_cases(PROMPTS)),
+        ]
+        if self.concurrency >= 2:
+            checks.append(CaseLawCheck(
+                "space-load",
+                f"Bursts of 1, 2, 4, … {self.concurrency} concurrent requests and back to 1: the randomized PIT "
+                "of sampled tokens, tested per burst size (paths switched by batch size).",
+                load_cases(SAMPLING_PROMPTS, self.concurrency)))
+        choices = tuple(n for n, served in ((2, session.choices is True),
+                                            (4, session.choices is True and session.four_choices is None)) if served)
+        if choices:
+            checks.append(ChoicesJointCheck(
+                "choices-joint",
+                "Requests with n = 2 and n = 4, seeded and not: disjoint pairs of choices are independent draws "
+                "(joint PIT cells; identical first tokens against Σ p² under independence, exact).",
+                PROMPTS, choices))
+        penalties = tuple((name, value) for name, value in PENALTIES if session.fields.get(name) is None)
+        if session.baseline is not None and penalties:
+            checks.append(PenaltyCheck(
+                "space-penalties",
+                "Per penalty field: the number of repeated tokens among the first 8 has the same law on candidate "
+                "and baseline (χ² homogeneity, field by field).", SAMPLING_PROMPTS, penalties))
+        checks.append(StopHandlingCheck(
+            "stop-handling",
+            "max_tokens is exact, finish_reason is 'length' exactly when max_tokens tokens came back, no stop string "
+            "is returned and nothing follows one, an end token is last.", PROMPTS))
         return checks
 
 

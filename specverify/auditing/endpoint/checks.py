@@ -133,6 +133,7 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
         law = same_law_test(cross, [noise, echo_noise])
         tau = max(upper_quantile(noise), upper_quantile(echo_noise), law.cross_quantile)  # the paths judged
         session.tau, session.noise_gaps = tau, noise_gaps
+        session.coverage.reached("temperature", "0", f"greedy tokens scored ({self.name})")
         tol = tolerance(tau)
         parameters = dict(self.parameters, **{
             "server notes": list(session.notes),
@@ -307,6 +308,8 @@ class PitCheck(SequentialCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """``n`` more PIT values (or tokens outside the top k), from as many candidate requests as
         they need; each look has its own request seeds and PIT uniforms."""
+        session.coverage.reached("temperature", f"{self.temperature:g}", f"PIT tested ({self.name})")
+        session.coverage.reached("top_k", str(self.top_k), f"PIT under the top-{self.top_k} law ({self.name})")
         uniforms = np.random.default_rng(derive_seed(plan.seed, "pit-uniforms", look) % (2**32))
         tie = tolerance(session.tau or 0.0)
         bins = np.zeros((self.length, PIT_BINS + 1), dtype=np.int64)  # per position; the last column: outside the top k
@@ -446,6 +449,8 @@ class TwoSampleCheck(SequentialCheck):
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """``n`` more requests to each server, counted in the pilot's cells."""
+        session.coverage.reached("top_p", f"{self.settings.get('top_p', 1.0):g}",
+                                 f"two-sample vs baseline ({self.name})")
         counts = np.zeros((2, len(self.labels)), dtype=np.int64)
         for row, (client, role) in enumerate(((session.candidate, "candidate"), (session.baseline, "baseline"))):
             for key in self._sample(client, n, plan.seed, role, look):

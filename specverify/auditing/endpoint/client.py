@@ -53,6 +53,8 @@ class Completion:
     """``time.monotonic()`` when the client sent the request (None for a parsed document)."""
     received: float | None = None
     """``time.monotonic()`` when the whole response had arrived."""
+    prompt_tokens: int | None = None
+    """The prompt's length in tokens as the server counted it (``usage.prompt_tokens``), or None."""
 
 
 @dataclass
@@ -204,6 +206,40 @@ class EndpointClient:
                 for future in futures:
                     future.cancel()
 
+    def refusal(self, body: Mapping[str, Any]) -> str | None:
+        """None when the server completes ``body``; its answer when it refuses it with HTTP 4xx (a
+        field it does not support); :class:`Fault` on anything else."""
+        request = dict(body)
+        if self.model is not None:
+            request.setdefault("model", self.model)
+        status, payload = self._request("POST", "/completions", request)
+        self.log.calls += 1
+        if 400 <= status < 500:
+            return f"HTTP {status}: {_excerpt(payload.decode('utf-8', errors='replace'), 160)}"
+        if status >= 500:
+            raise Fault("exception", f"{self.role} server {self.base_url}: HTTP {status} from POST /completions for "
+                                     f"{json.dumps(_summary(request))}: {_excerpt(payload.decode('utf-8', 'replace'))}")
+        return None
+
+    def context_length(self) -> int | None:
+        """The model's context in tokens as ``GET /models`` states it (vLLM's ``max_model_len``,
+        llama.cpp's ``meta.n_ctx_train``), or None (also when the server has no ``/models``)."""
+        try:
+            document = self._json("GET", "/models", None)
+        except Fault as fault:
+            if fault.kind == "timeout" or self.down is not None:
+                raise
+            return None
+        data = document.get("data") if isinstance(document, dict) else None
+        for entry in data if isinstance(data, list) else []:
+            if not isinstance(entry, dict) or (self.model is not None and entry.get("id") != self.model):
+                continue
+            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            for value in (entry.get("max_model_len"), meta.get("n_ctx_train")):
+                if isinstance(value, int) and value > 0:
+                    return value
+        return None
+
     def models(self) -> list[str]:
         """The ids of ``GET /models`` (an empty list if the server lists none)."""
         document = self._json("GET", "/models", None)
@@ -254,8 +290,11 @@ def parse_choices(document: Any, role: str, base_url: str, request: Mapping[str,
     if not all(isinstance(i, int) for i in indices) or sorted(indices) != list(range(len(choices))):
         raise Fault("malformed", f"{where}: the choices' index fields are {indices}, expected 0…{len(choices) - 1}")
     timings = document.get("timings") if isinstance(document.get("timings"), dict) else None
+    usage = document.get("usage") if isinstance(document.get("usage"), dict) else {}
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
     ordered = [choices[indices.index(i)] for i in range(len(choices))]
-    return [_parse_choice(choice, index, where, request, timings) for index, choice in enumerate(ordered)]
+    return [dataclasses.replace(_parse_choice(choice, index, where, request, timings), prompt_tokens=prompt_tokens)
+            for index, choice in enumerate(ordered)]
 
 
 def _parse_choice(choice: Mapping[str, Any], index: int, where: str, request: Mapping[str, Any],

@@ -56,6 +56,35 @@ def processed_law(alternatives: Mapping[str, float], *, temperature: float, top_
     return ProcessedLaw(tuple(t for t, _ in kept), tuple(float(p) for p in probs), kept[-1][1], tail)
 
 
+def truncated_law(law: ProcessedLaw, *, top_p: float = 1.0, min_p: float = 0.0,
+                  tie_tolerance: float = 0.0) -> ProcessedLaw | None:
+    """``law`` (ranked, after temperature and top-k) further truncated by nucleus ``top_p`` (the
+    shortest run of ranks whose probability reaches ``top_p``) or ``min_p`` (the tokens of
+    probability ≥ ``min_p`` × the largest), renormalized; a token cut has probability 0.  Computed
+    on the top-k law, the order vLLM, SGLang and llama.cpp apply them in (at temperature 1 the order
+    relative to temperature does not matter).  None when the cut is ambiguous: a cumulative
+    probability (``top_p``) or a probability (``min_p``) within a factor e^``tie_tolerance`` (and
+    1e-9) of its threshold, where rounding on the server may keep a token this law cuts.  Whether a
+    position is judged then depends on its law only, never on the token drawn there."""
+    probs = np.asarray(law.probs, dtype=np.float64)
+    slack = math.expm1(tie_tolerance) + 1e-9
+    keep = len(probs)
+    if top_p < 1.0:
+        cumulative = np.cumsum(probs)
+        keep = min(keep, int(np.searchsorted(cumulative, top_p)) + 1)
+        if np.any(np.abs(cumulative[:-1] - top_p) <= slack * top_p):
+            return None
+    if min_p > 0.0:
+        threshold = min_p * probs[0]
+        keep = min(keep, int(np.count_nonzero(probs >= threshold)))
+        if np.any(np.abs(probs - threshold) <= slack * threshold):
+            return None
+    if keep == len(probs):
+        return law
+    kept = probs[:keep] / probs[:keep].sum()
+    return ProcessedLaw(law.tokens[:keep], tuple(float(p) for p in kept), law.boundary, {})
+
+
 def pit_value(law: ProcessedLaw, token: str, uniform: float, *, tie_tolerance: float) -> float | None:
     """u = F(token−) + U · p(token) under ``law``; None when the token has probability 0 there
     (outside the top k by more than ``tie_tolerance`` nats, or not among the returned logprobs).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specverify.auditing.checks import COVERAGE_TABLE
 from specverify.auditing.defaults import FAIL_FAST_SKIP, MALFORMED_SKIP
 from specverify.auditing.findings import grouped_findings, said_in_summary
 from specverify.auditing.runner import AuditReport
@@ -67,6 +68,8 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
         parts += ["(the results table is the per-check lines above; --json PATH keeps every field)", ""]
     shown = [finding.line() for finding in findings if not said_in_summary(finding, report)]
     parts += shown + ([""] if shown else [])
+    coverage = [c.message for c in report.checks if COVERAGE_TABLE in c.parameters]
+    parts += coverage + ([""] if coverage else [])
     notes = [] if report.notes_said else [omission.line() for omission in report.omitted]
     if report.shortfall is not None and report.verdict != "underpowered" and not report.notes_said:
         notes.append(f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")

@@ -1,0 +1,161 @@
+"""The endpoint level over its request space: each failure class planted in the toy server is
+caught by the check built for it, the same check passes the correct toy (speculative, and the
+plain sampler: correct code written differently, drawing its randomness per call), the coverage
+table says what was reached and what was not, and the exact pieces (truncated laws, the
+Poisson-binomial tail, the stop claims) are checked against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httpx", reason="the endpoint level needs httpx: pip install -e '.[endpoint]'")
+
+from specverify.auditing.checks import COVERAGE_TABLE
+from specverify.auditing.endpoint.client import Completion
+from specverify.auditing.endpoint.pit import pit_value, processed_law, truncated_law
+from specverify.auditing.endpoint.request_space import (
+    filler_text,
+    length_cases,
+    load_cases,
+)
+from specverify.auditing.endpoint.space_checks import (
+    poisson_binomial_sf,
+    repeats,
+    stop_violations,
+)
+from specverify.auditing.reports.json_file import write_json
+from specverify.auditing.reports.terminal import format_report
+from specverify.auditing.runner import audit
+
+SPACE_CHECKS = ("space-sampling-fields", "space-prompt-lengths", "space-prefixes", "space-load", "choices-joint",
+                "space-penalties", "stop-handling")
+
+# (check, planted bug, budget): each budget is the smallest round number at which the bug failed at the first
+# look in development, doubled; the correct toy is run at the same budget.
+PLANTED = [
+    ("space-sampling-fields", {"ignored_field": "min_p"}, 800),         # min-p dropped on the speculative path
+    ("space-penalties", {"ignored_field": "presence_penalty"}, 1600),   # a penalty dropped (TV 0.26 of repeats)
+    ("space-prompt-lengths", {"long_prompt_bug": 1000}, 800),           # another rule above 1,000 prompt tokens
+    ("space-prefixes", {"prefix_bug": 64}, 400),                        # prefix-cache state leaks
+    ("choices-joint", {"seed_bug": "shared-uniforms"}, 800),            # n > 1 choices share verification uniforms
+    ("stop-handling", {"stop_bug": True}, 0),                           # tokens after a stop string
+    ("space-load", {"load_bug": 2}, 800),                               # another rule in steps of > 2 rows
+]
+
+
+def _audit(candidate, baseline, check: str, budget: int):
+    return audit(candidate.url, level="endpoint", budget=budget or "quick", baseline=baseline.url, checks=[check],
+                 concurrency=4, allow_underpowered=True)
+
+
+@pytest.mark.parametrize(("check", "bug", "budget"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_each_planted_failure_class_is_caught(toy_server, check: str, bug: dict, budget: int) -> None:
+    candidate = toy_server(speculative=True, batching=True, **bug)
+    report = _audit(candidate, toy_server(speculative=False), check, budget)
+    assert report.checks[0].verdict == "fail" and report.exit_code == 1, report.explain()
+    assert report.verdict == "loss detected"
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "plain-sampler"])
+@pytest.mark.parametrize(("check", "bug", "budget"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_the_correct_toy_passes_each_check(toy_server, check: str, bug: dict, budget: int, speculative: bool) -> None:
+    candidate = toy_server(speculative=speculative, batching=True)
+    report = _audit(candidate, toy_server(speculative=False), check, budget)
+    assert report.checks[0].verdict == "pass", report.explain()
+
+
+def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None:
+    """Long prompts only: the short lengths pass their own tests, the failure names a long one."""
+    candidate = toy_server(speculative=True, long_prompt_bug=1000)
+    report = _audit(candidate, toy_server(speculative=False), "space-prompt-lengths", 800)
+    message = report.checks[0].message
+    assert "prompt length=1024 chars do not follow" in message or "prompt length=4087 chars do not follow" in message
+
+
+def test_coverage_table_reports_refused_fields_and_missing_flags(toy_server, tmp_path) -> None:
+    """The toy refuses repetition_penalty (HTTP 400): not covered, never silently skipped; without a
+    baseline the penalties are not covered and --baseline is named; the table is in the terminal
+    report and its rows in the result's parameters (the JSON)."""
+    candidate = toy_server(speculative=True, context_length=2048)
+    report = audit(candidate.url, level="endpoint", budget=200, checks=["stop-handling", "request-space-coverage"],
+                   allow_underpowered=True)
+    coverage = report.checks[-1]
+    rows = {row["dimension"]: row for row in coverage.parameters[COVERAGE_TABLE]}
+    assert "HTTP 400" in rows["penalties"]["not covered"]["repetition_penalty=1.2"]
+    assert "--baseline" in rows["penalties"]["not covered"]["presence_penalty=1.0"]
+    assert set(rows["stop"]["reached"]) == {"max_tokens exact", "stop strings"}
+    assert "NOT COVERED repetition_penalty=1.2" in format_report(report)
+    written = json.loads(write_json(report, tmp_path / "report.json").read_text())
+    assert written["checks"][-1]["parameters"][COVERAGE_TABLE] == coverage.parameters[COVERAGE_TABLE]
+    assert [c.value for c in length_cases(2048)][-1] == "2039 chars"  # the context read from GET /models
+
+
+def test_prompt_lengths_and_bursts_follow_the_context_and_the_concurrency() -> None:
+    assert [c.value for c in length_cases(None)] == ["40 chars", "256 chars", "1024 chars"]
+    assert [c.value for c in length_cases(100_000)][-1] == "16384 chars"
+    assert [c.value for c in load_cases((), 6)] == ["burst 1", "burst 2", "burst 4", "burst 6", "burst 1 again"]
+    text = filler_text(300, "x")
+    assert len(text) == 300 and text.isascii() and not text.endswith(" ") and filler_text(300, "x") == text
+
+
+def _law(probs: dict[str, float]):
+    return processed_law({t: math.log(p) for t, p in probs.items()}, temperature=1.0, top_k=len(probs))
+
+
+def test_truncated_laws_are_the_nucleus_and_min_p_sets() -> None:
+    law = _law({"a": 0.5, "b": 0.25, "c": 0.15, "d": 0.1})
+    nucleus = truncated_law(law, top_p=0.8)
+    assert nucleus.tokens == ("a", "b", "c") and np.allclose(nucleus.probs, np.array([0.5, 0.25, 0.15]) / 0.9)
+    assert pit_value(nucleus, "d", 0.5, tie_tolerance=0.0) is None  # cut: probability 0
+    assert truncated_law(law, min_p=0.4).tokens == ("a", "b")  # 0.15 < 0.4 · 0.5 ≤ 0.25
+    assert truncated_law(law, top_p=0.75) is None  # 0.5 + 0.25 sits on the threshold: ambiguous
+    assert truncated_law(law, min_p=0.3) is None  # 0.15 = 0.3 · 0.5: ambiguous
+    assert truncated_law(law, min_p=0.32).tokens == ("a", "b")
+    assert truncated_law(law, min_p=0.32, tie_tolerance=0.5) is None  # 0.15 within e^0.5 of 0.16
+    assert truncated_law(law) is law
+
+
+def test_poisson_binomial_tail_is_exact() -> None:
+    probabilities = [0.1, 0.3, 0.25, 0.6]
+    for count in range(6):
+        brute = sum(math.prod(p if o else 1 - p for p, o in zip(probabilities, outcome))
+                    for outcome in itertools.product([0, 1], repeat=4) if sum(outcome) >= count)
+        assert poisson_binomial_sf(count, probabilities) == pytest.approx(brute, abs=1e-12)
+
+
+def _choice(text: str, finish: str | None) -> Completion:
+    return Completion(text, tuple(text), (None,) * len(text), (None,) * len(text), finish)
+
+
+def test_stop_claims() -> None:
+    assert stop_violations(_choice("abc", "length"), 3, ()) == []
+    assert stop_violations(_choice("ab", "stop"), 3, (" ",)) == []
+    assert "finish_reason 'length' after 2" in stop_violations(_choice("ab", "length"), 3, ())[0]
+    assert "stop string ' ' returned" in " ".join(stop_violations(_choice("a b", "stop"), 5, (" ",)))
+    assert "4 tokens for max_tokens=3" in stop_violations(_choice("abcd", "length"), 3, ())[0]
+    ended = Completion("a", ("a", "</s>", "b"), (None,) * 3, (None,) * 3, "stop")
+    assert "1 token(s) after the end token '</s>'" in " ".join(stop_violations(ended, 5, ()))
+    assert repeats("abab", 4) == 2 and repeats("abcd", 4) == 0
+
+
+@pytest.mark.slow
+def test_twenty_seeds_of_the_correct_toy_raise_no_false_alarm(toy_server) -> None:
+    """Seeds 0–19 (toy LM and audit seed), every request-space check at ``quick``: the count of
+    seeds with any failing check is printed; α = 1e-3 family-wise per audit, so 20 audits
+    accuse correct code with probability ≤ 0.02."""
+    alarms = []
+    for seed in range(20):
+        candidate = toy_server(speculative=True, batching=True, lm_seed=seed)
+        baseline = toy_server(speculative=False, lm_seed=seed)
+        report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, checks=SPACE_CHECKS,
+                       seed=seed, fail_fast=False)
+        alarms += [(seed, c.name) for c in report.checks if c.verdict != "pass"]
+        candidate.stop()
+        baseline.stop()
+    print(f"false alarms over 20 seeds at quick: {len(alarms)} {alarms}")
+    assert alarms == []
