@@ -15,7 +15,7 @@ measured effective acceptance by position (``workloads.effective_alphas``), the 
 (``benchmarks/report.py`` computes both).  On a CPU a target pass becomes compute bound at small
 B, so ``v`` grows quickly with B and speculation stops paying early.
 
-Trimmed for a 2-core CPU: B ∈ {1, 2, 4, 8, 16} (issue 6 asks 1 … 64; at B = 64 one reference run
+Trimmed for a 2-core CPU: B ∈ {1, 2, 4, 8, 16} (the full sweep is 1 … 64; at B = 64 one reference run
 of SmolLM2 takes minutes there).  Set ``$SPECVERIFY_SWEEP_BATCHES`` (e.g. ``1,4,16,64``) to change it.
 The early-exit draft is left out: with ~6% acceptance it cannot pay at any B.
 """

@@ -10,7 +10,7 @@ Per run ``extra_info`` records tokens, target passes (prefill included), tokens 
 accepted drafts per draft slot, the reference's acceptance by position, and whether the tokens
 equal plain greedy decoding's (they must: greedy speculative decoding is lossless).  Tokens per
 second = ``new_tokens`` / the benchmark's median time (``benchmarks/report.py``).
-Goal (issue 6): the reference at least as fast as HF assisted generation on the same work, and
+Goal: the reference at least as fast as HF assisted generation on the same work, and
 faster than plain decoding on code/edit prompts.
 
 Issue 12: the reference's prompt lookup against HF's prompt lookup with each match policy
@@ -39,7 +39,7 @@ METHODS = ("plain",) + tuple(
     for drafter in DRAFTERS + ("draft-model",)
     for method in (f"reference-{drafter}", f"hf-{drafter}")
     + ((f"hf-{drafter}-defaults",) if drafter != "prompt-lookup" else ())
-) + MATCH_POLICY_METHODS  # every match policy of the reference's prompt lookup (issue 12)
+) + MATCH_POLICY_METHODS  # every match policy of the reference's prompt lookup
 
 QWEN_MAX_NEW_TOKENS = 32
 QWEN_PROMPTS = (1, 3)  # type hints, bug fix

@@ -5,7 +5,7 @@ prompt, then logits -> probabilities (``specverify.core.processing``), then the 
 (``specverify.core.rules``, with validation, as ``reference.decoder`` calls it).  Each round times the
 three phases separately with ``time.perf_counter``; the benchmark's own time is the whole step.
 ``extra_info["verify_fraction"]`` is the median over rounds of ``verify / (forward + probs +
-verify)``, the number issue 6 asks pytest-benchmark to track (``probs_fraction`` likewise; plain
+verify)``, the number pytest-benchmark tracks (``probs_fraction`` likewise; plain
 sampling pays for the probabilities too, so only ``verify`` is the cost of speculation).
 """
 

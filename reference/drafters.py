@@ -416,7 +416,7 @@ class PromptLookupDrafter:
     - ``"earliest"``: among the matches of the longest n-gram ``n = min(L(e), max_ngram)`` the
       first one, as Hugging Face's prompt lookup does (``max_matching_ngram_size = max_ngram``):
       the same drafts as HF;
-    - ``"latest"``: the same n-gram, its most recent occurrence (this drafter before issue 12).
+    - ``"latest"``: the same n-gram, its most recent occurrence.
 
     The default is measured (greedy, γ = 4, target passes per request, NOTES-decoder.md): on
     SmolLM2-135M's four code/edit prompts (48 tokens) longest / earliest / latest need 31/10/30/15,

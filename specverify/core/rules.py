@@ -493,8 +493,8 @@ def rejection_sample(
     (:func:`_draw_final_tokens`).  Validation (:func:`validate_verify_inputs`, the same checks and
     messages) reads every input value twice, a row sum and a sign-bit minimum
     (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
-    positions; no host sync on CUDA besides validation's one.  Bit-identical to the rule before
-    issue 12 (tests/core/test_rules_identity.py).  On contiguous CPU float32/bfloat16 inputs the
+    positions; no host sync on CUDA besides validation's one.  Bit-identical on every fast path
+    (tests/core/test_rules_identity.py).  On contiguous CPU float32/bfloat16 inputs the
     fused kernel (:mod:`specverify.core.native_rules`) does all of this in one call, with the same
     outputs: one read of each input value, the final rows read twice from cache.
     """

@@ -1,6 +1,6 @@
-"""The audit's plan is a function of the seed, the budget and the level only (issue: a slow, correct
-function that draws per call was accused because the audit grouped rows into calls by its measured
-speed).  Speed may set deadlines and the ETA, never which rows go into which call."""
+"""The audit's plan is a function of the seed, the budget and the level only: a slow, correct
+function that draws its randomness per call must not be accused because rows were grouped into
+calls by its measured speed.  Speed may set deadlines and the ETA, never which rows go into which call."""
 
 from __future__ import annotations
 

@@ -379,7 +379,7 @@ def typical_acceptance(target_probs, draft_probs, draft_tokens, generator=None, 
 
 # ------------------------------------------------------------------------------------------------
 # Production-shape bugs: right at toy shapes, wrong at the vocabularies, draft lengths, batch
-# sizes, dtypes and layouts engines serve (issue 19).  Each corrupts one piece and keeps the rest
+# sizes, dtypes and layouts engines serve.  Each corrupts one piece and keeps the rest
 # of modified rejection sampling exact (float64), so each declares ``arithmetic = "float64"``.
 # ------------------------------------------------------------------------------------------------
 
