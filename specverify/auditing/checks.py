@@ -252,10 +252,12 @@ class Check:
         """This check's :class:`Plan` under ``budget`` at α share ``share`` (None: no statistical check).
 
         Named budgets: n = ``required_samples`` (target TV ε, the :meth:`sizing_level`, POWER);
-        fixed budgets: n = N.  The detectable TV is the smallest TV whose power at n is verified at
-        the final level: ``detectable_tv``'s search, or ε itself when smaller, since n was sized to
-        detect ε at a level no larger than the final one (a power bound at ε holds for every TV
-        ≥ ε: the plan promises ε whatever the shape of the bound that ``detectable_tv`` inverts).
+        fixed budgets: n = N.  The detectable TV is ``detectable_tv``'s search at n and the final
+        level; for a check that takes its own target TV literally (:attr:`sized_for_own_tv`), ε
+        itself when smaller, since n was sized to detect ε at a level no larger than the final one
+        (a power bound at ε holds for every TV ≥ ε: the plan promises ε whatever the shape of the
+        bound that ``detectable_tv`` inverts).  Other checks may size a TV of their own units from
+        ε inside ``required_samples`` (the endpoint's two-sample test: 2ε), so their search stands.
         """
         if not self.statistical or share is None:
             return Plan(0, 0, None, None, seed)
@@ -265,7 +267,7 @@ class Check:
         looks, look_alphas = self.looks(n, share)
         final_level = look_alphas[-1] if looks else share
         detectable = self.detectable_tv(n, alpha=final_level, power=POWER)
-        if target is not None and final_level >= self.sizing_level(share):
+        if self.sized_for_own_tv and target is not None and final_level >= self.sizing_level(share):
             detectable = min(detectable, target)
         return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None)
 

@@ -230,12 +230,19 @@ def test_buggy_bonus_example_is_caught_at_the_bonus_position():
     assert report.exit_code == EXIT_FAIL and verdicts["bonus-position"] == "fail"
 
 
-def test_assert_lossless_explains_the_failure():
+def test_assert_lossless_explains_the_failure(monkeypatch):
+    """The short message: verdict, diagnosis, the repro and the replay; the details with SPECVERIFY_VERBOSE=1."""
     with pytest.raises(AssertionError) as caught:
         assert_lossless(BUGGY_BONUS, budget="quick", checks=["bonus-position"])
     text = str(caught.value)
-    for fragment in ("LOSS DETECTED", "bonus-position", "what it checks", "inputs: ", "family=identical",
-                     "observed", "expected", "p-value", "estimated TV", "--seed 0"):
+    for fragment in ("LOSS DETECTED", "bonus-position", "diagnosis:", "def test_", "--seed 0", "SPECVERIFY_VERBOSE=1"):
+        assert fragment in text, text
+    monkeypatch.setenv("SPECVERIFY_VERBOSE", "1")
+    with pytest.raises(AssertionError) as caught:
+        assert_lossless(BUGGY_BONUS, budget="quick", checks=["bonus-position"])
+    text = str(caught.value)
+    for fragment in ("what it checks", "inputs: ", "family=identical", "observed", "expected", "p-value",
+                     "estimated TV"):
         assert fragment in text, text
 
 

@@ -36,7 +36,8 @@ def test_no_diagnosis_without_a_failure():
 
 
 def _result(name, verdict, kind="goodness-of-fit", acceptance=None):
-    return SimpleNamespace(name=name, verdict=verdict, kind=kind, acceptance=acceptance, parameters={})
+    return SimpleNamespace(name=name, verdict=verdict, kind=kind, acceptance=acceptance, parameters={},
+                           production_shape=False, sized_for_own_tv=False)
 
 
 def test_acceptance_rates_off_the_optimal_rule_are_named():
@@ -54,6 +55,7 @@ def test_contract_and_context_patterns():
     assert "whole decoding loops" in diagnose(loops)
     vocabulary = [_result("step-K1", "pass"), _result("production-qwen-K1", "fail")]
     vocabulary[1].parameters = {"V": 151936, "K": 1, "B": 6, "dtype": "bfloat16", "layout": "strided"}
+    vocabulary[1].production_shape = True  # the check declares it (Check.production_shape)
     text = diagnose(vocabulary)
     assert "production shapes only" in text and "V=151936" in text
 
