@@ -42,10 +42,6 @@ TRITON_CHECKS: tuple[str, ...] = ("randomness-source", "step-K2", "correction-po
                                   "decoding-loop-order1", "acceptance-rate", "inputs-unchanged")
 # Samples per statistical check on an interpreted Triton path (TV 0.105-0.135 detectable at power 0.99).
 TRITON_SAMPLES = 2000
-CI_SHARE_S = 720
-"""CI's time share for the engine audits on 2 cores (``pytest -m "engines and not slow" -n 2``): the
-plans with ``in_ci`` took ~1,060 CPU-s together, one thread each, at their last measurement
-(docs/engine-findings.md)."""
 # Interpreted kernels run one program at a time (~10-40 ms each): a call of 512 rows can take
 # minutes on a loaded machine, so the per-call deadline is raised for them.
 TRITON_TIMEOUT_S = 1800.0
@@ -58,7 +54,7 @@ class AuditPlan:
     ``budget``: ``quick`` or samples per check; ``checks``: None for the whole battery;
     ``interpreted``: its kernels are Triton run by the interpreter; ``runs_interpreted``: False
     when the interpreter cannot run it at all (the reason in ``note``); ``in_ci``: within CI's time
-    share for engine audits (:data:`CI_SHARE_S`); the others run with ``pytest -m engines``, CI's
+    share for engine audits (docs/setup.md, "What CI runs"); the others run with ``pytest -m engines``, CI's
     ``-m "engines and not slow"`` leaves them out, and each is covered in CI by a target of the same
     engine path that is in it (named in ``note``)."""
 
