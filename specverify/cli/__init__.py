@@ -21,7 +21,7 @@ from typing import NoReturn
 from specverify import __version__
 
 SUBCOMMAND_MODULES = ("specverify.cli.audit", "specverify.cli.properties", "specverify.cli.speedup",
-                      "specverify.cli.models")
+                      "specverify.cli.models", "specverify.cli.demo_server", "specverify.cli.doctor")
 
 
 class Parser(argparse.ArgumentParser):
