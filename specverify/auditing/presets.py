@@ -46,8 +46,10 @@ class Preset:
         line = f"preset {self.name}: {self.covers}; budget {self.budget}"
         if not left_out:
             return f"{line}; every check of the battery"
-        return (f"{line}; {len(selected)} checks; left out: {', '.join(left_out)} "
-                f"(`--preset nightly` or `--budget {self.budget}` without --checks runs them)")
+        return (
+            f"{line}; {len(selected)} checks; left out: {', '.join(left_out)} "
+            f"(`--preset nightly` or `--budget {self.budget}` without --checks runs them)"
+        )
 
 
 EXACT_SAMPLER = ("randomness-source", "exact-step", "exact-ragged-drafts", "inputs-unchanged", "outputs-unaliased")
@@ -73,8 +75,8 @@ PRESETS: dict[str, Preset] = {
             },
             fail_fast=True,
             covers="the exact and contract checks and the quickest statistical ones, for seconds before a commit "
-                   "(no production shapes, batching, late calls or decoding loops; at the decoder level no sampled "
-                   "law)",
+            "(no production shapes, batching, late calls or decoding loops; at the decoder level no sampled "
+            "law)",
         ),
         Preset(
             name="nightly",
@@ -82,7 +84,7 @@ PRESETS: dict[str, Preset] = {
             checks={"sampler": None, "tree": None, "decoder": None, "endpoint": None},
             fail_fast=False,
             covers="every check the function's declarations give (uniforms=, num_draft_tokens=, draft_schemes), "
-                   "each run to the end, at the thorough budget",
+            "each run to the end, at the thorough budget",
         ),
     )
 }

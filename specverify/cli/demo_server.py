@@ -26,20 +26,33 @@ def register(subparsers: Any) -> None:
         "demo-server",
         help="serve a toy speculative-decoding server (and its baseline) to try the endpoint level on",
         description="Serve the endpoint toy on 127.0.0.1: a candidate that decodes speculatively and a baseline "
-                    "without speculation, over one exact character-level toy LM; prints their URLs and the audit "
-                    "command, then serves until Ctrl-C, --max-requests or --lifetime.",
+        "without speculation, over one exact character-level toy LM; prints their URLs and the audit "
+        "command, then serves until Ctrl-C, --max-requests or --lifetime.",
     )
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"the candidate's port (default {DEFAULT_PORT}; 0: a free one)")
-    parser.add_argument("--baseline-port", type=int, default=DEFAULT_BASELINE_PORT,
-                        help=f"the baseline's port (default {DEFAULT_BASELINE_PORT}; 0: a free one)")
-    parser.add_argument("--bug", metavar="NAME",
-                        help="plant a sampler catalog entry (`specverify audit --list`, e.g. bonus-from-draft) as the "
-                             "candidate's verification rule (default: the correct rule)")
-    parser.add_argument("--max-requests", type=int, default=None,
-                        help="stop after this many completion requests to the candidate (default: no limit)")
-    parser.add_argument("--lifetime", type=float, default=None,
-                        help="stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"the candidate's port (default {DEFAULT_PORT}; 0: a free one)"
+    )
+    parser.add_argument(
+        "--baseline-port",
+        type=int,
+        default=DEFAULT_BASELINE_PORT,
+        help=f"the baseline's port (default {DEFAULT_BASELINE_PORT}; 0: a free one)",
+    )
+    parser.add_argument(
+        "--bug",
+        metavar="NAME",
+        help="plant a sampler catalog entry (`specverify audit --list`, e.g. bonus-from-draft) as the "
+        "candidate's verification rule (default: the correct rule)",
+    )
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=None,
+        help="stop after this many completion requests to the candidate (default: no limit)",
+    )
+    parser.add_argument(
+        "--lifetime", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -75,16 +88,22 @@ def run(args: argparse.Namespace) -> int:
         candidate = ToyServer(ToyConfig(speculative=True, rule=rule, die_after=args.max_requests), port=args.port)
         baseline = ToyServer(ToyConfig(speculative=False), port=args.baseline_port)
     except OSError as error:
-        print(f"specverify demo-server: cannot listen on 127.0.0.1 ({error}); pick another --port / --baseline-port, "
-              "or 0 for free ones", file=sys.stderr)
+        print(
+            f"specverify demo-server: cannot listen on 127.0.0.1 ({error}); pick another --port / --baseline-port, "
+            "or 0 for free ones",
+            file=sys.stderr,
+        )
         return 2
     candidate.start()
     baseline.start()
     rule_name = args.bug or "the correct rule"
     print(f"candidate (speculative, verified by {rule_name}): {candidate.url}", flush=True)
     print(f"baseline (no speculation): {baseline.url}", flush=True)
-    print(f"try: specverify audit --level endpoint {candidate.url} --baseline {baseline.url} --budget quick "
-          f"--checks {TRY_CHECKS}", flush=True)
+    print(
+        f"try: specverify audit --level endpoint {candidate.url} --baseline {baseline.url} --budget quick "
+        f"--checks {TRY_CHECKS}",
+        flush=True,
+    )
     try:
         candidate.wait(args.lifetime)
     except KeyboardInterrupt:

@@ -41,6 +41,15 @@ def compiler() -> str | None:
 
 def library_path(source: bytes, compiler_path: str, flags: Sequence[str]) -> Path:
     """The file ``source`` compiled by ``compiler_path`` with ``flags`` is cached in."""
-    key = hashlib.sha256(b"\0".join([source, compiler_path.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode(), cpu_flags().encode()])).hexdigest()[:20]
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                compiler_path.encode(),
+                " ".join(flags).encode(),
+                platform.machine().encode(),
+                cpu_flags().encode(),
+            ]
+        )
+    ).hexdigest()[:20]
     return cache_dir() / f"verify_kernel-{key}.so"

@@ -20,9 +20,18 @@ from specverify.cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
-TREE_CHECKS = ["randomness-source", "exact-tree-step", "tree-siblings-independent", "tree-acceptance-independent",
-               "tree-siblings-deterministic", "tree-acceptance-deterministic", "tree-loop-deterministic",
-               "tree-large-vocabulary", "inputs-unchanged", "outputs-unaliased"]
+TREE_CHECKS = [
+    "randomness-source",
+    "exact-tree-step",
+    "tree-siblings-independent",
+    "tree-acceptance-independent",
+    "tree-siblings-deterministic",
+    "tree-acceptance-deterministic",
+    "tree-loop-deterministic",
+    "tree-large-vocabulary",
+    "inputs-unchanged",
+    "outputs-unaliased",
+]
 
 
 @pytest.mark.slow
@@ -31,9 +40,16 @@ def test_pre_commit_runs_its_checks_at_quick_and_states_the_tv_it_detects():
     report = audit("reference", preset="pre-commit", isolation="none")
     assert report.exit_code == 0, report.explain()
     assert report.preset == "pre-commit" and report.budget == resolve_budget("quick")
-    assert [c.name for c in report.checks] == ["randomness-source", "exact-step", "step-K2", "bonus-position",
-                                               "correction-position", "exact-ragged-drafts", "inputs-unchanged",
-                                               "outputs-unaliased"]
+    assert [c.name for c in report.checks] == [
+        "randomness-source",
+        "exact-step",
+        "step-K2",
+        "bonus-position",
+        "correction-position",
+        "exact-ragged-drafts",
+        "inputs-unchanged",
+        "outputs-unaliased",
+    ]
     statistical = [c for c in report.checks if c.n]
     assert statistical and all(c.detectable_tv <= 0.05 + 1e-9 for c in statistical)  # the budget's claim
     assert report.detectable_tv == pytest.approx(0.05, abs=1e-4)
@@ -44,8 +60,9 @@ def test_pre_commit_runs_its_checks_at_quick_and_states_the_tv_it_detects():
 @pytest.mark.statistical
 def test_pre_commit_catches_a_wrong_bonus_token_and_its_replay_is_the_chosen_budget_and_checks(capsys):
     with pytest.raises(AssertionError) as raised:
-        specverify.assert_lossless(f"{EXAMPLES / 'buggy_bonus.py'}:verify", preset="pre-commit", isolation="none",
-                                   progress=None)
+        specverify.assert_lossless(
+            f"{EXAMPLES / 'buggy_bonus.py'}:verify", preset="pre-commit", isolation="none", progress=None
+        )
     message = str(raised.value)
     assert "LOSS DETECTED" in message and "(preset pre-commit, seed 0, budget quick" in message
     replay = message.split("replay with `", 1)[1].split("`", 1)[0]
@@ -77,15 +94,27 @@ def test_every_preset_is_sized_by_a_named_budget_within_the_ceiling():
 
 def test_pre_commit_selects_each_declared_schemes_tree_checks():
     chosen = PRESETS["pre-commit"].select("tree", TREE_CHECKS)
-    assert chosen == ["randomness-source", "exact-tree-step", "tree-siblings-independent",
-                      "tree-acceptance-independent", "tree-siblings-deterministic", "tree-acceptance-deterministic",
-                      "inputs-unchanged", "outputs-unaliased"]
+    assert chosen == [
+        "randomness-source",
+        "exact-tree-step",
+        "tree-siblings-independent",
+        "tree-acceptance-independent",
+        "tree-siblings-deterministic",
+        "tree-acceptance-deterministic",
+        "inputs-unchanged",
+        "outputs-unaliased",
+    ]
 
 
 def _pytest(tmp_path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), *options],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), *options],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.mark.slow
@@ -95,7 +124,8 @@ def test_the_plugins_preset_reaches_the_fixtures(tmp_path):
         "    report = lossless_audit('missing.py:verify')  # could not audit: the settings, nothing run\n"
         "    assert report.preset == 'pre-commit' and report.budget.name == 'quick', report.explain()\n"
         "    own = lossless_audit('missing.py:verify', budget='standard')\n"
-        "    assert own.preset is None and own.budget.name == 'standard'  # a test's own budget= replaces it\n")
+        "    assert own.preset is None and own.budget.name == 'standard'  # a test's own budget= replaces it\n"
+    )
     completed = _pytest(tmp_path, "--specverify-preset", "pre-commit")
     assert completed.returncode == 0, completed.stdout + completed.stderr
 

@@ -22,9 +22,25 @@ def _post(url: str, body: dict) -> dict:
 
 
 def test_demo_server_prints_its_urls_serves_and_stops_after_max_requests():
-    server = subprocess.Popen([sys.executable, "-m", "specverify", "demo-server", "--port", "0", "--baseline-port", "0",
-                               "--max-requests", "2", "--lifetime", "60"], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specverify",
+            "demo-server",
+            "--port",
+            "0",
+            "--baseline-port",
+            "0",
+            "--max-requests",
+            "2",
+            "--lifetime",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         candidate = server.stdout.readline().rsplit(" ", 1)[-1].strip()
         baseline = server.stdout.readline().rsplit(" ", 1)[-1].strip()

@@ -17,8 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_doctor_lists_every_capability_with_what_it_enables_and_exits_0(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    for name in ("torch", "CUDA", "C kernel", "transformers + gguf", "SmolLM2 GGUF", "llama-cpp-python", "vllm",
-                 "sglang", "lmdeploy", "vLLM CPU venv", "httpx"):
+    for name in (
+        "torch",
+        "CUDA",
+        "C kernel",
+        "transformers + gguf",
+        "SmolLM2 GGUF",
+        "llama-cpp-python",
+        "vllm",
+        "sglang",
+        "lmdeploy",
+        "vLLM CPU venv",
+        "httpx",
+    ):
         assert f"] {name}: " in out, name
     assert out.count("enables: ") == len(rows())
     assert "pytest -m gpu" in out and "pytest -m server" in out and "pytest -m engines" in out
@@ -50,15 +61,22 @@ def test_the_kernel_set_follows_the_cpu_flags_and_the_cap(monkeypatch):
 
 def test_doctor_is_fast_and_imports_no_heavy_package():
     """Goal: under 3 s with the interpreter's start; the bound inside is generous for a shared machine."""
-    probe = ("import sys, time, runpy; started = time.perf_counter(); sys.argv = ['specverify', 'doctor']\n"
-             "try:\n    runpy.run_module('specverify', run_name='__main__')\n"
-             "except SystemExit:\n    pass\n"
-             "heavy = [m for m in ('torch', 'transformers', 'vllm', 'sglang', 'lmdeploy', 'llama_cpp')\n"
-             "         if m in sys.modules]\n"
-             "print(f'{time.perf_counter() - started:.3f}', heavy or 'none', file=sys.stderr)")
+    probe = (
+        "import sys, time, runpy; started = time.perf_counter(); sys.argv = ['specverify', 'doctor']\n"
+        "try:\n    runpy.run_module('specverify', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'vllm', 'sglang', 'lmdeploy', 'llama_cpp')\n"
+        "         if m in sys.modules]\n"
+        "print(f'{time.perf_counter() - started:.3f}', heavy or 'none', file=sys.stderr)"
+    )
     started = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    completed = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     inside, heavy = completed.stderr.split()[-2:]
     print(f"specverify doctor: {time.perf_counter() - started:.2f} s with the interpreter's start, {inside} s inside")
     assert completed.returncode == 0 and heavy == "none", completed.stderr
