@@ -418,7 +418,8 @@ def audit(
                 every = [c.name for c in available] + sorted(omitted_names(omitted))
                 checks = chosen.select(level, every)
                 settings["selected"] = None if checks is None else tuple(checks)
-                settings["preset_note"] = chosen.note(level, checks or every,
+                runs = [c.name for c in available if checks is None or c.name in checks]
+                settings["preset_note"] = chosen.note(level, runs,
                                                       [n for n in every if checks is not None and n not in checks])
             selected = select_checks(available, checks, sorted(omitted_names(omitted)))
             if checks is not None:

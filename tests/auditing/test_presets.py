@@ -54,6 +54,7 @@ def test_pre_commit_runs_its_checks_at_quick_and_states_the_tv_it_detects():
     assert statistical and all(c.detectable_tv <= 0.05 + 1e-9 for c in statistical)  # the budget's claim
     assert report.detectable_tv == pytest.approx(0.05, abs=1e-4)
     assert "left out: exact-large-vocabulary, step-K1" in report.preset_note and "production-K16" in report.preset_note
+    assert "; 8 checks; " in report.preset_note
     assert report.fail_fast
 
 
@@ -68,6 +69,7 @@ def test_pre_commit_catches_a_wrong_bonus_token_and_its_replay_is_the_chosen_bud
     replay = message.split("replay with `", 1)[1].split("`", 1)[0]
     assert "--budget quick" in replay and "--checks" in replay
     assert "--preset" not in replay and build_parser().parse_args(shlex.split(replay)[1:]).preset is None
+    assert "; 7 checks; " in message  # exact-ragged-drafts needs num_draft_tokens=, said in its own note
 
 
 def test_a_preset_excludes_budget_and_checks_and_unknown_names_are_refused():
