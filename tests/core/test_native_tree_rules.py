@@ -286,7 +286,7 @@ def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, 
 
 def test_without_a_compiler_both_rules_run_on_the_torch_path(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(native_rules.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_cache.shutil, "which", lambda name: None)
     native_rules.library.cache_clear()
     try:
         assert native_rules.library() is None and not native_rules.enabled()
