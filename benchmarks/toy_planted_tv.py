@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "auditing"))
-
-from endpoint_toy_server import ALPHABET, ToyConfig, ToyLM, ToyState, generate, tokenize  # noqa: E402
-
-from specverify.auditing.endpoint.battery import PIT_TOKENS, SAMPLING_PROMPTS, TWO_SAMPLE_TOKENS  # noqa: E402
-from specverify.auditing.endpoint.checks import PIT_BINS  # noqa: E402
-from specverify.auditing.endpoint.pit import pit_value, processed_law, uniform_bins  # noqa: E402
-from specverify.auditing.sampler.catalog import CATALOG  # noqa: E402
+from specverify.auditing.endpoint.battery import PIT_TOKENS, SAMPLING_PROMPTS, TWO_SAMPLE_TOKENS
+from specverify.auditing.endpoint.checks import PIT_BINS
+from specverify.auditing.endpoint.pit import pit_value, processed_law, uniform_bins
+from specverify.auditing.sampler.catalog import CATALOG
+from specverify.testing.toy_server import ALPHABET, ToyConfig, ToyLM, ToyState, generate, tokenize
 
 
 def _state(rule) -> ToyState:

@@ -18,17 +18,11 @@ these deviations differ from context to context; ``context-law-T1-top4`` counts 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "auditing"))
-
-from endpoint_toy_server import ToyLM, V, process, tokenize  # noqa: E402
-
-from specverify.auditing.endpoint.battery import PROMPTS  # noqa: E402
-from specverify.core.seeding import derive_seed  # noqa: E402
+from specverify.auditing.endpoint.battery import PROMPTS
+from specverify.core.seeding import derive_seed
+from specverify.testing.toy_server import ToyLM, V, process, tokenize
 
 
 def first_position_tv(target: ToyLM, draft: ToyLM, context: list[int], temperature: float, top_k: int | None) -> float:

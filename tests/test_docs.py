@@ -82,3 +82,17 @@ def test_the_catalog_counts_the_docs_quote_are_the_catalogs():
     tree = re.findall(r"(\d+) tree (?:rules|entries)", text)
     assert chain and {int(n) for n in chain} == {len(CATALOG)}, chain
     assert tree and {int(n) for n in tree} == {len(TREE_CATALOG)}, tree
+
+
+def test_the_presets_the_docs_quote_are_the_codes():
+    from specverify.auditing.presets import PRESETS
+
+    rows = re.findall(r"^\| `([\w-]+)` \| `(\w+)`, [^|]*\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|", doc_text(), re.M)
+    assert {row[0] for row in rows} == set(PRESETS), rows
+    for name, budget, *levels in rows:
+        preset = PRESETS[name]
+        assert preset.budget == budget, name
+        for level, cell in zip(("sampler", "tree", "decoder", "endpoint"), levels):
+            quoted = re.findall(r"`([\w*-]+)`", cell)
+            patterns = preset.checks[level]
+            assert patterns is None or set(quoted) <= set(patterns), (name, level, quoted)

@@ -86,6 +86,7 @@ from specverify.auditing.minimal_case import MIN_ROWS, MinimalCase, case_rows
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
 from specverify.auditing.post_verdict import PostVerdict
 from specverify.auditing.power import PowerShortfall, power_shortfall
+from specverify.auditing.presets import resolve_preset
 from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
@@ -152,6 +153,10 @@ class AuditReport:
     level_options: dict[str, Any] = field(default_factory=dict)
     """The level's own keyword arguments (the endpoint level's ``baseline``, ``model``, …); the
     replay lines repeat them."""
+    preset: str | None = None
+    """The preset that chose the budget and the checks (:mod:`specverify.auditing.presets`), None without one."""
+    preset_note: str = ""
+    """What the preset ran and left out at this level (:meth:`specverify.auditing.presets.Preset.note`)."""
     notes_said: bool = False
     """Whether the progress display already wrote the plan's notes (checks left out with their fix,
     a power shortfall): the terminal report and :meth:`explain` then do not say them again."""
@@ -198,8 +203,9 @@ class AuditReport:
                 lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
                              f"estimated TV={_fmt(check.empirical_tv)}")
         if not self.notes_said:
-            lines += [omission.line() for omission in self.omitted]
-        lines.append(f"(seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
+            lines += ([self.preset_note] if self.preset_note else []) + [omission.line() for omission in self.omitted]
+        preset = f"preset {self.preset}, " if self.preset else ""
+        lines.append(f"({preset}seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
                      f"`{self.replay_command}`"
                      + (f"; every check: `{self.full_command}`" if self.stopped_early else "") + ")")
         if details and not verbose:
@@ -326,6 +332,7 @@ def audit(
     isolation: str = "process",
     fail_fast: bool | None = None,
     allow_underpowered: bool = False,
+    preset: str | None = None,
     **level_options: Any,
 ) -> AuditReport:
     """Audit ``fn`` (a callable, or a target string for :func:`specverify.auditing.loading.load_target`)
@@ -349,9 +356,19 @@ def audit(
     look in any case (:class:`specverify.auditing.checks.SequentialCheck`).
     ``allow_underpowered``: let a plan whose checks cannot detect the level's ceiling TV pass
     (default: such a run ends in exit 2 "underpowered", :mod:`specverify.auditing.power`).
+    ``preset``: a named budget for a gate (:data:`specverify.auditing.presets.PRESETS`: ``pre-commit``,
+    ``nightly``) that sets the budget, the checks and the fail-fast default; it excludes ``budget`` and ``checks``.
     ``level_options``: passed to the level's battery (the endpoint level's ``baseline``, ``model``,
     ``concurrency``, ``deadline_s``).
     """
+    chosen = resolve_preset(preset) if preset is not None else None
+    if chosen is not None:
+        for argument, value in (("budget", budget), ("checks", checks)):
+            if value is not None:
+                raise ValueError(f"{argument}: preset {chosen.name!r} sets the {argument}; pass {argument} or "
+                                 "preset, not both")
+        budget = chosen.budget
+        fail_fast = chosen.fail_fast if fail_fast is None else fail_fast
     if budget is None:
         budget = os.environ.get(BUDGET_ENV, "").strip() or DEFAULT_BUDGET
     battery = load_battery(level, **level_options)
@@ -369,7 +386,8 @@ def audit(
     settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
                     power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
                     selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
-                    allow_underpowered=allow_underpowered, level_options=dict(level_options))
+                    allow_underpowered=allow_underpowered, level_options=dict(level_options),
+                    preset=None if chosen is None else chosen.name)
     minimal: tuple[MinimalCase | None, str] = (None, "")
     post = PostVerdict(started)
     displayed = False
@@ -395,7 +413,15 @@ def audit(
                                    timings={"total_s": time.perf_counter() - started},
                                    isolation=function.describe() if hasattr(function, "describe") else {})
             omitted = tuple(omitted_checks(level, battery, session))
-            selected = select_checks(battery.checks(session), checks, sorted(omitted_names(omitted)))
+            available = battery.checks(session)
+            if chosen is not None:
+                every = [c.name for c in available] + sorted(omitted_names(omitted))
+                checks = chosen.select(level, every)
+                settings["selected"] = None if checks is None else tuple(checks)
+                runs = [c.name for c in available if checks is None or c.name in checks]
+                settings["preset_note"] = chosen.note(level, runs,
+                                                      [n for n in every if checks is not None and n not in checks])
+            selected = select_checks(available, checks, sorted(omitted_names(omitted)))
             if checks is not None:
                 omitted = tuple(o for o in omitted if any(n in checks for n in o.names))
             plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
@@ -405,7 +431,8 @@ def audit(
                                plans=plans, log=getattr(function, "log", None))
                 displayed = True
                 if hasattr(progress, "note"):
-                    for line in plan_notes(shortfall, omitted, allow_underpowered):
+                    for line in ([settings["preset_note"]] if settings.get("preset_note") else []) + plan_notes(
+                            shortfall, omitted, allow_underpowered):
                         progress.note(line)
                     settings["notes_said"] = True
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()

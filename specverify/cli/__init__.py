@@ -4,6 +4,9 @@ Subcommands live in their own modules, each exposing ``register(subparsers)`` th
 sub-parser and sets its ``handler(args) -> int`` (the exit status).  The modules are listed in
 :data:`SUBCOMMAND_MODULES`.
 
+Arguments after ``--`` go to ``args.passthrough`` of a subcommand that sets that default (``specverify
+properties``: to pytest); any other subcommand refuses them.
+
 A mistyped option or subcommand gets the usage of the subcommand it was given to (not the
 top-level one) and the closest spelling (``did you mean --budget?``), exit status 2.
 """
@@ -21,7 +24,7 @@ from typing import NoReturn
 from specverify import __version__
 
 SUBCOMMAND_MODULES = ("specverify.cli.audit", "specverify.cli.properties", "specverify.cli.speedup",
-                      "specverify.cli.models")
+                      "specverify.cli.models", "specverify.cli.demo_server", "specverify.cli.doctor")
 
 
 class Parser(argparse.ArgumentParser):
@@ -85,9 +88,16 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit status."""
     parser = build_parser()
-    args, extras = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    cut = words.index("--") if "--" in words else len(words)
+    args, extras = parser.parse_known_args(words[:cut])
     if extras:  # reported by the subcommand's parser, with its usage and the closest option
         _subparser(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(extras)}")
+    if cut < len(words):
+        if "passthrough" not in vars(args):
+            _subparser(parser, getattr(args, "command", None)).error(
+                "arguments after --: only `specverify properties` takes them (it passes them to pytest)")
+        args.passthrough = words[cut + 1:]
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from specverify.auditing.defaults import (
     EXIT_ERROR,
     LEVELS,
 )
+from specverify.auditing.presets import PRESETS
 from specverify.core.seeding import parse_base_seed
 
 
@@ -46,6 +47,10 @@ def register(subparsers: Any) -> None:
                         help="quick | standard | thorough (sampler level: every check detects TV 0.05 / 0.02 / "
                              "0.01 with power 0.99; the decoder level states its own) or N samples per check "
                              f"(default: ${BUDGET_ENV} or {DEFAULT_BUDGET})")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="a named budget for a gate instead of --budget and --checks: pre-commit (the exact and "
+                             "contract checks and the quickest statistical ones at quick: seconds) or nightly (every "
+                             "check at thorough, run to the end); docs/budgets.md")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help="family-wise false-positive rate of the whole audit (default 1e-3)")
     parser.add_argument("--seed", default="0", help="base seed: an integer (default 0) or 'random'")
@@ -101,6 +106,9 @@ OUTPUT_OPTIONS = ("target", "list", "json", "html", "junit_xml", "quiet", "help"
 """The options that change what is printed or written, not what the audit does; every other
 option reaches :func:`audit_keywords` and the replay lines (tests/auditing/test_gate_lived.py)."""
 
+CHOOSING_OPTIONS = ("preset",)
+"""The options the replay lines repeat as what they chose: a preset as its ``--budget`` and ``--checks``."""
+
 
 def audit_keywords(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """The keyword arguments of :func:`specverify.audit` that the options in ``args`` give."""
@@ -108,8 +116,8 @@ def audit_keywords(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                           deadline_s=args.deadline, seeded_determinism=args.seeded_determinism,
                           context_length=args.context_length, request_space=args.request_space)
                      if args.level == "endpoint" else {})
-    return dict(level=args.level, budget=args.budget, alpha=args.alpha, seed=seed, device=args.device,
-                timeout_s=args.timeout, isolation=args.isolation, fail_fast=args.fail_fast,
+    return dict(level=args.level, budget=args.budget, preset=args.preset, alpha=args.alpha, seed=seed,
+                device=args.device, timeout_s=args.timeout, isolation=args.isolation, fail_fast=args.fail_fast,
                 allow_underpowered=args.allow_underpowered,
                 checks=[n.strip() for n in args.checks.split(",")] if args.checks else None, **level_options)
 

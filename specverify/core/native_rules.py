@@ -29,10 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import os
-import platform
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -41,8 +38,10 @@ from typing import NamedTuple
 
 import torch
 
-SOURCE = Path(__file__).resolve().parent / "native" / "verify_kernel.c"
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off")
+from specverify.core import native_cache
+
+SOURCE = native_cache.SOURCE
+FLAGS = native_cache.FLAGS
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 RULE_CODES = {"rejection": 0, "point_mass": 1, "greedy": 2}
 _FLAGGED, _NO_MEMORY = 1, 2
@@ -93,19 +92,6 @@ def disabled() -> path:
     return path(False)
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("SPECVERIFY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specverify")
-    return Path(root) / "native"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            return next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return platform.processor()
-
-
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or ``None`` when no C compiler can build it."""
@@ -124,13 +110,11 @@ def build(source: bytes) -> ctypes.CDLL | None:
     """Compile the C ``source`` (cached by its hash, the command and the CPU) and load it with its
     ``sv_verify`` signature; ``None`` when there is no compiler or it fails.  Tests build mutated
     copies of the kernel with it, to show that the identity tests catch them."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
+    compiler = native_cache.compiler()
     if compiler is None:
         return None
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
-                                     platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:20]
-    folder = _cache_dir()
-    target = folder / f"verify_kernel-{key}.so"
+    target = native_cache.library_path(source, compiler, FLAGS)
+    folder = target.parent
     if not target.exists():
         partial = None
         try:

@@ -34,6 +34,13 @@ from dataclasses import dataclass
 # Engine distribution -> the version the adapters were written against and audited.
 AUDITED_VERSIONS: dict[str, str] = {"vllm": "0.33.0", "sglang": "0.5.23", "lmdeploy": "0.18.0"}
 
+# Engine -> what installs it and its import chain (pins: engines.txt, pyproject's extras).
+INSTALL_HINTS: dict[str, str] = {
+    "vllm": "pip install specverify[vllm] && pip install --no-deps vllm==0.33.0 triton==3.9.0",
+    "sglang": "pip install specverify[sglang] && pip install --no-deps sglang==0.5.23 triton==3.9.0",
+    "lmdeploy": "pip install specverify[lmdeploy] && pip install --no-deps lmdeploy==0.18.0",
+}
+
 # The checks a Triton path gets under the interpreter: a first draft, its correction and the
 # bonus jointly (step-K2), the correction deep in a chain (correction-position), the bonus alone
 # (bonus-position), decoding loops with K changing per call and sequences at different stages

@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from specverify.engines import INSTALL_HINTS
+
 
 def prepare_engine_import() -> bool:
     """Set ``TRITON_INTERPRET=1`` and ``CUDA_VISIBLE_DEVICES=""`` unless CUDA is available or the
@@ -25,14 +27,6 @@ def prepare_engine_import() -> bool:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     return os.environ["TRITON_INTERPRET"] == "1"
-
-
-# Engine -> what installs it and its import chain (pins: engines.txt, pyproject's extras).
-INSTALL_HINTS: dict[str, str] = {
-    "vllm": "pip install specverify[vllm] && pip install --no-deps vllm==0.33.0 triton==3.9.0",
-    "sglang": "pip install specverify[sglang] && pip install --no-deps sglang==0.5.23 triton==3.9.0",
-    "lmdeploy": "pip install specverify[lmdeploy] && pip install --no-deps lmdeploy==0.18.0",
-}
 
 
 def require_engine(distribution: str) -> str:

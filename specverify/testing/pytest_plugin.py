@@ -11,6 +11,8 @@ Options:
 - ``--specverify-budget quick|standard|thorough|N``: the sample budget of the ``lossless_audit`` /
   ``assert_lossless`` fixtures' audits (default: ``$SPECVERIFY_BUDGET`` or ``standard``; direct calls
   of ``specverify.audit`` / ``specverify.assert_lossless`` take ``budget=`` or ``$SPECVERIFY_BUDGET``);
+- ``--specverify-preset pre-commit|nightly``: a preset for the fixtures' audits instead of a budget
+  (:mod:`specverify.auditing.presets`);
 - ``--specverify-allow-underpowered``: let the fixtures' audits pass at a budget whose checks
   cannot detect the level's ceiling TV (:mod:`specverify.auditing.power`; default: such an audit
   fails the test as "underpowered").
@@ -70,6 +72,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="sample budget of the lossless_audit / assert_lossless fixtures' audits: "
              "quick, standard, thorough or N (default $SPECVERIFY_BUDGET or standard)",
     )
+    group.addoption(
+        "--specverify-preset", default=None,
+        help="preset of the lossless_audit / assert_lossless fixtures' audits instead of a budget: pre-commit or "
+             "nightly (docs/budgets.md)",
+    )
 
 
 MARKERS = (
@@ -116,6 +123,17 @@ def pytest_configure(config: pytest.Config) -> None:
             resolve_budget(budget)
         except ValueError as error:
             raise pytest.UsageError(f"--specverify-budget: {error}") from error
+    preset = config.getoption("--specverify-preset")
+    if preset is not None:
+        from specverify.auditing.presets import resolve_preset
+
+        if budget is not None:
+            raise pytest.UsageError("--specverify-preset: a preset sets the budget; pass --specverify-budget or "
+                                    "--specverify-preset, not both")
+        try:
+            resolve_preset(preset)
+        except ValueError as error:
+            raise pytest.UsageError(f"--specverify-preset: {error}") from error
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -151,8 +169,7 @@ def lossless_audit(pytestconfig: pytest.Config) -> Callable[..., Any]:
     from specverify.auditing.runner import audit
 
     def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
-        settings = _audit_settings(pytestconfig)
-        settings.update(options)
+        settings = _audit_settings(pytestconfig, options)
         return audit(pytestconfig.getoption("specverify_impl") if fn is None else fn, **settings)
 
     return run
@@ -167,17 +184,27 @@ def assert_lossless(pytestconfig: pytest.Config) -> Callable[..., Any]:
 
     def run(fn: Callable[..., Any] | str | None = None, **options: Any) -> Any:
         __tracebackhide__ = True
-        settings = _audit_settings(pytestconfig)
-        settings.update(options)
+        settings = _audit_settings(pytestconfig, options)
         return assert_lossless_function(pytestconfig.getoption("specverify_impl") if fn is None else fn, **settings)
 
     return run
 
 
-def _audit_settings(config: pytest.Config) -> dict[str, Any]:
+def _audit_settings(config: pytest.Config, options: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings overridden by a test's ``options``; a test's ``budget=`` or ``checks=``
+    replaces the run's preset (a preset sets both), unless the test names a ``preset=`` too."""
+    settings = _run_settings(config)
+    if ("budget" in options or "checks" in options) and "preset" not in options:
+        settings["preset"] = None
+    settings.update(options)
+    return settings
+
+
+def _run_settings(config: pytest.Config) -> dict[str, Any]:
     return {
         "seed": config.stash[BASE_SEED],
         "alpha": float(config.getoption("--specverify-alpha")),
         "budget": config.getoption("--specverify-budget"),  # None: $SPECVERIFY_BUDGET or standard
+        "preset": config.getoption("--specverify-preset"),
         "allow_underpowered": bool(config.getoption("--specverify-allow-underpowered")),
     }

@@ -1,11 +1,12 @@
-"""Fixtures of the endpoint-level tests: in-process toy servers (``endpoint_toy_server``)."""
+"""Fixtures of the endpoint-level tests: in-process toy servers (:mod:`specverify.testing.toy_server`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 import pytest
-from endpoint_toy_server import ToyConfig, ToyServer
+
+from specverify.testing.toy_server import ToyConfig, ToyServer
 
 
 @pytest.fixture

@@ -326,6 +326,7 @@ def test_properties_command_runs_the_packaged_suite(tmp_path):
                                 "-k", "test_same_generator_seed_reproduces or "
                                 "test_identical_draft_accepts_everything_sampled",
                                 "-q"], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=900)
-    assert "--pyargs specverify.properties" in completed.stderr
+    assert "--pyargs specverify.properties" in completed.stderr and "-m uses_impl and not slow" in completed.stderr
+    assert "specverify properties: estimate: " in completed.stderr
     assert completed.returncode == 0 and " passed" in completed.stdout, \
         completed.stdout[-2000:] + completed.stderr[-2000:]

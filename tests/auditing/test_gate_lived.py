@@ -93,7 +93,7 @@ def test_the_replay_line_carries_every_option_that_changes_the_audit():
     from specverify.auditing.checks import resolve_budget
     from specverify.auditing.runner import AuditReport
     from specverify.cli import build_parser
-    from specverify.cli.audit import OUTPUT_OPTIONS, audit_keywords
+    from specverify.cli.audit import CHOOSING_OPTIONS, OUTPUT_OPTIONS, audit_keywords
 
     command = ["audit", "http://127.0.0.1:9/v1", "--level", "endpoint", "--budget", "123", "--alpha", "0.0123",
                "--seed", "5", "--device", "cuda:1", "--timeout", "33.5", "--isolation", "none",
@@ -103,7 +103,8 @@ def test_the_replay_line_carries_every_option_that_changes_the_audit():
     parser = build_parser()
     given = parser.parse_args(command)
     defaults = parser.parse_args(["audit"])
-    audit_options = [dest for dest in vars(given) if dest not in (*OUTPUT_OPTIONS, "command", "handler")]
+    audit_options = [dest for dest in vars(given)
+                     if dest not in (*OUTPUT_OPTIONS, *CHOOSING_OPTIONS, "command", "handler")]
     unset = [dest for dest in audit_options if getattr(given, dest) == getattr(defaults, dest)]
     assert not unset, f"set these options in the test (and say them in the replay line): {unset}"
 

@@ -11,13 +11,14 @@ shown to fail these comparisons.  Without a compiler everything runs on the torc
 from __future__ import annotations
 
 import math
+import platform
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from specverify.core import native_rules, rules
+from specverify.core import native_cache, native_rules, rules
 from specverify.core.rules import greedy_verify, point_mass_verify, rejection_sample
 from specverify.core.seeding import derive_seed
 from tests.core.test_rules_identity import _corruptions, assert_same, outcome, random_case
@@ -44,7 +45,7 @@ def mutated_library(old: str, new: str, monkeypatch, tmp_path):
 def use_portable_build(monkeypatch, tmp_path) -> None:
     """From here on the rules use the kernel built for baseline x86-64 (no AVX-512: the plain C
     loops everywhere), as on a machine without AVX-512; skips elsewhere."""
-    if native_rules.platform.machine() not in ("x86_64", "AMD64"):
+    if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the portable-build check targets x86-64")
     monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
     monkeypatch.setattr(native_rules, "FLAGS", tuple(f for f in native_rules.FLAGS if f != "-march=native")
@@ -384,7 +385,7 @@ def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, 
 
 def test_without_a_compiler_every_rule_runs_on_the_torch_path(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(native_rules.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_cache.shutil, "which", lambda name: None)
     native_rules.library.cache_clear()
     try:
         assert native_rules.library() is None and not native_rules.enabled()

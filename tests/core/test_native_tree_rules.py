@@ -10,10 +10,12 @@ comparisons.  Without a compiler everything runs on the torch path.
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
-from specverify.core import native_rules, tree_rules
+from specverify.core import native_cache, native_rules, tree_rules
 from specverify.core.seeding import derive_seed
 from specverify.core.tree_rules import point_mass_tree_verify, tree_rejection_sample
 from tests.core.test_native_rules import mutated_library, use_portable_build
@@ -284,7 +286,7 @@ def test_the_portable_build_without_avx512_gives_the_torch_outputs(monkeypatch, 
 
 def test_without_a_compiler_both_rules_run_on_the_torch_path(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(native_rules.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_cache.shutil, "which", lambda name: None)
     native_rules.library.cache_clear()
     try:
         assert native_rules.library() is None and not native_rules.enabled()
@@ -336,7 +338,7 @@ def test_the_residuals_are_the_torch_expressions_bit_for_bit(monkeypatch, tmp_pa
     monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
     monkeypatch.setattr(native_rules, "FLAGS", tuple(f for f in native_rules.FLAGS if f != "-ffp-contract=off")
                         + ("-ffp-contract=fast",))
-    if native_rules.platform.machine() not in ("x86_64", "AMD64") or "fma" not in native_rules._cpu_flags().split():
+    if platform.machine() not in ("x86_64", "AMD64") or "fma" not in native_cache.cpu_flags().split():
         pytest.skip("no fused multiply-add on this CPU")
     fused = native_rules.build(native_rules.SOURCE.read_bytes())
     monkeypatch.setattr(native_rules, "library", lambda: fused)

@@ -153,7 +153,7 @@ def _check_rows(report: AuditReport) -> str:
 
 def _diagnosis_section(report: AuditReport) -> str:
     parts = []
-    notes = [o.line() for o in report.omitted]
+    notes = ([report.preset_note] if report.preset_note else []) + [o.line() for o in report.omitted]
     if report.shortfall is not None:
         notes.insert(0, f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
     if notes:

@@ -89,7 +89,7 @@ def report_to_dict(report: AuditReport) -> dict[str, Any]:
         "not_run": [{"names": o.names, "reason": o.reason, "fix": o.fix} for o in report.omitted],
         "power_shortfall": _shortfall(report), "allow_underpowered": report.allow_underpowered,
         "minimal_case": _minimal_case(report), "minimal_case_note": report.minimal_case_note,
-        "interrupted": report.interrupted,
+        "interrupted": report.interrupted, "preset": report.preset, "preset_note": report.preset_note,
     })
 
 

@@ -70,7 +70,8 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
     parts += shown + ([""] if shown else [])
     coverage = [c.message for c in report.checks if COVERAGE_TABLE in c.parameters]
     parts += coverage + ([""] if coverage else [])
-    notes = [] if report.notes_said else [omission.line() for omission in report.omitted]
+    notes = [] if report.notes_said else ([report.preset_note] if report.preset_note else []) + [
+        omission.line() for omission in report.omitted]
     if report.shortfall is not None and report.verdict != "underpowered" and not report.notes_said:
         notes.append(f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
     parts += notes + ([""] if notes else [])

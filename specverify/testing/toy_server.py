@@ -1,4 +1,5 @@
-"""An in-process OpenAI-compatible completions server over an exact toy LM, for the endpoint tests.
+"""An in-process OpenAI-compatible completions server over an exact toy LM: the endpoint tests' server
+and ``specverify demo-server``'s.
 
 The toy LM is character level (96 tokens: printable ASCII and newline).  Its raw next-token
 logprobs after a context are a pure function of the last two characters (pseudo-random logits
@@ -615,12 +616,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class ToyServer(ThreadingHTTPServer):
-    """A toy server on 127.0.0.1 (free port) in a daemon thread; ``url`` is its ``/v1`` base."""
+    """A toy server on 127.0.0.1 (``port``; 0: a free one) in a daemon thread; ``url`` is its ``/v1`` base."""
 
     daemon_threads = True
 
-    def __init__(self, config: ToyConfig) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, config: ToyConfig, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
         if not config.law_temperature > 0:
             raise ValueError(f"law_temperature: expected a positive temperature, got {config.law_temperature!r}")
         target = ToyLM(config.lm_seed, scale=2.0 / config.law_temperature, induction=3.0 / config.law_temperature)
@@ -633,6 +634,11 @@ class ToyServer(ThreadingHTTPServer):
     def start(self) -> ToyServer:
         self._thread.start()
         return self
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the server has stopped (``die_after`` requests, or :meth:`stop`) or ``timeout_s``
+        has passed; whether it stopped."""
+        return self._stopped.wait(timeout_s)
 
     def stop(self) -> None:
         if not self._stopped.is_set():
