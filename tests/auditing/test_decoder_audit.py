@@ -33,6 +33,7 @@ from specverify.auditing.decoder.battery import (
     GREEDY_CASES,
     MODEL_PAIRS,
     PIT_BINS,
+    PIT_LAGS,
     POSITION_STRATA,
     DecoderModels,
     PositionLawCheck,
@@ -170,14 +171,17 @@ def test_pit_values_and_block_counts(position_check):
     laws = np.array([[[0.5, 0.25, 0.25, 0, 0, 0, 0, 0]] * 3])
     values = token_pit_values(laws, np.array([[1, 3, 0]]), np.array([[0.5, 0.5, 0.2]]))
     assert values[0, 0] == pytest.approx(0.625) and math.isnan(values[0, 1]) and values[0, 2] == pytest.approx(0.1)
-    counts = np.zeros((CONTINUATION_LENGTH, PIT_BINS, PIT_BINS + 1), dtype=np.int64)
+    counts = position_check.empty_counts()[0]
     row = np.full((1, CONTINUATION_LENGTH), 0.1)
     row[0, :3] = values[0]
-    position_check._count(counts, row)
-    assert counts[0, 0, 2] == 1  # u = 0.625: bin 2, first position's block
-    assert counts[1, 2, PIT_BINS] == 1  # probability 0, after bin 2
-    assert counts[2, 0, 0] == 1  # after an impossible token the block is bin 0
-    assert counts.sum() == CONTINUATION_LENGTH
+    position_check.count(counts, row)
+    lag_1, lag_2 = PIT_LAGS.index(1), PIT_LAGS.index(2)
+    assert counts[lag_1, 0, 0, 2] == 1  # u = 0.625: bin 2, first position's block
+    assert counts[lag_1, 1, 2, PIT_BINS] == 1  # probability 0, after bin 2
+    assert counts[lag_1, 2, 0, 0] == 1  # after an impossible token the block is bin 0
+    assert counts[lag_2, 2, 2, 0] == 1  # two back: bin 2
+    assert counts[lag_2, 1, 0, PIT_BINS] == 1  # position 2 has no token two back: bin 0
+    assert (counts.sum((1, 2, 3)) == CONTINUATION_LENGTH).all()
 
 
 def test_greedy_cases_are_far_from_ties(models):
@@ -237,7 +241,7 @@ def sampled_tally(check: PositionLawCheck, n: int, seed: int, *, reuse: str | No
     (a generator replayed at each step of a decoder emitting 4 tokens a step), ``"antithetic"``
     uses 1 − u of the previous position at every second position."""
     rng = np.random.default_rng(seed)
-    counts = np.zeros((len(check.strata), check.length, check.bins, check.bins + 1), dtype=np.int64)
+    counts = check.empty_counts()
     per_stratum = n // len(check.strata)
     for s, stratum in enumerate(check.strata):
         u = rng.random((per_stratum, check.length))
@@ -247,7 +251,7 @@ def sampled_tally(check: PositionLawCheck, n: int, seed: int, *, reuse: str | No
             u[:, 1::2] = 1.0 - u[:, 0::2]
         tokens = sample_batch(check.models, stratum, u, setting_of(stratum))
         values = token_pit_values(check.models.conditional_laws(stratum, tokens), tokens, rng.random(tokens.shape))
-        check._count(counts[s], values)
+        check.count(counts[s], values)
     return Tally(per_stratum * len(check.strata), {"blocks": counts})
 
 

@@ -55,11 +55,14 @@ class BuggyDecoder:
 
 def _generate(target: torch.nn.Module, drafter: ModelDrafter, input_ids: torch.Tensor, *, max_new_tokens: int,
               temperature: float, top_k: int | None, top_p: float | None, seed: int) -> torch.Tensor:
-    """The reference decoder's SPEC §2 call with ``drafter``."""
-    generation = speculative_generate(target, drafter, [input_ids[0]], max_new_tokens=max_new_tokens,
+    """The reference decoder's SPEC §2 call with ``drafter``: ``new_tokens [max_new_tokens]`` for
+    ``input_ids [1, T]``.  ``input_ids [B, T]`` with B > 1 decodes B requests in one batch, row b
+    seeded :func:`reference.decoder.request_seed` ``(seed, b)`` (row 0 is the SPEC §2 call's), and
+    returns ``[B, max_new_tokens]``: the Monte Carlo of ``benchmarks/decoder_catalog_tv.py``."""
+    generation = speculative_generate(target, drafter, list(input_ids), max_new_tokens=max_new_tokens,
                                       gamma=DEFAULT_GAMMA, temperature=temperature, top_k=top_k, top_p=top_p,
                                       seed=seed)
-    return generation.tokens[0]
+    return generation.tokens[0] if len(input_ids) == 1 else generation.tokens
 
 
 # ------------------------------------------------------------------------------------------------
