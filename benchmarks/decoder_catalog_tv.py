@@ -1,6 +1,7 @@
 """The TV ε̄ at which the decoder level's position-law check sees each decoder, by Monte Carlo.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 19 python3 benchmarks/decoder_catalog_tv.py [--calls 1000] [NAME ...]
+    PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 19 python3 benchmarks/decoder_catalog_tv.py --false-alarms 20 reference ...
 
 NAME: a decoder catalog entry (default: all six) or a correct decoder, ``reference``,
 ``reference-mtp`` or ``prompt-lookup`` (whose ε̄ must come out ≈ 0: the estimator's noise).  Each
@@ -15,10 +16,14 @@ What is printed, per lag ℓ.  Under the decoder's law each lag's Pearson X² is
 of the χ²-distance form of the deviation, ≥ the RMS TV of the module docstring of
 :mod:`specverify.auditing.decoder.battery`), so ``E[X²] = dof + λ`` gives the unbiased estimate
 ``λ̂ = X² − dof`` and ``ε̄_ℓ = √(max(λ̂, 0) / (4 n L))``; beside it, the upper end of its
-two-standard-error interval, ``√((λ̂ + 2σ) / (4 n L))`` with ``σ² = 2 dof + 4 λ̂`` (``Var X²``).  ε̄, the largest over the lags, is the TV the plan
-compares with its budget: the check has power ≥ 0.99 against a decoder whose ε̄ is at least the
-budget's.  Also printed: the power of the check at each named budget's n calls, computed from
-λ̂ scaled to that n (noncentral χ² at the final look's level α / Λ).
+two-standard-error interval, ``√((λ̂ + 2σ) / (4 n L))`` with ``σ² = 2 dof + 4 λ̂`` (``Var X²``).
+ε̄, the largest over the lags, is the TV the plan compares with its budget: the check has power
+≥ 0.99 against a decoder whose ε̄ is at least the budget's.  Also printed: the power of the
+check at each named budget's n calls, computed from λ̂ scaled to that n (noncentral χ² at the final look's level α / Λ).
+
+``--false-alarms R``: R replicates of the check's ``quick`` plan at α = 1e-3 (its calls, each on a
+stratum drawn uniformly, judged by :meth:`PositionLawCheck.judge` at every look's level, as the
+audit runs it); prints the replicates that fail, which for a correct decoder is Binomial(R, ≤ α).
 """
 
 from __future__ import annotations
@@ -37,17 +42,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import reference.decoder  # noqa: E402
 from reference.drafters import ModelDrafter, MTPDrafter, MTPHead, PromptLookupDrafter  # noqa: E402
+from specverify.auditing.checks import Tally  # noqa: E402
 from specverify.auditing.decoder.battery import (  # noqa: E402
     CONTINUATION_LENGTH,
     DECODER_BUDGETS,
     POSITION_STRATA,
     DecoderModels,
     PositionLawCheck,
+    resolve_decoder_budget,
 )
 from specverify.auditing.decoder.catalog import DECODER_CATALOG  # noqa: E402
 from specverify.auditing.endpoint.pit import token_pit_values  # noqa: E402
-from specverify.core.sequential import final_look_alpha  # noqa: E402
 from specverify.core.seeding import derive_seed  # noqa: E402
+from specverify.core.sequential import final_look_alpha  # noqa: E402
 
 ALPHA = 1e-3
 POWER = 0.99
@@ -57,13 +64,24 @@ CHUNK = 250
 
 def correct_decoder(name: str):
     """A batched correct decoder: ``fn(target, draft, input_ids [B, T], **settings) -> [B, L]``."""
+
     def decode(target, draft, input_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
-        drafter = {"reference": lambda: ModelDrafter(draft),
-                   "reference-mtp": lambda: MTPDrafter(MTPHead(target, seed=reference.decoder.MTP_HEAD_SEED)),
-                   "prompt-lookup": PromptLookupDrafter}[name]()
+        drafter = {
+            "reference": lambda: ModelDrafter(draft),
+            "reference-mtp": lambda: MTPDrafter(MTPHead(target, seed=reference.decoder.MTP_HEAD_SEED)),
+            "prompt-lookup": PromptLookupDrafter,
+        }[name]()
         return reference.decoder.speculative_generate(
-            target, drafter, list(input_ids), max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-            top_p=top_p, seed=seed).tokens
+            target,
+            drafter,
+            list(input_ids),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+        ).tokens
+
     return decode
 
 
@@ -72,31 +90,66 @@ def decoder(name: str):
         return DECODER_CATALOG[name].fn
     if name in ("reference", "reference-mtp", "prompt-lookup"):
         return correct_decoder(name)
-    raise SystemExit(f"NAME: {name!r} is neither a catalog entry ({', '.join(DECODER_CATALOG)}) nor a correct "
-                     "decoder (reference, reference-mtp, prompt-lookup)")
+    raise SystemExit(
+        f"NAME: {name!r} is neither a catalog entry ({', '.join(DECODER_CATALOG)}) nor a correct "
+        "decoder (reference, reference-mtp, prompt-lookup)"
+    )
+
+
+def decode(check: PositionLawCheck, name: str, s: int, calls: int, seed: object) -> np.ndarray:
+    """``calls`` continuations ``[calls, L]`` of stratum ``s`` by decoder ``name``, in batches."""
+    fn = decoder(name)
+    stratum = check.strata[s]
+    target, draft = check.models.pair(stratum.models)
+    setting = stratum.setting
+    rows = []
+    for chunk in range(math.ceil(calls / CHUNK)):
+        size = min(CHUNK, calls - chunk * CHUNK)
+        prompts = torch.tensor([stratum.prompt] * max(size, 2))  # B > 1: the batched form
+        with torch.no_grad():
+            tokens = fn(
+                target,
+                draft,
+                prompts,
+                max_new_tokens=check.length,
+                temperature=setting.temperature,
+                top_k=setting.top_k,
+                top_p=setting.top_p,
+                seed=derive_seed("decoder_catalog_tv", seed, chunk),
+            )
+        rows.append(tokens[:size].cpu().numpy())
+    return np.concatenate(rows) if rows else np.zeros((0, check.length), dtype=np.int64)
+
+
+def pit_values(check: PositionLawCheck, s: int, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return token_pit_values(check.models.conditional_laws(check.strata[s], tokens), tokens, rng.random(tokens.shape))
 
 
 def tally(check: PositionLawCheck, name: str, calls: int) -> np.ndarray:
     """The check's counts ``[S, Λ, L, B, B + 1]`` of ``calls`` continuations per stratum."""
-    fn = decoder(name)
     counts = check.empty_counts()
     pit = np.random.default_rng(derive_seed("decoder_catalog_tv pit", name))
-    for s, stratum in enumerate(check.strata):
-        target, draft = check.models.pair(stratum.models)
-        setting = stratum.setting
-        rows = []
-        for chunk in range(math.ceil(calls / CHUNK)):
-            size = min(CHUNK, calls - chunk * CHUNK)
-            prompts = torch.tensor([stratum.prompt] * max(size, 2))  # B > 1: the batched form
-            with torch.no_grad():
-                tokens = fn(target, draft, prompts, max_new_tokens=check.length, temperature=setting.temperature,
-                            top_k=setting.top_k, top_p=setting.top_p,
-                            seed=derive_seed("decoder_catalog_tv", name, s, chunk))
-            rows.append(tokens[:size].cpu().numpy())
-        tokens = np.concatenate(rows)
-        values = token_pit_values(check.models.conditional_laws(stratum, tokens), tokens, pit.random(tokens.shape))
-        check.count(counts[s], values)
+    for s in range(len(check.strata)):
+        check.count(counts[s], pit_values(check, s, decode(check, name, s, calls, (name, s)), pit))
     return counts
+
+
+def false_alarm(check: PositionLawCheck, name: str, replicate: int) -> tuple[bool, float]:
+    """One replicate of the ``quick`` plan: whether some look fails, and the smallest p-value / level."""
+    plan = check.plan(resolve_decoder_budget("quick"), ALPHA, derive_seed("decoder_catalog_tv plan", replicate))
+    rng = np.random.default_rng(derive_seed("decoder_catalog_tv false alarm", name, replicate))
+    strata = rng.integers(len(check.strata), size=plan.n)
+    counts = np.stack([check.empty_counts() for _ in plan.looks])
+    for s in range(len(check.strata)):
+        calls = np.flatnonzero(strata == s)
+        values = pit_values(check, s, decode(check, name, s, len(calls), (name, replicate, s)), rng)
+        for look, size in enumerate(plan.looks):
+            check.count(counts[look, s], values[calls < size])
+    ratio = math.inf
+    for look, (size, level) in enumerate(zip(plan.looks, plan.look_alphas)):
+        result = check.judge(plan, Tally(size, {"blocks": counts[look]}), level, look + 1)
+        ratio = min(ratio, result.pvalue / level)
+    return ratio <= 1.0, ratio
 
 
 def report(check: PositionLawCheck, name: str, counts: np.ndarray, seconds: float) -> str:
@@ -113,8 +166,10 @@ def report(check: PositionLawCheck, name: str, counts: np.ndarray, seconds: floa
         epsilon = math.sqrt(excess / (4 * tokens))
         upper = math.sqrt((excess + 2 * math.sqrt(2 * fit.dof + 4 * excess)) / (4 * tokens))
         estimates.append((epsilon, upper, excess / n))
-        lines.append(f"  lag {lag}: X² = {fit.statistic:.0f}, dof {fit.dof}, p = {fit.pvalue:.3g}; "
-                     f"ε̄ = {epsilon:.4f} (≤ {upper:.4f})")
+        lines.append(
+            f"  lag {lag}: X² = {fit.statistic:.0f}, dof {fit.dof}, p = {fit.pvalue:.3g}; "
+            f"ε̄ = {epsilon:.4f} (≤ {upper:.4f})"
+        )
     worst = max(range(len(estimates)), key=lambda i: estimates[i][0])
     epsilon, upper, per_call = estimates[worst]
     lines.append(f"  ε̄ = {epsilon:.4f} (≤ {upper:.4f}; lag {check.lags[worst]})")
@@ -135,11 +190,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="catalog entries or correct decoders (default: the catalog)")
     parser.add_argument("--calls", type=int, default=1000, help="continuations per stratum (default 1000)")
+    parser.add_argument("--false-alarms", type=int, metavar="R", help="R replicates of the quick plan instead")
     args = parser.parse_args()
     models = DecoderModels()
     check = PositionLawCheck("position-laws", "Monte Carlo", POSITION_STRATA, CONTINUATION_LENGTH, models)
     for name in args.names or sorted(DECODER_CATALOG):
         started = time.perf_counter()
+        if args.false_alarms:
+            outcomes = [false_alarm(check, name, replicate) for replicate in range(args.false_alarms)]
+            failed = [r for r, (fails, _) in enumerate(outcomes) if fails]
+            ratios = ", ".join(f"{ratio:.3g}" for _, ratio in outcomes)
+            print(
+                f"{name}: quick plan, {args.false_alarms} replicates: {len(failed)} fail {failed} "
+                f"({time.perf_counter() - started:.0f} s); smallest p-value / level per replicate: {ratios}",
+                flush=True,
+            )
+            continue
         counts = tally(check, name, args.calls)
         print(report(check, name, counts, time.perf_counter() - started), flush=True)
     return 0

@@ -11,7 +11,8 @@ catalog:NAME --budget B --quiet --json F``; with ``--without-uniforms`` the targ
 sampling).  ``--specverify PATH`` runs another checkout of the package (``PYTHONPATH=PATH``),
 which is how the "before" figures are taken from an older commit in a git worktree.  The JSON
 holds, per entry: wall seconds, exit status, the first failing check, its look and n, the calls
-of the function in the whole audit, and the machine's load average at the start (the figures are only comparable at similar load).
+of the function in the whole audit, and the machine's load average at the start (the figures are
+only comparable at similar load).
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def main() -> int:
     print(summary(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"level": args.level, "budget": args.budget, "without_uniforms": args.without_uniforms,
+        args.out.write_text(json.dumps({"level": args.level, "budget": args.budget,
+                                        "without_uniforms": args.without_uniforms,
                                         "specverify": str(args.specverify), "extra": args.extra, "rows": rows},
                                        indent=1))
     return 0

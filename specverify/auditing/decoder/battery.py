@@ -29,8 +29,8 @@ Checks (in order):
   greedy ignores): one teacher-forced target pass over the whole continuation, every token its
   argmax given the tokens before it (:mod:`specverify.core.greedy_identity` with τ = 0);
 - ``position-laws`` (goodness of fit): every one of the L = 16 new tokens against its exact
-  conditional law, over 8 strata (model pair, setting, prompt; :data:`POSITION_STRATA`) drawn
-  uniformly per call (see below);
+  conditional law given the PIT value 1 to 5 positions back, over 8 strata (model pair, setting,
+  prompt; :data:`POSITION_STRATA`) drawn uniformly per call (see below);
 - ``inputs-unchanged`` and ``models-unchanged`` (contract): ``input_ids`` and the models'
   parameters are the same after every call.
 
@@ -42,24 +42,30 @@ every new token ``x_t``.  Its randomized PIT value (:func:`specverify.auditing.e
 
 is Uniform(0, 1) given everything before it (x_<t and U_<t) exactly when ``x_t ~ p_t``, so under
 H0 the u_t of a continuation are i.i.d. uniform (Rosenblatt 1952).  Each u_t falls in one of
-``B = 4`` equal bins; the *block* of position t is (stratum, t, bin of u_{t−1}) (t = 1: (stratum, 1)),
-a function of the past, so under H0 the bin of u_t is uniform in every block, and the counts are
-tested by Pearson's X² of transition counts summed over blocks
-(:func:`specverify.core.transitions.transition_goodness_of_fit`).  A token of probability 0 under
-``p_t`` (cut by top-k/top-p) is a certain loss (p-value 0).  The blocks make the test see both
-kinds of loss: a token drawn from a wrong law (a sampling parameter misapplied, a residual
-mixed up: u_t not uniform) and randomness reused or correlated across steps or between drafting
-and verification (u_t not independent of u_{t−1}).
+``B = 4`` equal bins.  For each lag ℓ of :data:`PIT_LAGS` (1 to 5) the *block* of position t is
+(stratum, t, bin of u_{t−ℓ}) (t ≤ ℓ: (stratum, t)), a function of the past, so under H0 the bin of
+u_t is uniform in every block, and each lag's counts are tested by Pearson's X² of transition
+counts summed over blocks (:func:`specverify.core.transitions.transition_goodness_of_fit`); the
+check's p-value is ``min(1, 5 · min_ℓ p_ℓ)`` (Bonferroni over the lags).  A token of probability
+0 under ``p_t`` (cut by top-k/top-p) is a certain loss (p-value 0).  The blocks make the test see
+both kinds of loss: a token drawn from a wrong law (a sampling parameter misapplied, a residual
+mixed up: u_t not uniform, in every lag's test) and randomness reused or correlated across steps
+or between drafting and verification (u_t not independent of u_{t−ℓ}).  A step of a γ = 4 decoder
+emits 1 to 5 tokens, so a random number reused from one step in the next recurs at a lag of 1 to
+5 positions (uniforms replayed every 4 tokens leave every u_t uniform and independent of u_{t−1}:
+only the lag-4 test sees them).
 
-What it detects.  Let the decoder's token at position t, in block m, have a PIT law whose
-B-binned version is at TV ε_m from uniform (a token law q_t at TV δ from p_t gives a PIT law at
-TV exactly δ; binning can only lower it).  The noncentrality is ≥ 4 n Σ_m π_m ε_m²
-(:mod:`specverify.core.transitions`), π_m the probability of block m; so with
-``ε̄² = Σ_m π_m ε_m² / L`` (the mean over the L positions of the squared deviation, averaged over
-strata and past), n calls detect ε̄ with power 0.99 when 4 n L ε̄² reaches the χ² noncentrality
-of the test's ``dof = S (1 + (L − 1) B)(B − 1)`` = 1 464 (:meth:`PositionLawCheck.required_samples`).
-A deviation ε at every position of every stratum is ε̄ = ε; at every position of one stratum,
-ε̄ = ε / √8; at one position of every stratum, ε̄ = ε / 4.
+What it detects.  Let the decoder's token at position t, in block m of lag ℓ, have a PIT law
+whose B-binned version is at TV ε_m from uniform (a token law q_t at TV δ from p_t gives a PIT
+law at TV exactly δ; binning can only lower it).  The noncentrality of lag ℓ's test is
+≥ 4 n Σ_m π_m ε_m² (:mod:`specverify.core.transitions`), π_m the probability of block m; so with
+``ε̄_ℓ² = Σ_m π_m ε_m² / L`` (the mean over the L positions of the squared deviation, averaged over
+strata and the bin ℓ positions back) and ``ε̄ = max_ℓ ε̄_ℓ``, n calls detect ε̄ with power 0.99
+when 4 n L ε̄² reaches the χ² noncentrality of a test at level α / 5 with the lag-1 test's
+``dof = S (1 + (L − 1) B)(B − 1)`` = 1 464, the most of any lag
+(:meth:`PositionLawCheck.required_samples`).  A wrong token law at every position of every
+stratum is ε̄ = ε; at every position of one stratum, ε̄ = ε / √8; at one position of every
+stratum, ε̄ = ε / 4.
 
 Budgets (:data:`DECODER_BUDGETS`, α = 1e-3, power 0.99; calls of the position-law check, every
 look; wall time measured for the reference decoder on this project's 2 shared cores, docs/budgets.md):
@@ -67,9 +73,9 @@ look; wall time measured for the reference decoder on this project's 2 shared co
 =========  ==============  ===========  ================================================
 budget     detects ε̄ ≥     calls        one stratum, every position / one position, every stratum
 =========  ==============  ===========  ================================================
-quick      0.05            2 019        0.14 / 0.2
-standard   0.02            12 616       0.057 / 0.08
-thorough   0.01            50 461       0.028 / 0.04
+quick      0.05            2 195        0.14 / 0.2
+standard   0.02            13 713       0.057 / 0.08
+thorough   0.01            54 851       0.028 / 0.04
 =========  ==============  ===========  ================================================
 
 A fixed budget of N calls per statistical check reports the ε̄ it can then detect.  Seeds: call i
@@ -574,8 +580,9 @@ class PositionLawCheck(SequentialCheck):
                            empirical_tv=self._largest_tv(positions)[0], **look_fields(plan, level, look))
 
     def _position_tvs(self, counts: np.ndarray) -> np.ndarray:
-        """Plug-in TV of the binned PIT law from uniform at each (stratum, position), the previous
-        bin summed out (diagnosis only, biased up at small counts): float64 ``[S, L]``."""
+        """Plug-in TV of the binned PIT law from uniform at each (stratum, position) from one lag's
+        ``counts [S, L, B, B + 1]``, the earlier bin summed out (diagnosis only, biased up at small
+        counts): float64 ``[S, L]``."""
         marginal = counts.sum(2)[..., : self.bins]
         totals = marginal.sum(-1, keepdims=True)
         return 0.5 * np.abs(marginal / np.maximum(totals, 1) - 1.0 / self.bins).sum(-1) * (totals[..., 0] > 0)
@@ -666,7 +673,8 @@ class DecoderBattery(Battery):
             PositionLawCheck(
                 "position-laws",
                 f"Each of {CONTINUATION_LENGTH} new tokens against the target's exact law given the tokens before "
-                "it (randomized PIT, in blocks by position and the previous PIT value): temperatures 0.7–1.3, "
+                "it (randomized PIT, in blocks by position and the PIT value 1 to 5 positions back): temperatures "
+                "0.7–1.3, "
                 "top-k, top-p and both, on five model pairs.",
                 POSITION_STRATA, CONTINUATION_LENGTH, models),
             InputsUnchangedCheck("inputs-unchanged", "No call may modify the input_ids tensor it is given."),
