@@ -172,7 +172,11 @@ def report(check: PositionLawCheck, name: str, counts: np.ndarray, seconds: floa
         )
     worst = max(range(len(estimates)), key=lambda i: estimates[i][0])
     epsilon, upper, per_call = estimates[worst]
-    lines.append(f"  ε̄ = {epsilon:.4f} (≤ {upper:.4f}; lag {check.lags[worst]})")
+    if math.isfinite(epsilon):
+        lines.append(f"  ε̄ = {epsilon:.4f} (≤ {upper:.4f}; lag {check.lags[worst]})")
+    else:
+        impossible = int(counts[:, 0, ..., check.bins].sum())
+        lines.append(f"  certain loss: {impossible} tokens of probability 0 in {n} calls")
     if math.isfinite(per_call):
         powers = []
         for budget, target_tv in DECODER_BUDGETS.items():

@@ -477,12 +477,23 @@ def test_catalog_entry_is_greedy_exact_and_changes_the_sampled_tokens(models, na
                for seed in range(4))
 
 
+def killed_at_quick(name: str):
+    """The entry's parameter: an xfail where its ε̄ (``tv``) is below quick's, so quick has no power
+    against it."""
+    tv = DECODER_CATALOG[name].tv
+    if tv is None or tv >= DECODER_BUDGETS["quick"]:
+        return name
+    return pytest.param(name, marks=pytest.mark.xfail(
+        reason=f"ε̄ {tv} < quick's {DECODER_BUDGETS['quick']}: quick's power against it is 0.002, standard's 0.79, "
+               "thorough's 1.0 (benchmarks/decoder_catalog_tv.py)", strict=False))
+
+
 @pytest.mark.slow
 @pytest.mark.statistical
-@pytest.mark.parametrize("name", sorted(DECODER_CATALOG))
+@pytest.mark.parametrize("name", [killed_at_quick(name) for name in sorted(DECODER_CATALOG)])
 def test_catalog_entry_is_killed_at_quick(name):
-    """Every entry fails the position-law check at ``quick`` (in this process: the entries are
-    importable, but the fixture-free call keeps the run short)."""
+    """Every entry whose ε̄ reaches quick's fails the position-law check at ``quick`` (in this
+    process: the entries are importable, but the fixture-free call keeps the run short)."""
     report = audit(DECODER_CATALOG[name].fn, level="decoder", budget="quick", checks=["position-laws"],
                    isolation="none")
     assert report.exit_code == EXIT_FAIL, report.explain()
