@@ -1,7 +1,7 @@
 """The TV ε̄ at which the decoder level's position-law check sees each decoder, by Monte Carlo.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 19 python3 benchmarks/decoder_catalog_tv.py [--calls 1000] [NAME ...]
-    PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 19 python3 benchmarks/decoder_catalog_tv.py --false-alarms 20 reference ...
+    PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 19 python3 benchmarks/decoder_catalog_tv.py --quick-plans 20 reference ...
 
 NAME: a decoder catalog entry (default: all six) or a correct decoder, ``reference``,
 ``reference-mtp`` or ``prompt-lookup`` (whose ε̄ must come out ≈ 0: the estimator's noise).  Each
@@ -21,9 +21,10 @@ two-standard-error interval, ``√((λ̂ + 2σ) / (4 n L))`` with ``σ² = 2 dof
 ≥ 0.99 against a decoder whose ε̄ is at least the budget's.  Also printed: the power of the
 check at each named budget's n calls, computed from λ̂ scaled to that n (noncentral χ² at the final look's level α / Λ).
 
-``--false-alarms R``: R replicates of the check's ``quick`` plan at α = 1e-3 (its calls, each on a
+``--quick-plans R``: R replicates of the check's ``quick`` plan at α = 1e-3 (its calls, each on a
 stratum drawn uniformly, judged by :meth:`PositionLawCheck.judge` at every look's level, as the
-audit runs it); prints the replicates that fail, which for a correct decoder is Binomial(R, ≤ α).
+audit runs it); prints the replicates that fail and the calls at their first failing look: the
+kill of a buggy decoder, and for a correct one the false alarms, Binomial(R, ≤ α).
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def tally(check: PositionLawCheck, name: str, calls: int) -> np.ndarray:
     return counts
 
 
-def false_alarm(check: PositionLawCheck, name: str, replicate: int) -> tuple[bool, float]:
-    """One replicate of the ``quick`` plan: whether some look fails, and the smallest p-value / level."""
+def quick_plan(check: PositionLawCheck, name: str, replicate: int) -> tuple[int | None, float]:
+    """One replicate of the ``quick`` plan: the calls at the first look that fails (None: none
+    fails), and the smallest p-value / level over the looks."""
     plan = check.plan(resolve_decoder_budget("quick"), ALPHA, derive_seed("decoder_catalog_tv plan", replicate))
     rng = np.random.default_rng(derive_seed("decoder_catalog_tv false alarm", name, replicate))
     strata = rng.integers(len(check.strata), size=plan.n)
@@ -145,11 +147,13 @@ def false_alarm(check: PositionLawCheck, name: str, replicate: int) -> tuple[boo
         values = pit_values(check, s, decode(check, name, s, len(calls), (name, replicate, s)), rng)
         for look, size in enumerate(plan.looks):
             check.count(counts[look, s], values[calls < size])
-    ratio = math.inf
+    ratio, failed_at = math.inf, None
     for look, (size, level) in enumerate(zip(plan.looks, plan.look_alphas)):
         result = check.judge(plan, Tally(size, {"blocks": counts[look]}), level, look + 1)
         ratio = min(ratio, result.pvalue / level)
-    return ratio <= 1.0, ratio
+        if failed_at is None and result.pvalue <= level:
+            failed_at = size
+    return failed_at, ratio
 
 
 def report(check: PositionLawCheck, name: str, counts: np.ndarray, seconds: float) -> str:
@@ -194,18 +198,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="catalog entries or correct decoders (default: the catalog)")
     parser.add_argument("--calls", type=int, default=1000, help="continuations per stratum (default 1000)")
-    parser.add_argument("--false-alarms", type=int, metavar="R", help="R replicates of the quick plan instead")
+    parser.add_argument("--quick-plans", type=int, metavar="R", help="R replicates of the quick plan instead")
     args = parser.parse_args()
     models = DecoderModels()
     check = PositionLawCheck("position-laws", "Monte Carlo", POSITION_STRATA, CONTINUATION_LENGTH, models)
     for name in args.names or sorted(DECODER_CATALOG):
         started = time.perf_counter()
-        if args.false_alarms:
-            outcomes = [false_alarm(check, name, replicate) for replicate in range(args.false_alarms)]
-            failed = [r for r, (fails, _) in enumerate(outcomes) if fails]
+        if args.quick_plans:
+            outcomes = [quick_plan(check, name, replicate) for replicate in range(args.quick_plans)]
+            failed = [calls for calls, _ in outcomes if calls is not None]
             ratios = ", ".join(f"{ratio:.3g}" for _, ratio in outcomes)
             print(
-                f"{name}: quick plan, {args.false_alarms} replicates: {len(failed)} fail {failed} "
+                f"{name}: quick plan, {args.quick_plans} replicates: {len(failed)} fail, at calls {failed} "
                 f"({time.perf_counter() - started:.0f} s); smallest p-value / level per replicate: {ratios}",
                 flush=True,
             )
