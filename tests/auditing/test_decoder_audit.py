@@ -11,7 +11,8 @@ Three kinds of SPEC §2 decoders drive the battery:
   in seconds;
 - *real decoders*: the reference speculative decoder, the same with other drafters, and the
   decoder catalog (:mod:`specverify.auditing.decoder.catalog`), each entry the reference with
-  one mistake: every entry is killed by the position-law check and the correct ones pass (slow).
+  one mistake: every entry whose ε̄ reaches quick's is killed by the position-law check and the
+  correct ones pass (slow).
 """
 
 from __future__ import annotations
