@@ -1,6 +1,7 @@
 """Time to verdict of every catalog entry: wall seconds from ``specverify audit`` to its exit.
 
     python benchmarks/time_to_verdict.py --budget standard --out benchmarks/results/issue12/ttv-after.json
+    python benchmarks/time_to_verdict.py --level decoder --budget quick --out ...decoder-quick.json
     python benchmarks/time_to_verdict.py --budget standard --without-uniforms --out ...ttv-after-sampled.json
     python benchmarks/time_to_verdict.py --report benchmarks/results/issue12/ttv-*.json
 
@@ -9,8 +10,9 @@ catalog:NAME --budget B --quiet --json F``; with ``--without-uniforms`` the targ
 ``benchmarks/without_uniforms.py:NAME``, so no exact check runs and the loss must be found by
 sampling).  ``--specverify PATH`` runs another checkout of the package (``PYTHONPATH=PATH``),
 which is how the "before" figures are taken from an older commit in a git worktree.  The JSON
-holds, per entry: wall seconds, exit status, the first failing check, its look and n, and the
-machine's load average at the start (the figures are only comparable at similar load).
+holds, per entry: wall seconds, exit status, the first failing check, its look and n, the calls
+of the function in the whole audit, and the machine's load average at the start (the figures are
+only comparable at similar load).
 """
 
 from __future__ import annotations
@@ -28,19 +30,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def catalog_names() -> list[str]:
+def catalog_names(level: str) -> list[str]:
+    """The names of the known-bug catalog of ``level``."""
     sys.path.insert(0, str(ROOT))
+    if level == "decoder":
+        from specverify.auditing.decoder.catalog import DECODER_CATALOG
+
+        return sorted(DECODER_CATALOG)
+    if level == "tree":
+        from specverify.auditing.tree.catalog import TREE_CATALOG
+
+        return sorted(TREE_CATALOG)
     from specverify.auditing.sampler.catalog import CATALOG
 
     return sorted(CATALOG)
 
 
-def time_entry(name: str, *, budget: str, without_uniforms: bool, package_root: Path, extra: list[str]) -> dict:
+def time_entry(name: str, *, level: str, budget: str, without_uniforms: bool, package_root: Path,
+               extra: list[str]) -> dict:
     """Audit one entry in a fresh process and return its timing and outcome."""
     target = f"{ROOT / 'benchmarks' / 'without_uniforms.py'}:{name}" if without_uniforms else f"catalog:{name}"
     with tempfile.TemporaryDirectory() as scratch:
         report_path = Path(scratch) / "report.json"
-        command = [sys.executable, "-m", "specverify", "audit", target, "--budget", budget, "--quiet",
+        command = [sys.executable, "-m", "specverify", "audit", target, "--level", level, "--budget", budget, "--quiet",
                    "--json", str(report_path), *extra]
         environment = dict(os.environ, PYTHONPATH=str(package_root))
         load = os.getloadavg()[0]
@@ -52,7 +64,7 @@ def time_entry(name: str, *, budget: str, without_uniforms: bool, package_root: 
     first = failing[0] if failing else {}
     return {"entry": name, "seconds": round(seconds, 2), "exit": completed.returncode, "load": round(load, 2),
             "first_failing": first.get("name"), "look": first.get("look"), "num_looks": first.get("num_looks"),
-            "n": first.get("n"), "checks_failed": len(failing),
+            "n": first.get("n"), "calls": document.get("timings", {}).get("calls"), "checks_failed": len(failing),
             "checks_run": sum(c.get("verdict") != "skipped" for c in document.get("checks", [])),
             "stderr_tail": completed.stderr[-300:] if completed.returncode not in (0, 1) else ""}
 
@@ -88,6 +100,7 @@ def report(paths: list[Path]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--level", choices=("sampler", "tree", "decoder"), default="sampler")
     parser.add_argument("--budget", default="standard")
     parser.add_argument("--without-uniforms", action="store_true")
     parser.add_argument("--specverify", type=Path, default=ROOT, help="root of the checkout to run")
@@ -99,17 +112,18 @@ def main() -> int:
     if args.report:
         print(report(args.report))
         return 0
-    names = args.entries.split(",") if args.entries else catalog_names()
+    names = args.entries.split(",") if args.entries else catalog_names(args.level)
     rows = []
     for name in names:
-        row = time_entry(name, budget=args.budget, without_uniforms=args.without_uniforms,
+        row = time_entry(name, level=args.level, budget=args.budget, without_uniforms=args.without_uniforms,
                          package_root=args.specverify.resolve(), extra=args.extra)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(summary(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"budget": args.budget, "without_uniforms": args.without_uniforms,
+        args.out.write_text(json.dumps({"level": args.level, "budget": args.budget,
+                                        "without_uniforms": args.without_uniforms,
                                         "specverify": str(args.specverify), "extra": args.extra, "rows": rows},
                                        indent=1))
     return 0

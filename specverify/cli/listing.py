@@ -105,9 +105,20 @@ def catalog_entries(source: Path = CATALOG_SOURCE,
     """``(name, bug_class, description)`` of every ``BuggyRule(...)`` in the catalog's ``_ENTRIES``,
     in order, evaluated from the source: string literals, and f-strings over the module's
     upper-case constants."""
+    return [(fields["name"], fields["bug_class"], fields["description"])
+            for fields in _entry_fields(source, positional)]
+
+
+def decoder_catalog_tvs(source: Path = DECODER_CATALOG_SOURCE) -> dict[str, float | None]:
+    """The ``tv=`` of every ``BuggyDecoder(...)`` of the decoder catalog's source, by name (None: not given)."""
+    return {fields["name"]: fields.get("tv") for fields in _entry_fields(source, ("name", "description", "bug_class"))}
+
+
+def _entry_fields(source: Path, positional: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The literal fields (name, bug_class, description, tv) of every call in the source's ``_ENTRIES``."""
     tree = ast.parse(source.read_text(encoding="utf-8"))
     constants: dict[str, Any] = {}
-    entries: list[tuple[str, str, str]] = []
+    entries: list[dict[str, Any]] = []
     for node in tree.body:
         if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
             target = node.target  # `_ENTRIES += [...]`
@@ -122,8 +133,8 @@ def catalog_entries(source: Path = CATALOG_SOURCE,
                 fields = {field: _evaluate(value, constants) for field, value in zip(positional, call.args)
                           if field in ("name", "bug_class", "description")}
                 fields.update({k.arg: _evaluate(k.value, constants) for k in call.keywords
-                               if k.arg in ("name", "bug_class", "description")})
-                entries.append((fields["name"], fields["bug_class"], fields["description"]))
+                               if k.arg in ("name", "bug_class", "description", "tv")})
+                entries.append(fields)
         elif name.isupper():
             constants[name] = _evaluate(node.value, constants)
     return entries
@@ -169,10 +180,13 @@ def listing() -> str:
                  "example with k = 0 drafts padded to K = 2; —‡: it emits impossible outputs there or needs other "
                  "rows, caught by exact-ragged-drafts and ragged-drafts)")
     lines += ["", "Decoder catalog (specverify audit --level decoder catalog:NAME): the reference decoder with one "
-              "mistake (their TVs on the position-law check are not measured yet):",
-              f"  {'name':<33} {'class':<16}", "      what is wrong"]
+              "mistake; ε̄: its TV on the position-law check, by Monte Carlo (—: emits tokens top-k/top-p forbid, "
+              "a certain loss):",
+              f"  {'name':<36} {'class':<11} {'ε̄':>6}", "      what is wrong"]
+    tvs = decoder_catalog_tvs()
     for name, bug_class, description in catalog_entries(DECODER_CATALOG_SOURCE):
-        lines.append(f"  {name.replace('_', '-'):<33} {bug_class:<16}")
+        tv = tvs[name]
+        lines.append(f"  {name.replace('_', '-'):<36} {bug_class:<11} {'—' if tv is None else f'{tv:.3f}':>6}")
         lines += textwrap.wrap(description, DESCRIPTION_WIDTH, initial_indent="      ", subsequent_indent="      ",
                                break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines)

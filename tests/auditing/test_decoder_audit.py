@@ -11,7 +11,8 @@ Three kinds of SPEC §2 decoders drive the battery:
   in seconds;
 - *real decoders*: the reference speculative decoder, the same with other drafters, and the
   decoder catalog (:mod:`specverify.auditing.decoder.catalog`), each entry the reference with
-  one mistake: every entry is killed by the position-law check and the correct ones pass (slow).
+  one mistake: every entry whose ε̄ reaches quick's is killed by the position-law check and the
+  correct ones pass (slow).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from specverify.auditing.decoder.battery import (
     GREEDY_CASES,
     MODEL_PAIRS,
     PIT_BINS,
+    PIT_LAGS,
     POSITION_STRATA,
     DecoderModels,
     PositionLawCheck,
@@ -170,14 +172,17 @@ def test_pit_values_and_block_counts(position_check):
     laws = np.array([[[0.5, 0.25, 0.25, 0, 0, 0, 0, 0]] * 3])
     values = token_pit_values(laws, np.array([[1, 3, 0]]), np.array([[0.5, 0.5, 0.2]]))
     assert values[0, 0] == pytest.approx(0.625) and math.isnan(values[0, 1]) and values[0, 2] == pytest.approx(0.1)
-    counts = np.zeros((CONTINUATION_LENGTH, PIT_BINS, PIT_BINS + 1), dtype=np.int64)
+    counts = position_check.empty_counts()[0]
     row = np.full((1, CONTINUATION_LENGTH), 0.1)
     row[0, :3] = values[0]
-    position_check._count(counts, row)
-    assert counts[0, 0, 2] == 1  # u = 0.625: bin 2, first position's block
-    assert counts[1, 2, PIT_BINS] == 1  # probability 0, after bin 2
-    assert counts[2, 0, 0] == 1  # after an impossible token the block is bin 0
-    assert counts.sum() == CONTINUATION_LENGTH
+    position_check.count(counts, row)
+    lag_1, lag_2 = PIT_LAGS.index(1), PIT_LAGS.index(2)
+    assert counts[lag_1, 0, 0, 2] == 1  # u = 0.625: bin 2, first position's block
+    assert counts[lag_1, 1, 2, PIT_BINS] == 1  # probability 0, after bin 2
+    assert counts[lag_1, 2, 0, 0] == 1  # after an impossible token the block is bin 0
+    assert counts[lag_2, 2, 2, 0] == 1  # two back: bin 2
+    assert counts[lag_2, 1, 0, PIT_BINS] == 1  # position 2 has no token two back: bin 0
+    assert (counts.sum((1, 2, 3)) == CONTINUATION_LENGTH).all()
 
 
 def test_greedy_cases_are_far_from_ties(models):
@@ -189,12 +194,13 @@ def test_greedy_cases_are_far_from_ties(models):
 @pytest.mark.parametrize("budget", sorted(DECODER_BUDGETS))
 def test_position_check_is_sized_for_the_budget(position_check, budget):
     """n calls give n·L tokens, and n is the smallest with 4 n L ε² at the χ² noncentrality of the
-    test's dof: the planned n detects ε, n − 1 does not."""
+    lag-1 test's dof at level α / Λ: the planned n detects ε, n − 1 does not."""
     epsilon, alpha = DECODER_BUDGETS[budget], final_look_alpha(ALPHA)
     n = position_check.required_samples(epsilon, alpha=alpha, power=0.99)
     assert position_check.detectable_tv(n, alpha=alpha, power=0.99) <= epsilon
     assert position_check.detectable_tv(n - 1, alpha=alpha, power=0.99) > epsilon
-    assert stats.power_at(n * CONTINUATION_LENGTH, epsilon, alpha=alpha, num_cells=position_check.num_cells) >= 0.99
+    assert stats.power_at(n * CONTINUATION_LENGTH, epsilon, alpha=alpha / len(PIT_LAGS),
+                          num_cells=position_check.num_cells) >= 0.99
     assert position_check.num_cells - 1 == 8 * (1 + 15 * 4) * 3
 
 
@@ -203,7 +209,7 @@ def test_plans_state_their_calls(position_check):
     (α = 1e-3, its final look's level)."""
     calls = {budget: position_check.required_samples(epsilon, alpha=final_look_alpha(ALPHA), power=0.99)
              for budget, epsilon in DECODER_BUDGETS.items()}
-    assert calls == {"quick": 2019, "standard": 12616, "thorough": 50461}
+    assert calls == {"quick": 2195, "standard": 13713, "thorough": 54851}
 
 
 def test_named_budgets_resolve_to_decoder_targets():
@@ -237,7 +243,7 @@ def sampled_tally(check: PositionLawCheck, n: int, seed: int, *, reuse: str | No
     (a generator replayed at each step of a decoder emitting 4 tokens a step), ``"antithetic"``
     uses 1 − u of the previous position at every second position."""
     rng = np.random.default_rng(seed)
-    counts = np.zeros((len(check.strata), check.length, check.bins, check.bins + 1), dtype=np.int64)
+    counts = check.empty_counts()
     per_stratum = n // len(check.strata)
     for s, stratum in enumerate(check.strata):
         u = rng.random((per_stratum, check.length))
@@ -247,7 +253,7 @@ def sampled_tally(check: PositionLawCheck, n: int, seed: int, *, reuse: str | No
             u[:, 1::2] = 1.0 - u[:, 0::2]
         tokens = sample_batch(check.models, stratum, u, setting_of(stratum))
         values = token_pit_values(check.models.conditional_laws(stratum, tokens), tokens, rng.random(tokens.shape))
-        check._count(counts[s], values)
+        check.count(counts[s], values)
     return Tally(per_stratum * len(check.strata), {"blocks": counts})
 
 
@@ -272,17 +278,14 @@ def _temperature_one(stratum: Stratum) -> Setting:
 
 @pytest.mark.statistical
 @pytest.mark.parametrize(("reuse", "setting_of", "n"), [
-    pytest.param("every-4", lambda s: None, 400, marks=pytest.mark.xfail(
-        reason="not detected at 400 calls (measured p = 0.38): uniforms replayed every 4 tokens leave each "
-               "position's law exact, and the previous-PIT blocks do not resolve the dependence at this n",
-        strict=False)),
+    ("every-4", lambda s: None, 400),
     ("antithetic", lambda s: None, 400),
     (None, _temperature_one, 800),
 ], ids=["uniforms-replayed-each-step", "uniforms-correlated", "temperature-ignored"])
 def test_position_check_catches_planted_losses(position_check, reuse, setting_of, n):
     """Randomness replayed every 4 tokens or anti-correlated between positions (marginally exact:
-    only the blocks by the previous PIT value see it), and sampling at T = 1 in the 5 strata at
-    T ≠ 1: each fails at α = 1e-3 on n calls."""
+    only the blocks by the PIT value 4 or 1 positions back see it), and sampling at T = 1 in the 5
+    strata at T ≠ 1: each fails at α = 1e-3 on n calls."""
     result = judge_at(position_check, sampled_tally(position_check, n, derive_seed("power", n), reuse=reuse,
                                                     setting_of=setting_of), ALPHA)
     assert result.verdict == "fail", result.message
@@ -475,12 +478,23 @@ def test_catalog_entry_is_greedy_exact_and_changes_the_sampled_tokens(models, na
                for seed in range(4))
 
 
+def killed_at_quick(name: str):
+    """The entry's parameter: an xfail where its ε̄ (``tv``) is below quick's, so quick has no power
+    against it."""
+    tv = DECODER_CATALOG[name].tv
+    if tv is None or tv >= DECODER_BUDGETS["quick"]:
+        return name
+    return pytest.param(name, marks=pytest.mark.xfail(
+        reason=f"ε̄ {tv} < quick's {DECODER_BUDGETS['quick']}: quick's power against it is 0.002, standard's 0.79, "
+               "thorough's 1.0 (benchmarks/decoder_catalog_tv.py)", strict=False))
+
+
 @pytest.mark.slow
 @pytest.mark.statistical
-@pytest.mark.parametrize("name", sorted(DECODER_CATALOG))
+@pytest.mark.parametrize("name", [killed_at_quick(name) for name in sorted(DECODER_CATALOG)])
 def test_catalog_entry_is_killed_at_quick(name):
-    """Every entry fails the position-law check at ``quick`` (in this process: the entries are
-    importable, but the fixture-free call keeps the run short)."""
+    """Every entry whose ε̄ reaches quick's fails the position-law check at ``quick`` (in this
+    process: the entries are importable, but the fixture-free call keeps the run short)."""
     report = audit(DECODER_CATALOG[name].fn, level="decoder", budget="quick", checks=["position-laws"],
                    isolation="none")
     assert report.exit_code == EXIT_FAIL, report.explain()

@@ -29,8 +29,8 @@ Checks (in order):
   greedy ignores): one teacher-forced target pass over the whole continuation, every token its
   argmax given the tokens before it (:mod:`specverify.core.greedy_identity` with τ = 0);
 - ``position-laws`` (goodness of fit): every one of the L = 16 new tokens against its exact
-  conditional law, over 8 strata (model pair, setting, prompt; :data:`POSITION_STRATA`) drawn
-  uniformly per call (see below);
+  conditional law given the PIT value 1 to 5 positions back, over 8 strata (model pair, setting,
+  prompt; :data:`POSITION_STRATA`) drawn uniformly per call (see below);
 - ``inputs-unchanged`` and ``models-unchanged`` (contract): ``input_ids`` and the models'
   parameters are the same after every call.
 
@@ -42,24 +42,30 @@ every new token ``x_t``.  Its randomized PIT value (:func:`specverify.auditing.e
 
 is Uniform(0, 1) given everything before it (x_<t and U_<t) exactly when ``x_t ~ p_t``, so under
 H0 the u_t of a continuation are i.i.d. uniform (Rosenblatt 1952).  Each u_t falls in one of
-``B = 4`` equal bins; the *block* of position t is (stratum, t, bin of u_{t−1}) (t = 1: (stratum, 1)),
-a function of the past, so under H0 the bin of u_t is uniform in every block, and the counts are
-tested by Pearson's X² of transition counts summed over blocks
-(:func:`specverify.core.transitions.transition_goodness_of_fit`).  A token of probability 0 under
-``p_t`` (cut by top-k/top-p) is a certain loss (p-value 0).  The blocks make the test see both
-kinds of loss: a token drawn from a wrong law (a sampling parameter misapplied, a residual
-mixed up: u_t not uniform) and randomness reused or correlated across steps or between drafting
-and verification (u_t not independent of u_{t−1}).
+``B = 4`` equal bins.  For each lag ℓ of :data:`PIT_LAGS` (1 to 5) the *block* of position t is
+(stratum, t, bin of u_{t−ℓ}) (t ≤ ℓ: (stratum, t)), a function of the past, so under H0 the bin of
+u_t is uniform in every block, and each lag's counts are tested by Pearson's X² of transition
+counts summed over blocks (:func:`specverify.core.transitions.transition_goodness_of_fit`); the
+check's p-value is ``min(1, 5 · min_ℓ p_ℓ)`` (Bonferroni over the lags).  A token of probability
+0 under ``p_t`` (cut by top-k/top-p) is a certain loss (p-value 0).  The blocks make the test see
+both kinds of loss: a token drawn from a wrong law (a sampling parameter misapplied, a residual
+mixed up: u_t not uniform, in every lag's test) and randomness reused or correlated across steps
+or between drafting and verification (u_t not independent of u_{t−ℓ}).  A step of a γ = 4 decoder
+emits 1 to 5 tokens, so a random number reused from one step in the next recurs at a lag of 1 to
+5 positions (uniforms replayed every 4 tokens leave every u_t uniform and independent of u_{t−1}:
+only the lag-4 test sees them).
 
-What it detects.  Let the decoder's token at position t, in block m, have a PIT law whose
-B-binned version is at TV ε_m from uniform (a token law q_t at TV δ from p_t gives a PIT law at
-TV exactly δ; binning can only lower it).  The noncentrality is ≥ 4 n Σ_m π_m ε_m²
-(:mod:`specverify.core.transitions`), π_m the probability of block m; so with
-``ε̄² = Σ_m π_m ε_m² / L`` (the mean over the L positions of the squared deviation, averaged over
-strata and past), n calls detect ε̄ with power 0.99 when 4 n L ε̄² reaches the χ² noncentrality
-of the test's ``dof = S (1 + (L − 1) B)(B − 1)`` = 1 464 (:meth:`PositionLawCheck.required_samples`).
-A deviation ε at every position of every stratum is ε̄ = ε; at every position of one stratum,
-ε̄ = ε / √8; at one position of every stratum, ε̄ = ε / 4.
+What it detects.  Let the decoder's token at position t, in block m of lag ℓ, have a PIT law
+whose B-binned version is at TV ε_m from uniform (a token law q_t at TV δ from p_t gives a PIT
+law at TV exactly δ; binning can only lower it).  The noncentrality of lag ℓ's test is
+≥ 4 n Σ_m π_m ε_m² (:mod:`specverify.core.transitions`), π_m the probability of block m; so with
+``ε̄_ℓ² = Σ_m π_m ε_m² / L`` (the mean over the L positions of the squared deviation, averaged over
+strata and the bin ℓ positions back) and ``ε̄ = max_ℓ ε̄_ℓ``, n calls detect ε̄ with power 0.99
+when 4 n L ε̄² reaches the χ² noncentrality of a test at level α / 5 with the lag-1 test's
+``dof = S (1 + (L − 1) B)(B − 1)`` = 1 464, the most of any lag
+(:meth:`PositionLawCheck.required_samples`).  A wrong token law at every position of every
+stratum is ε̄ = ε; at every position of one stratum, ε̄ = ε / √8; at one position of every
+stratum, ε̄ = ε / 4.
 
 Budgets (:data:`DECODER_BUDGETS`, α = 1e-3, power 0.99; calls of the position-law check, every
 look; wall time measured for the reference decoder on this project's 2 shared cores, docs/budgets.md):
@@ -67,9 +73,9 @@ look; wall time measured for the reference decoder on this project's 2 shared co
 =========  ==============  ===========  ================================================
 budget     detects ε̄ ≥     calls        one stratum, every position / one position, every stratum
 =========  ==============  ===========  ================================================
-quick      0.05            2 019        0.14 / 0.2
-standard   0.02            12 616       0.057 / 0.08
-thorough   0.01            50 461       0.028 / 0.04
+quick      0.05            2 195        0.14 / 0.2
+standard   0.02            13 713       0.057 / 0.08
+thorough   0.01            54 851       0.028 / 0.04
 =========  ==============  ===========  ================================================
 
 A fixed budget of N calls per statistical check reports the ε̄ it can then detect.  Seeds: call i
@@ -118,7 +124,7 @@ from specverify.auditing.isolation.guarded import GuardedGenerate
 from specverify.core import stats
 from specverify.core.processing import process_logits
 from specverify.core.seeding import derive_seed
-from specverify.core.transitions import transition_goodness_of_fit
+from specverify.core.transitions import TransitionFit, transition_goodness_of_fit
 
 DECODER_BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
 """Named decoder budgets: the mean per-position TV ε̄ (module docstring) the position-law check
@@ -131,6 +137,10 @@ CONTINUATION_LENGTH = 16
 decoder, so rejections, full acceptances and step boundaries all occur."""
 SEED_LENGTH = 3
 PIT_BINS = 4
+PIT_LAGS: tuple[int, ...] = (1, 2, 3, 4, 5)
+"""Lags ℓ of the position-law check's blocks (bin of the PIT value ℓ positions back): a step of a
+γ = 4 decoder emits 1 to γ + 1 = 5 tokens, so randomness reused from one step to the next (or
+within a step) recurs at one of these lags."""
 PROMPTS: tuple[tuple[int, ...], ...] = ((3,), (1, 5, 2, 6), (7, 0, 4, 4, 2, 1))
 """Prompts of 1, 4 and 6 tokens (prefill of one token, and of several)."""
 
@@ -461,13 +471,17 @@ class ModelsUnchangedCheck(Check):
 @dataclass
 class PositionLawCheck(SequentialCheck):
     """Every new token against its exact conditional law, by its randomized PIT value, in blocks
-    (stratum, position, bin of the previous PIT value) (see the module docstring).
+    (stratum, position, bin of the PIT value ``lag`` positions back), one transition test per lag
+    of :data:`PIT_LAGS` (see the module docstring).
 
-    Counts are int64 ``[S, L, B, B + 1]``: stratum, position, the previous PIT value's bin (0 at
-    the first position), and the PIT value's bin, the last column counting tokens of probability
-    0.  Planning: n calls give ``n L`` tokens, each in one block, and the noncentrality is
-    ``≥ 4 n L ε̄²``, so n = ⌈n_tokens / L⌉ with n_tokens the size at which Pearson's test on
-    ``dof + 1`` cells detects TV ε̄ (:func:`specverify.core.stats.sample_size_for_tv`)."""
+    Counts are int64 ``[S, Λ, L, B, B + 1]``: stratum, lag, position, the bin of the PIT value
+    ``lag`` positions back (0 at the first ``lag`` positions), and the PIT value's bin, the last
+    column counting tokens of probability 0.  Each lag's counts are one test of the module
+    docstring's H0; the check's p-value is ``min(1, Λ · min_ℓ p_ℓ)`` (Bonferroni over the Λ lags).
+    Planning: n calls give ``n L`` tokens, each in one block of each lag, and each lag's
+    noncentrality is ``≥ 4 n L ε̄_ℓ²``, so n = ⌈n_tokens / L⌉ with n_tokens the size at which
+    Pearson's test at level α / Λ on the ``dof + 1`` cells of lag 1 (the most) detects TV ε̄
+    (:func:`specverify.core.stats.sample_size_for_tv`)."""
 
     name: str
     description: str
@@ -475,21 +489,28 @@ class PositionLawCheck(SequentialCheck):
     length: int
     models: DecoderModels
     bins: int = PIT_BINS
+    lags: tuple[int, ...] = PIT_LAGS
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
 
     def __post_init__(self) -> None:
-        blocks = len(self.strata) * (1 + (self.length - 1) * self.bins)
-        self.num_cells = blocks * (self.bins - 1) + 1  # dof + 1: the cells of one Pearson test of that dof
+        blocks = len(self.strata) * (min(self.lags) + (self.length - min(self.lags)) * self.bins)
+        self.num_cells = blocks * (self.bins - 1) + 1  # dof + 1 of the lag with the most blocks
         self.parameters = {"strata": [s.label() for s in self.strata], "max_new_tokens": self.length,
-                           "PIT bins": self.bins}
+                           "PIT bins": self.bins, "lags": list(self.lags)}
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        tokens = stats.sample_size_for_tv(epsilon, alpha=alpha, power=power, num_cells=self.num_cells)
+        tokens = stats.sample_size_for_tv(epsilon, alpha=alpha / len(self.lags), power=power,
+                                          num_cells=self.num_cells)
         return math.ceil(tokens / self.length)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        return stats.detectable_tv(n * self.length, alpha=alpha, power=power, num_cells=self.num_cells)
+        return stats.detectable_tv(n * self.length, alpha=alpha / len(self.lags), power=power,
+                                   num_cells=self.num_cells)
+
+    def empty_counts(self) -> np.ndarray:
+        """Zero counts ``[S, Λ, L, B, B + 1]`` (class docstring)."""
+        return np.zeros((len(self.strata), len(self.lags), self.length, self.bins, self.bins + 1), dtype=np.int64)
 
     def draw(self, session: DecoderSession, plan: Plan, n: int, look: int) -> Tally:
         """``n`` calls, each on a stratum drawn uniformly; call ``i`` of the check (counted over
@@ -502,49 +523,66 @@ class PositionLawCheck(SequentialCheck):
             tokens = session.function(self.strata[s], self.length, derive_seed(plan.seed, "call", call),
                                       where=f"{self.name}, call {call}")
             continuations[s].append(tokens.tolist())
-        counts = np.zeros((len(self.strata), self.length, self.bins, self.bins + 1), dtype=np.int64)
+        counts = self.empty_counts()
         uniforms = np.random.default_rng(derive_seed(plan.seed, "pit", look))
         for s, rows in enumerate(continuations):
             if rows:
                 tokens = np.asarray(rows, dtype=np.int64)
                 values = token_pit_values(self.models.conditional_laws(self.strata[s], tokens), tokens,
                                           uniforms.random(tokens.shape))
-                self._count(counts[s], values)
+                self.count(counts[s], values)
         return Tally(n, {"blocks": counts})
 
-    def _count(self, counts: np.ndarray, values: np.ndarray) -> None:
-        """Add the PIT values ``[N, L]`` of one stratum's continuations to its ``counts [L, B, B + 1]``
-        (NaN: a token of probability 0, counted in column B; the next position's block is then bin 0)."""
+    def count(self, counts: np.ndarray, values: np.ndarray) -> None:
+        """Add the PIT values ``[N, L]`` of one stratum's continuations to its ``counts [Λ, L, B, B + 1]``
+        (NaN: a token of probability 0, counted in column B; a block read from it is bin 0)."""
         cell = np.where(np.isnan(values), self.bins, np.minimum(np.nan_to_num(values) * self.bins, self.bins - 1))
         cell = cell.astype(np.int64)
-        previous = np.concatenate([np.zeros_like(cell[:, :1]), cell[:, :-1] % self.bins], 1)
         positions = np.broadcast_to(np.arange(self.length), cell.shape)
-        np.add.at(counts, (positions, previous, cell), 1)
+        for index, lag in enumerate(self.lags):
+            back = np.concatenate([np.zeros_like(cell[:, :lag]), cell[:, :-lag] % self.bins], 1)
+            np.add.at(counts[index], (positions, back, cell), 1)
+
+    def lag_fits(self, counts: np.ndarray) -> list[TransitionFit]:
+        """One transition test per lag (:func:`transition_goodness_of_fit`) of ``counts [S, Λ, L, B, B + 1]``."""
+        law = np.append(np.full(self.bins, 1.0 / self.bins), 0.0)
+        fits = []
+        for index in range(len(self.lags)):
+            blocks = counts[:, index].reshape(-1, self.bins + 1)
+            fits.append(transition_goodness_of_fit(blocks, np.tile(law, (len(blocks), 1))))
+        return fits
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
-        """Pearson's X² of the transition counts against the uniform bins (probability 0 for the
-        last column) at ``level``."""
+        """Pearson's X² of each lag's transition counts against the uniform bins (probability 0 for
+        the last column); the check fails when ``Λ · min_ℓ p_ℓ ≤ level``."""
         counts = tally.counts["blocks"]
-        law = np.append(np.full(self.bins, 1.0 / self.bins), 0.0)
-        fit = transition_goodness_of_fit(counts.reshape(-1, self.bins + 1), np.tile(law, (counts[..., 0].size, 1)))
-        failed = fit.pvalue <= level
+        fits = self.lag_fits(counts)
+        worst = int(np.argmin([fit.pvalue for fit in fits]))
+        fit, lag = fits[worst], self.lags[worst]
+        pvalue = min(1.0, len(self.lags) * fit.pvalue)
+        failed = pvalue <= level
         where = level_phrase(plan, level, look)
+        by_lag = f"lags {', '.join(map(str, self.lags))}, Bonferroni"
+        positions = counts[:, 0]
         if fit.impossible_count:
             message = (f"emitted {fit.impossible_count} token(s) of target probability 0 (cut by top-k/top-p) "
-                       f"{self._impossible(counts)}: certain loss")
+                       f"{self._impossible(positions)}: certain loss")
         elif failed:
-            message = (f"the new tokens do not follow the target's conditional laws: p-value {fit.pvalue:.3g} ≤ "
-                       f"{where} (X² = {fit.statistic:.1f}, dof {fit.dof}); {self._deviations(counts)}")
+            message = (f"the new tokens do not follow the target's conditional laws: p-value {pvalue:.3g} ≤ "
+                       f"{where} (at lag {lag}: X² = {fit.statistic:.1f}, dof {fit.dof}; {by_lag}); "
+                       f"{self._deviations(positions)}")
         else:
-            message = (f"every position consistent with the target's conditional law (p-value {fit.pvalue:.3g} > "
-                       f"{where}; X² = {fit.statistic:.1f}, dof {fit.dof}, {tally.n} calls × {self.length} tokens)")
+            message = (f"every position consistent with the target's conditional law (p-value {pvalue:.3g} > "
+                       f"{where}; smallest at lag {lag}: X² = {fit.statistic:.1f}, dof {fit.dof}; {by_lag}; "
+                       f"{tally.n} calls × {self.length} tokens)")
         return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n,
-                           statistic=float(fit.statistic), pvalue=float(fit.pvalue),
-                           empirical_tv=self._largest_tv(counts)[0], **look_fields(plan, level, look))
+                           statistic=float(fit.statistic), pvalue=float(pvalue),
+                           empirical_tv=self._largest_tv(positions)[0], **look_fields(plan, level, look))
 
     def _position_tvs(self, counts: np.ndarray) -> np.ndarray:
-        """Plug-in TV of the binned PIT law from uniform at each (stratum, position), the previous
-        bin summed out (diagnosis only, biased up at small counts): float64 ``[S, L]``."""
+        """Plug-in TV of the binned PIT law from uniform at each (stratum, position) from one lag's
+        ``counts [S, L, B, B + 1]``, the earlier bin summed out (diagnosis only, biased up at small
+        counts): float64 ``[S, L]``."""
         marginal = counts.sum(2)[..., : self.bins]
         totals = marginal.sum(-1, keepdims=True)
         return 0.5 * np.abs(marginal / np.maximum(totals, 1) - 1.0 / self.bins).sum(-1) * (totals[..., 0] > 0)
@@ -635,7 +673,8 @@ class DecoderBattery(Battery):
             PositionLawCheck(
                 "position-laws",
                 f"Each of {CONTINUATION_LENGTH} new tokens against the target's exact law given the tokens before "
-                "it (randomized PIT, in blocks by position and the previous PIT value): temperatures 0.7–1.3, "
+                "it (randomized PIT, in blocks by position and the PIT value 1 to 5 positions back): temperatures "
+                "0.7–1.3, "
                 "top-k, top-p and both, on five model pairs.",
                 POSITION_STRATA, CONTINUATION_LENGTH, models),
             InputsUnchangedCheck("inputs-unchanged", "No call may modify the input_ids tensor it is given."),
