@@ -68,13 +68,17 @@ def _share_cores_between_xdist_workers() -> None:
 
     Every worker otherwise starts one intra-op thread per core, and N workers on N cores then
     oversubscribe the machine several times over (the default run took ~3x longer on 2 cores).
+    ``OMP_NUM_THREADS`` carries the same share to the processes a test starts (a CLI audit, a
+    server), unless the run sets it itself.
     """
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers:
         return
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+    threads = max(1, (os.cpu_count() or 1) // int(workers))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
