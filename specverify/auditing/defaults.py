@@ -3,6 +3,8 @@ reads them; :mod:`specverify.auditing.runner` re-exports every name)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 LEVELS: dict[str, str] = {
     "sampler": "specverify.auditing.sampler.battery:SamplerBattery",
     "decoder": "specverify.auditing.decoder.battery:DecoderBattery",
@@ -22,6 +24,26 @@ VERBOSE_ENV = "SPECVERIFY_VERBOSE"
 n, p-value and TV); the pytest plugin sets it under ``pytest -vv``."""
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+
+
+class AuditVerdict(StrEnum):
+    """An audit's verdict: its value is the phrase the reports print, :attr:`exit_code` the exit
+    status of ``specverify audit`` (0 pass, 1 a loss or a broken contract, 2 no verdict)."""
+
+    NO_LOSS_DETECTED = "no loss detected"
+    LOSS_DETECTED = "loss detected"
+    CONTRACT_VIOLATED = "contract violated"
+    UNDERPOWERED = "underpowered"
+    COULD_NOT_AUDIT = "could not audit"
+
+    @property
+    def exit_code(self) -> int:
+        if self is AuditVerdict.NO_LOSS_DETECTED:
+            return EXIT_PASS
+        if self in (AuditVerdict.LOSS_DETECTED, AuditVerdict.CONTRACT_VIOLATED):
+            return EXIT_FAIL
+        return EXIT_ERROR
+
 
 POWER_CEILING_TV: dict[str, float] = {"sampler": 0.25, "tree": 0.25, "decoder": 0.25, "endpoint": 0.25}
 """Per level: the largest TV a passing audit may be unable to detect (every statistical check must

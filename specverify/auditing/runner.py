@@ -67,7 +67,6 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     DEFAULT_ALPHA,
     DEFAULT_BUDGET,
     DEFAULT_TIMEOUT_S,
-    EXIT_ERROR,
     EXIT_FAIL,
     EXIT_PASS,
     FAIL_FAST_SKIP,
@@ -75,6 +74,7 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     LOCATING_CUT_SKIP,
     MALFORMED_SKIP,
     VERBOSE_ENV,
+    AuditVerdict,
     default_fail_fast,
 )
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -120,8 +120,7 @@ class AuditReport:
     device: str
     timeout_s: float
     checks: tuple[CheckResult, ...]
-    verdict: str
-    exit_code: int
+    verdict: AuditVerdict
     summary: str
     detectable_tv: float | None
     timings: dict[str, Any] = field(default_factory=dict)
@@ -166,6 +165,11 @@ class AuditReport:
         """True when fail-fast skipped checks after a failure (the pattern of verdicts is incomplete)."""
         return any(c.verdict is Verdict.SKIPPED and c.message.startswith((FAIL_FAST_SKIP, LOCATING_CUT_SKIP))
                    for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status of ``specverify audit`` for this verdict (:class:`AuditVerdict`)."""
+        return self.verdict.exit_code
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -400,16 +404,16 @@ def audit(
                 fn = load_target(fn, level)
             session = battery.open_session(fn, device=device, timeout_s=timeout_s, isolation=isolation)
         except LoadError as error:
-            return AuditReport(**settings, alpha_share=None, checks=(), verdict="could not audit",
-                               exit_code=EXIT_ERROR, summary=str(error), detectable_tv=None,
+            return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
+                               summary=str(error), detectable_tv=None,
                                timings={"total_s": time.perf_counter() - started})
         function = getattr(session, "function", None)
         try:
             raw = getattr(session, "raw", None) or getattr(function, "raw", None)
             problem = signature_problem(level, raw, name.rsplit(":", 1)[-1] if ":" in name else None)
             if problem is not None:  # every check would raise the same TypeError: say it once, run nothing
-                return AuditReport(**settings, alpha_share=None, checks=(), verdict="could not audit",
-                                   exit_code=EXIT_ERROR, summary=problem, detectable_tv=None,
+                return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
+                                   summary=problem, detectable_tv=None,
                                    timings={"total_s": time.perf_counter() - started},
                                    isolation=function.describe() if hasattr(function, "describe") else {})
             omitted = tuple(omitted_checks(level, battery, session))
@@ -455,20 +459,20 @@ def audit(
         timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
                        rows_per_s=log.rows / total_s if total_s > 0 else None)
     timings["post_verdict"] = post.timings()
-    verdict, exit_code, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
+    verdict, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
                                                        allow_underpowered=allow_underpowered, omitted=omitted,
                                                        epsilon=sample_budget.epsilon)
     if interrupted:
         done = sum(r.verdict != "skipped" for r in results)
         stopped = (f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results "
                    "above are all that was established")
-        if exit_code == EXIT_FAIL:
+        if verdict.exit_code == EXIT_FAIL:
             summary = f"{summary}; {stopped}"
         else:
-            verdict, exit_code, summary = "could not audit", EXIT_ERROR, stopped
+            verdict, summary = AuditVerdict.COULD_NOT_AUDIT, stopped
     replay_checks, replay_alpha = _replay_selection(selected, results, plans, share, sample_budget, alpha, seed,
                                                     level)
-    return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict, exit_code=exit_code,
+    return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict,
                        summary=summary, detectable_tv=detectable, timings=timings, isolation=described,
                        warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal[0],
                        minimal_case_note=minimal[1], replay_checks=replay_checks, replay_alpha=replay_alpha,
@@ -689,7 +693,7 @@ def _locating_cut(first_failure: str | None, post: PostVerdict | None) -> str:
 
 def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, *, level: str = "sampler",
              shortfall: PowerShortfall | None = None, allow_underpowered: bool = False,
-             omitted: Sequence[Omission] = (), epsilon: float | None = None) -> tuple[str, int, str, float | None]:
+             omitted: Sequence[Omission] = (), epsilon: float | None = None) -> tuple[AuditVerdict, str, float | None]:
     statistical = [r for r in results if r.alpha is not None]
     detectable = max((r.detectable_tv for r in statistical if r.detectable_tv is not None), default=None)
     failed = [r for r in results if r.verdict is Verdict.FAIL]
@@ -700,10 +704,10 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         if impossible:
             message = (f"{len(failed)} check(s) failed: {names}; impossible output in "
                        f"{', '.join(impossible)} (tokens no lossless rule can emit)")
-            return "loss detected", EXIT_FAIL, message, detectable
+            return AuditVerdict.LOSS_DETECTED, message, detectable
         if any(r.kind.detects_loss for r in failed):
-            return "loss detected", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
-        return "contract violated", EXIT_FAIL, f"{len(failed)} check(s) failed: {names}", detectable
+            return AuditVerdict.LOSS_DETECTED, f"{len(failed)} check(s) failed: {names}", detectable
+        return AuditVerdict.CONTRACT_VIOLATED, f"{len(failed)} check(s) failed: {names}", detectable
     if errors:
         from specverify.auditing.findings import grouped_findings
 
@@ -718,12 +722,12 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
         if stopped:
             hint += (f"; the audit stopped there: the other {stopped} checks were not run (an output that breaks the "
                      "layout is the adapter's bug and leaves nothing to judge)")
-        return "could not audit", EXIT_ERROR, reasons + more + hint, detectable
+        return AuditVerdict.COULD_NOT_AUDIT, reasons + more + hint, detectable
     if not statistical or any(r.verdict is not Verdict.PASS for r in statistical):
-        return "could not audit", EXIT_ERROR, "not every statistical check ran", detectable
+        return AuditVerdict.COULD_NOT_AUDIT, "not every statistical check ran", detectable
     skipped = "".join(f"; not run: {omission.names_text()}" for omission in omitted)
     if shortfall is not None and not allow_underpowered:
-        return "underpowered", EXIT_ERROR, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
+        return AuditVerdict.UNDERPOWERED, (f"no check failed, but a pass needs power: {shortfall.sentence()}; "
                                             f"{shortfall.fix()}{skipped}"), detectable
     own = [r for r in statistical if epsilon is not None and r.sized_for_own_tv and r.detectable_tv is not None]
     if own:  # checks sized for their own TV under this budget (production shapes: costly rows)
@@ -738,7 +742,7 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
     if shortfall is not None:
         summary += (f" — underpowered, allowed by allow_underpowered: {shortfall.check} detects "
                     f"{shortfall.detectable_text()}, above {shortfall.bound_text()}")
-    return "no loss detected", EXIT_PASS, summary + skipped, detectable
+    return AuditVerdict.NO_LOSS_DETECTED, summary + skipped, detectable
 
 
 def assert_lossless(fn: Callable[..., Any] | str, **options: Any) -> AuditReport:

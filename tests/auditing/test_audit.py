@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import specverify
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, assert_lossless, audit, plan_checks
+from specverify.auditing.defaults import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
+from specverify.auditing.runner import assert_lossless, audit, plan_checks
 from specverify.auditing.sampler.battery import POWER, SamplerBattery, resolve_budget
 from specverify.auditing.sampler.catalog import CATALOG
 from specverify.cli.listing import PRODUCTION_EXACT_TV

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specverify.auditing.defaults import MALFORMED_SKIP
+from specverify.auditing.defaults import EXIT_ERROR, EXIT_FAIL, MALFORMED_SKIP
 from specverify.auditing.loading import load_target
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, audit
+from specverify.auditing.runner import audit
 
 FAULTY = Path(__file__).resolve().parents[2] / "examples" / "faulty.py"
 SMALL = dict(budget=500, checks=["randomness-source", "step-K2", "decoding-loop-order1", "inputs-unchanged"])

@@ -45,9 +45,10 @@ from specverify.auditing.decoder.battery import (
     validate_new_tokens,
 )
 from specverify.auditing.decoder.catalog import DECODER_CATALOG
+from specverify.auditing.defaults import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
 from specverify.auditing.endpoint.pit import token_pit_values
 from specverify.auditing.isolation.faults import Fault
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
+from specverify.auditing.runner import audit
 from specverify.core import stats
 from specverify.core.processing import process_logits
 from specverify.core.seeding import derive_seed

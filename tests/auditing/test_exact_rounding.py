@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specverify.auditing.runner import EXIT_FAIL, audit
+from specverify.auditing.defaults import EXIT_FAIL
+from specverify.auditing.runner import audit
 from specverify.core import rounding
 
 RULES = Path(__file__).with_name("precision_rules.py")

@@ -64,8 +64,8 @@ def test_the_budget_that_the_fix_names_reaches_the_ceiling():
 def test_a_failure_is_still_a_failure_when_underpowered():
     failing = CheckResult("step-K1", "", "goodness-of-fit", {}, Verdict.FAIL, "lossy", alpha=1e-4, detectable_tv=1.5)
     shortfall = SimpleNamespace(sentence=lambda: "short", fix=lambda: "fix")
-    verdict, exit_code, _, _ = _verdict([failing], 1e-3, 1e-4, shortfall=shortfall)
-    assert (verdict, exit_code) == ("loss detected", 1)
+    verdict, _, _ = _verdict([failing], 1e-3, 1e-4, shortfall=shortfall)
+    assert (verdict, verdict.exit_code) == ("loss detected", 1)
 
 
 @pytest.mark.parametrize("level", ["sampler", "tree"])

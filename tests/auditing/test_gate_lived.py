@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import specverify
+from specverify.auditing.defaults import AuditVerdict
 from specverify.auditing.progress import LineProgress
 from specverify.auditing.reports.terminal import format_report
 
@@ -114,7 +115,7 @@ def test_the_replay_line_carries_every_option_that_changes_the_audit():
     report = AuditReport(target=given.target, level=keywords["level"], budget=resolve_budget(keywords["budget"]),
                          alpha=keywords["alpha"], alpha_share=None, correction="bonferroni", power=0.99,
                          seed=keywords["seed"], device=keywords["device"], timeout_s=keywords["timeout_s"],
-                         checks=(), verdict="could not audit", exit_code=2, summary="", detectable_tv=None,
+                         checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT, summary="", detectable_tv=None,
                          isolation={"mode": keywords["isolation"]}, selected=tuple(keywords["checks"]),
                          fail_fast=keywords["fail_fast"], allow_underpowered=keywords["allow_underpowered"],
                          level_options=level_options)

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from specverify.auditing.defaults import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
 from specverify.auditing.loading import load_target
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
+from specverify.auditing.runner import audit
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = Path(__file__).resolve().parent / "hostile"

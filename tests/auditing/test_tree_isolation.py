@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specverify.auditing.runner import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, audit
+from specverify.auditing.defaults import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
+from specverify.auditing.runner import audit
 from specverify.core import tree_rules
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -34,8 +34,9 @@ from transformers.generation.logits_process import (  # noqa: E402
 )
 
 from specverify.auditing.decoder.battery import GREEDY_CASES, POSITION_STRATA, DecoderModels  # noqa: E402
+from specverify.auditing.defaults import EXIT_FAIL, EXIT_PASS
 from specverify.auditing.loading import load_target  # noqa: E402
-from specverify.auditing.runner import EXIT_FAIL, EXIT_PASS, audit  # noqa: E402
+from specverify.auditing.runner import audit  # noqa: E402
 from specverify.core.processing import process_logits  # noqa: E402
 from specverify.core.rules import rejection_sample  # noqa: E402
 from specverify.hf import generate_adapter as hf_generate  # noqa: E402

@@ -30,7 +30,8 @@ import reference.kv
 from reference.decoder import speculative_generate
 from reference.drafters import MTPDrafter, MTPHead
 from reference.kv import RaggedCache
-from specverify.auditing.runner import EXIT_PASS, audit
+from specverify.auditing.defaults import EXIT_PASS
+from specverify.auditing.runner import audit
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
 from specverify.hf.tiny_models import continuation_distribution, tiny_target_and_draft
