@@ -124,3 +124,46 @@ def write_tiny_target_and_draft(
         tokenizer.save_pretrained(path)
     record.write_text(json.dumps(settings))
     return paths
+
+
+def write_tiny_eagle_head(folder: Path, target: Path, *, seed: int = 2) -> Path:
+    """Save a random EAGLE head for the target saved at ``target`` into ``folder`` (once).
+
+    vLLM's EAGLE draft for a Llama target (``EagleLlamaForCausalLM``, method ``"eagle"``) reads a
+    one-layer Llama config and the weights ``fc.weight`` (``[h, 2h]``: it maps the concatenation
+    of the next token's embedding and the target's hidden state to ``h``) and ``layers.0.*``
+    (attention, MLP, ``post_attention_layernorm``; the first layer has no input norm), and shares
+    the target's embedding and output head.  Weights are N(0, 1/fan_in), norms 1: the head drafts
+    from the target's hidden states with a law of its own (random, so acceptance is low; the
+    verification path is the same whatever the drafts).
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return folder
+    config = AutoConfig.from_pretrained(target)
+    config.num_hidden_layers = 1
+    hidden, inner = config.hidden_size, config.intermediate_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = hidden // heads
+    shapes = {
+        "fc.weight": (hidden, 2 * hidden),
+        "layers.0.self_attn.q_proj.weight": (heads * head_dim, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "layers.0.mlp.gate_proj.weight": (inner, hidden),
+        "layers.0.mlp.up_proj.weight": (inner, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, inner),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    weights = {name: torch.randn(shape, generator=generator) / shape[1] ** 0.5 for name, shape in shapes.items()}
+    weights["layers.0.post_attention_layernorm.weight"] = torch.ones(hidden)
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(target).save_pretrained(folder)
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder

