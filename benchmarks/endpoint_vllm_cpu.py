@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from specverify.testing.vllm_servers import draft_model_config, ngram_config, vllm_servers
+from specverify.hf.server_checkpoints import write_tiny_eagle_head
+from specverify.testing.vllm_servers import draft_model_config, eagle_config, ngram_config, vllm_servers
 
 SPEED_TOKENS = 128
 SPEED_PROMPT = "red green blue, red green blue, red green blue, red green blue, red green"
@@ -62,20 +63,24 @@ def model_folders(name: str) -> tuple[Path, Path | None]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
-    parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated: ngram, draft_model")
+    parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated: ngram, draft_model, eagle")
     parser.add_argument("--budget", default="quick")
     parser.add_argument("--no-request-space", action="store_true")
+    parser.add_argument("--guard-empty-top-k", action="store_true",
+                        help="candidates run with vllm_servers.EMPTY_TOP_K_GUARD (vLLM 0.32.0 CPU crashes without)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--deadline", type=float, default=4 * 3600.0, help="each audit's --deadline, seconds")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     target, draft = model_folders(args.model)
-    configs = {"ngram": lambda: ngram_config(), "draft_model": lambda: draft_model_config(draft or target)}
+    configs = {"ngram": lambda: ngram_config(), "draft_model": lambda: draft_model_config(draft or target),
+               "eagle": lambda: eagle_config(write_tiny_eagle_head(target.parent / "eagle", target))}
     methods = args.methods.split(",")
     servers = {"baseline": None} | {method: configs[method]() for method in methods}
-    summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers}
+    summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers,
+                                  "guard_empty_top_k": args.guard_empty_top_k}
     started = time.monotonic()
-    with vllm_servers(target, servers) as urls:
+    with vllm_servers(target, servers, guard_empty_top_k=args.guard_empty_top_k) as urls:
         summary["startup_s"] = round(time.monotonic() - started, 1)
         summary["tokens_per_s"] = {name: round(tokens_per_second(url, "model"), 2) for name, url in urls.items()}
         code = 0

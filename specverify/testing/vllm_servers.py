@@ -42,6 +42,9 @@ STARTUP_S = 600.0
 KV_CACHE_GIB = 1
 MAX_MODEL_LEN = 2048
 SPECULATIVE_TOKENS = 4
+EMPTY_TOP_K_GUARD = Path(__file__).resolve().parent / "vllm_empty_top_k_guard"
+"""A folder whose ``sitecustomize`` lets vLLM 0.32.0's CPU rejection sampler take an empty verify
+batch under top-k, which otherwise crashes the engine (docs/engine-findings.md, vLLM CPU server)."""
 
 
 class VllmCpuEnvMissing(RuntimeError):
@@ -89,9 +92,15 @@ def eagle_config(head: Path, tokens: int = SPECULATIVE_TOKENS) -> dict[str, obje
 
 
 def start_vllm(
-    env: VllmCpuEnv, model: Path, served_name: str, core: int, speculative: Mapping[str, object] | None = None
+    env: VllmCpuEnv,
+    model: Path,
+    served_name: str,
+    core: int,
+    speculative: Mapping[str, object] | None = None,
+    guard_empty_top_k: bool = False,
 ) -> tuple[subprocess.Popen, str]:
-    """Start one vLLM OpenAI server over ``model`` pinned to ``core``; (process, ``/v1`` URL)."""
+    """Start one vLLM OpenAI server over ``model`` pinned to ``core``; (process, ``/v1`` URL).
+    ``guard_empty_top_k``: run it with :data:`EMPTY_TOP_K_GUARD` (see its ``sitecustomize``)."""
     port = free_port()
     command = ["taskset", "-c", str(core), str(env.python), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model), "--served-model-name", served_name, "--host", "127.0.0.1",
@@ -104,6 +113,8 @@ def start_vllm(
                      LD_PRELOAD=str(env.openmp_runtime))
     for name in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET"):  # specverify's engine-import settings
         variables.pop(name, None)
+    if guard_empty_top_k:
+        variables["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EMPTY_TOP_K_GUARD), variables.get("PYTHONPATH")]))
     return start_logged(command, variables), f"http://127.0.0.1:{port}/v1"
 
 
@@ -113,15 +124,18 @@ def vllm_servers(
     servers: Mapping[str, Mapping[str, object] | None],
     served_name: str = "model",
     env: VllmCpuEnv | None = None,
+    guard_empty_top_k: bool = False,
 ) -> Iterator[dict[str, str]]:
     """Healthy vLLM servers over ``model``, one per ``{name: speculative config or None}``, server
-    ``i`` pinned to core ``i mod cpu_count``; yields ``{name: /v1 URL}`` and stops them on exit."""
+    ``i`` pinned to core ``i mod cpu_count``; yields ``{name: /v1 URL}`` and stops them on exit.
+    ``guard_empty_top_k``: the speculative servers run with :data:`EMPTY_TOP_K_GUARD`."""
     env = vllm_cpu_env() if env is None else env
     cores = sorted(os.sched_getaffinity(0))
     started: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         for index, (name, speculative) in enumerate(servers.items()):
-            started[name] = start_vllm(env, model, served_name, cores[index % len(cores)], speculative)
+            guard = guard_empty_top_k and speculative is not None
+            started[name] = start_vllm(env, model, served_name, cores[index % len(cores)], speculative, guard)
         for name, (process, url) in started.items():
             wait_healthy(process, url, STARTUP_S, f"vLLM server {name!r}")
         yield {name: url for name, (_, url) in started.items()}
