@@ -66,8 +66,6 @@ def main() -> int:
     parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated: ngram, draft_model, eagle")
     parser.add_argument("--budget", default="quick")
     parser.add_argument("--no-request-space", action="store_true")
-    parser.add_argument("--guard-empty-top-k", action="store_true",
-                        help="candidates run with vllm_servers.EMPTY_TOP_K_GUARD (vLLM 0.32.0 CPU crashes without)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--deadline", type=float, default=4 * 3600.0, help="each audit's --deadline, seconds")
     args = parser.parse_args()
@@ -77,10 +75,9 @@ def main() -> int:
                "eagle": lambda: eagle_config(write_tiny_eagle_head(target.parent / "eagle", target))}
     methods = args.methods.split(",")
     servers = {"baseline": None} | {method: configs[method]() for method in methods}
-    summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers,
-                                  "guard_empty_top_k": args.guard_empty_top_k}
+    summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers}
     started = time.monotonic()
-    with vllm_servers(target, servers, guard_empty_top_k=args.guard_empty_top_k) as urls:
+    with vllm_servers(target, servers) as urls:
         summary["startup_s"] = round(time.monotonic() - started, 1)
         summary["tokens_per_s"] = {name: round(tokens_per_second(url, "model"), 2) for name, url in urls.items()}
         code = 0

