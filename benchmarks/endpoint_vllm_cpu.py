@@ -39,8 +39,7 @@ def tokens_per_second(url: str, model: str) -> float:
     """Completion tokens per second of one greedy request of :data:`SPEED_TOKENS` tokens (after a warm-up)."""
     import httpx
 
-    body = {"model": model, "prompt": SPEED_PROMPT, "max_tokens": SPEED_TOKENS, "temperature": 0.0,
-            "ignore_eos": True}
+    body = {"model": model, "prompt": SPEED_PROMPT, "max_tokens": SPEED_TOKENS, "temperature": 0.0, "ignore_eos": True}
     httpx.post(url + "/completions", json=dict(body, max_tokens=8), timeout=600).raise_for_status()
     started = time.monotonic()
     response = httpx.post(url + "/completions", json=body, timeout=600)
@@ -71,8 +70,11 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     target, draft = model_folders(args.model)
-    configs = {"ngram": lambda: ngram_config(), "draft_model": lambda: draft_model_config(draft or target),
-               "eagle": lambda: eagle_config(write_tiny_eagle_head(target.parent / "eagle", target))}
+    configs = {
+        "ngram": lambda: ngram_config(),
+        "draft_model": lambda: draft_model_config(draft or target),
+        "eagle": lambda: eagle_config(write_tiny_eagle_head(target.parent / "eagle", target)),
+    }
     methods = args.methods.split(",")
     servers = {"baseline": None} | {method: configs[method]() for method in methods}
     summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers}
@@ -83,9 +85,25 @@ def main() -> int:
         code = 0
         for method in methods:
             stem = f"{args.model}_{method}_{args.budget}"
-            command = [sys.executable, "-m", "specverify", "audit", "--level", "endpoint", urls[method],
-                       "--baseline", urls["baseline"], "--budget", args.budget, "--timeout", "300",
-                       "--deadline", f"{args.deadline:g}", "--json", str(args.out / f"{stem}.json")]
+            command = [
+                sys.executable,
+                "-m",
+                "specverify",
+                "audit",
+                "--level",
+                "endpoint",
+                urls[method],
+                "--baseline",
+                urls["baseline"],
+                "--budget",
+                args.budget,
+                "--timeout",
+                "300",
+                "--deadline",
+                f"{args.deadline:g}",
+                "--json",
+                str(args.out / f"{stem}.json"),
+            ]
             if args.no_request_space:
                 command.append("--no-request-space")
             with open(args.out / f"{stem}_terminal.txt", "w") as log:

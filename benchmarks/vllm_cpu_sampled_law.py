@@ -31,8 +31,7 @@ CELLS = 12
 def completion_tokens(url: str, seed: int) -> list[str]:
     import httpx
 
-    body = {"model": "model", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 1.0, "seed": seed,
-            "logprobs": 1}
+    body = {"model": "model", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 1.0, "seed": seed, "logprobs": 1}
     response = httpx.post(url + "/completions", json=body, timeout=300)
     response.raise_for_status()
     return response.json()["choices"][0]["logprobs"]["tokens"]
@@ -43,12 +42,19 @@ def homogeneity(baseline: collections.Counter, candidate: collections.Counter, s
     from scipy.stats import chi2_contingency
 
     tokens = [token for token, _ in (baseline + candidate).most_common(CELLS)]
-    rows = [[counts[token] for token in tokens] + [samples - sum(counts[token] for token in tokens)]
-            for counts in (baseline, candidate)]
+    rows = [
+        [counts[token] for token in tokens] + [samples - sum(counts[token] for token in tokens)]
+        for counts in (baseline, candidate)
+    ]
     columns = [column for column in zip(*rows) if sum(column) > 0]
     statistic, p_value, dof, _ = chi2_contingency([list(row) for row in zip(*columns)])
-    return {"chi2": round(float(statistic), 1), "dof": int(dof), "p": float(p_value),
-            "baseline_top": baseline.most_common(4), "candidate_top": candidate.most_common(4)}
+    return {
+        "chi2": round(float(statistic), 1),
+        "dof": int(dof),
+        "p": float(p_value),
+        "baseline_top": baseline.most_common(4),
+        "candidate_top": candidate.most_common(4),
+    }
 
 
 def main() -> int:
@@ -69,15 +75,18 @@ def main() -> int:
                 drawn[name] = list(pool.map(lambda seed, url=url: completion_tokens(url, seed), range(args.samples)))
             result[f"{name}_wall_s"] = round(time.monotonic() - started, 1)
         for position in range(TOKENS):
-            baseline, candidate = (collections.Counter(tokens[position] for tokens in drawn[name])
-                                   for name in ("baseline", "draft_model"))
+            baseline, candidate = (
+                collections.Counter(tokens[position] for tokens in drawn[name]) for name in ("baseline", "draft_model")
+            )
             result[f"token{position + 1}"] = homogeneity(baseline, candidate, args.samples)
         import httpx
 
         metrics = httpx.get(urls["draft_model"].removesuffix("/v1") + "/metrics", timeout=30).text
-        result["spec_decode"] = [line for line in metrics.splitlines()
-                                 if line.startswith("vllm:spec_decode_num_") and "_total{" in line
-                                 and "per_pos" not in line]
+        result["spec_decode"] = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("vllm:spec_decode_num_") and "_total{" in line and "per_pos" not in line
+        ]
     args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     print(json.dumps(result, indent=1, ensure_ascii=False))
     return 0

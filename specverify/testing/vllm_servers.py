@@ -97,15 +97,40 @@ def start_vllm(
 ) -> tuple[subprocess.Popen, str]:
     """Start one vLLM OpenAI server over ``model`` pinned to ``core``; (process, ``/v1`` URL)."""
     port = free_port()
-    command = ["taskset", "-c", str(core), str(env.python), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(model), "--served-model-name", served_name, "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-               "--max-num-seqs", "16", "--disable-uvicorn-access-log"]
+    command = [
+        "taskset",
+        "-c",
+        str(core),
+        str(env.python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        "16",
+        "--disable-uvicorn-access-log",
+    ]
     if speculative is not None:
         command += ["--speculative-config", json.dumps(dict(speculative))]
-    variables = dict(os.environ, TORCHDYNAMO_DISABLE="1", VLLM_USE_AOT_COMPILE="0", OMP_NUM_THREADS="1",
-                     VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB),
-                     LD_PRELOAD=str(env.openmp_runtime))
+    variables = dict(
+        os.environ,
+        TORCHDYNAMO_DISABLE="1",
+        VLLM_USE_AOT_COMPILE="0",
+        OMP_NUM_THREADS="1",
+        VLLM_CPU_OMP_THREADS_BIND=str(core),
+        VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB),
+        LD_PRELOAD=str(env.openmp_runtime),
+    )
     for name in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET"):  # specverify's engine-import settings
         variables.pop(name, None)
     return start_logged(command, variables), f"http://127.0.0.1:{port}/v1"

