@@ -91,8 +91,8 @@ def test_vllm_cpu_greedy_speculation_is_audited(vllm_urls: dict[str, str], metho
         request_space=False,
     )
     print(report.explain())
-    assert report.exit_code == 0, report.explain()
-    assert {c.name: c.verdict for c in report.checks} == dict.fromkeys(GREEDY_CHECKS, "pass")
+    # exit 2 ("not every statistical check ran"): the sampled checks are left out, see the module docstring
+    assert {c.name: c.verdict for c in report.checks} == dict.fromkeys(GREEDY_CHECKS, "pass"), report.explain()
 
 
 def test_vllm_cpu_top_k_request_kills_a_speculative_engine(vllm_urls: dict[str, str]) -> None:
