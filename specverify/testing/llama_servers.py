@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
+
+from specverify.testing.local_servers import free_port, start_logged, stop_server, wait_healthy
 
 STARTUP_S = 120.0
 DRAFT_TOKENS = 4
@@ -40,63 +39,12 @@ def smollm2_gguf() -> Path:
     return gguf
 
 
-def free_port() -> int:
-    """A port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(gguf: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     """Start one ``llama_cpp.server`` over ``gguf`` with the extra flags; (process, ``/v1`` URL)."""
     port = free_port()
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
                "--port", str(port), "--n_ctx", "2048", "--verbose", "False", *extra]
-    log = tempfile.TemporaryFile()  # not a pipe: a full pipe would block a long-running server
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log,
-                               env=dict(os.environ, OMP_NUM_THREADS="1"))
-    process.stderr_log = log  # type: ignore[attr-defined]
-    return process, f"http://127.0.0.1:{port}/v1"
-
-
-def stderr_tail(process: subprocess.Popen, limit: int = 2000) -> str:
-    """The last ``limit`` characters the server wrote to stderr."""
-    log = getattr(process, "stderr_log", None)
-    if log is None:
-        return ""
-    log.seek(0)
-    return log.read().decode(errors="replace")[-limit:]
-
-
-def wait_healthy(process: subprocess.Popen, url: str, startup_s: float = STARTUP_S) -> None:
-    """Return once ``GET {url}/models`` answers 200; raise ``RuntimeError`` (with the server's
-    stderr tail) if the process exits first or ``startup_s`` passes."""
-    import httpx
-
-    deadline = time.monotonic() + startup_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited with {process.returncode}: {stderr_tail(process)}")
-        try:
-            if httpx.get(url + "/models", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"llama_cpp.server at {url} not healthy within {startup_s:g} s")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 10 s."""
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-    log = getattr(process, "stderr_log", None)
-    if log is not None:
-        log.close()
+    return start_logged(command, dict(os.environ, OMP_NUM_THREADS="1")), f"http://127.0.0.1:{port}/v1"
 
 
 @contextlib.contextmanager
@@ -110,7 +58,7 @@ def llama_pair(gguf: Path | None = None, draft_tokens: int = DRAFT_TOKENS) -> It
         started.append(start_server(gguf, "--draft_model", "prompt-lookup-decoding",
                                     "--draft_model_num_pred_tokens", str(draft_tokens)))
         for process, url in started:
-            wait_healthy(process, url)
+            wait_healthy(process, url, STARTUP_S, "llama_cpp.server")
         yield LlamaPair(candidate=started[1][1], baseline=started[0][1])
     finally:
         for process, _ in started:

@@ -84,6 +84,8 @@ MARKERS = (
     "slow: long checks kept out of the default run (`pytest -m slow`)",
     "statistical: sampled checks whose false-positive rate is bounded by the stated alpha",
     "server: starts real llama.cpp servers (the `[server]` extra); kept out of the default run (`pytest -m server`)",
+    "vllm_server: starts real vLLM CPU servers from the venv of scripts/vllm_cpu_env.sh (also marked `server`; "
+    "`pytest -m vllm_server`)",
     "engines: audits real engines' verification code (vLLM, SGLang, lmdeploy; engines.txt); kept out of the default "
     "run (`pytest -m engines`)",
 )
