@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TextIO
 
 SECONDS_PER_CHECK = 0.05
 SECONDS_PER_STEP = 2e-6
@@ -56,18 +56,63 @@ SECONDS_PER_LOOP = 5e-6
 SECONDS_PER_DECODER_CALL = 0.1
 
 
-class AuditProgress(Protocol):
-    """The richer progress interface (see the module docstring)."""
+class AuditProgress:
+    """What an audit tells its display as it runs (module docstring).  Every hook does nothing
+    here: a display overrides the ones it shows.  ``says_notes``: whether :meth:`note` writes the
+    plan's notes (checks left out, a power shortfall); the report then does not repeat them."""
+
+    says_notes: ClassVar[bool] = False
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: Any) -> None: ...
+              plans: Sequence[Any], log: Any) -> None:
+        """The plan, before the first check; ``log`` is the session's call log (None at the endpoint level)."""
 
-    def check_started(self, index: int, check: Any, plan: Any) -> None: ...
+    def note(self, text: str) -> None:
+        """A line about the plan, after :meth:`begin`."""
 
-    def check_finished(self, index: int, result: Any) -> None: ...
+    def check_started(self, index: int, check: Any, plan: Any) -> None:
+        """Check ``index`` of the plan starts."""
+
+    def check_finished(self, index: int, result: Any) -> None:
+        """Check ``index`` has its result."""
+
+    def after_verdict(self, text: str) -> None:
+        """A step that follows the verdict, with its time bound (:mod:`specverify.auditing.post_verdict`)."""
 
     def end(self, *, total_s: float | None = None) -> None:
         """The audit has ended (after its post-verdict steps): ``total_s`` its seconds from its start."""
+
+
+class CallbackProgress(AuditProgress):
+    """A plain callable ``progress(done, total, name)`` as a display: called before each check
+    with the check's name, and once at the end with ``done == total`` and ``"done"``."""
+
+    def __init__(self, callback: Callable[[int, int, str], None]) -> None:
+        self.callback = callback
+        self.total = 0
+
+    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
+              plans: Sequence[Any], log: Any) -> None:
+        self.total = len(checks)
+
+    def check_started(self, index: int, check: Any, plan: Any) -> None:
+        self.callback(index, self.total, check.name)
+
+    def end(self, *, total_s: float | None = None) -> None:
+        self.callback(self.total, self.total, "done")
+
+
+def as_progress(progress: AuditProgress | Callable[[int, int, str], None] | None) -> AuditProgress:
+    """The display an audit drives for its ``progress=`` argument: an :class:`AuditProgress` as
+    it is, a plain callable through :class:`CallbackProgress`, None as a display that shows nothing."""
+    if progress is None:
+        return AuditProgress()
+    if isinstance(progress, AuditProgress):
+        return progress
+    if callable(progress):
+        return CallbackProgress(progress)
+    raise TypeError(f"progress: expected an AuditProgress or a callable progress(done, total, name), "
+                    f"got {type(progress).__name__}; subclass specverify.auditing.progress.AuditProgress")
 
 
 def expected_seconds_of(level: str, check: Any, plan: Any) -> float:
@@ -135,9 +180,10 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
             f"(at the reference implementation's speed on a 2-core CPU{faster})")
 
 
-class _Tracker:
+class _Tracker(AuditProgress):
     """State shared by both displays: the plan, the rows read from the call log, the ETA."""
 
+    says_notes: ClassVar[bool] = True
     stream: TextIO
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],

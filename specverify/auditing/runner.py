@@ -87,15 +87,16 @@ from specverify.auditing.omissions import Omission, omitted_checks, omitted_name
 from specverify.auditing.post_verdict import PostVerdict
 from specverify.auditing.power import PowerShortfall, power_shortfall
 from specverify.auditing.presets import resolve_preset
+from specverify.auditing.progress import AuditProgress, as_progress
 from specverify.auditing.signatures import expected_signature, is_call_type_error, signature_problem
 from specverify.core import stats
 from specverify.core.seeding import derive_seed
 
-Progress = Callable[[int, int, str], None]
-"""``progress(done, total, name)``: called before each check (``name`` is the check about to
-run) and once at the end with ``done == total``.  An object with ``begin`` / ``check_started`` /
-``check_finished`` / ``end`` methods (:class:`specverify.auditing.progress.AuditProgress`) is
-told the plan and every result instead, and ``end(total_s=…)`` at the audit's true end."""
+Progress = AuditProgress | Callable[[int, int, str], None]
+"""``progress=`` of :func:`audit`: an :class:`specverify.auditing.progress.AuditProgress`, told the
+plan and every result and ``end(total_s=…)`` at the audit's true end, or a plain callable
+``progress(done, total, name)``, called before each check and once at the end with ``done ==
+total`` (:func:`specverify.auditing.progress.as_progress`)."""
 
 
 @dataclass(frozen=True)
@@ -394,6 +395,7 @@ def audit(
                     preset=None if chosen is None else chosen.name)
     minimal: tuple[MinimalCase | None, str] = (None, "")
     post = PostVerdict(started)
+    display = as_progress(progress)
     displayed = False
     with preserved_process_state():
         try:
@@ -430,28 +432,26 @@ def audit(
                 omitted = tuple(o for o in omitted if any(n in checks for n in o.names))
             plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
             shortfall = power_shortfall(selected, plans, level, sample_budget, share)
-            if hasattr(progress, "begin"):
-                progress.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
-                               plans=plans, log=getattr(function, "log", None))
-                displayed = True
-                if hasattr(progress, "note"):
-                    for line in ([settings["preset_note"]] if settings.get("preset_note") else []) + plan_notes(
-                            shortfall, omitted, allow_underpowered):
-                        progress.note(line)
-                    settings["notes_said"] = True
+            display.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
+                          plans=plans, log=getattr(function, "log", None))
+            displayed = True
+            for line in ([settings["preset_note"]] if settings.get("preset_note") else []) + plan_notes(
+                    shortfall, omitted, allow_underpowered):
+                display.note(line)
+            settings["notes_said"] = display.says_notes
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
-                results, interrupted = _run_checks(selected, plans, session, seed, progress, fail_fast, locating,
+                results, interrupted = _run_checks(selected, plans, session, seed, display, fail_fast, locating,
                                                    post, stop_at_malformed=level != "endpoint")
                 post.open()
                 if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
                                                                   for r in results):
-                    minimal = _minimal_case(name, selected, results, function, seed, post, progress)
+                    minimal = _minimal_case(name, selected, results, function, seed, post, display)
         finally:
             _shut_down(function, post)
             total_s = time.perf_counter() - started
             if displayed:
-                progress.end(total_s=total_s)
+                display.end(total_s=total_s)
     log = getattr(function, "log", None)
     described = function.describe() if hasattr(function, "describe") else {"mode": isolation}
     timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results}}
@@ -493,7 +493,7 @@ def plan_notes(shortfall: PowerShortfall | None, omitted: Sequence[Omission], al
 
 
 def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: Any,
-                  seed: int, post: PostVerdict, progress: Progress | None) -> tuple[MinimalCase | None, str]:
+                  seed: int, post: PostVerdict, display: AuditProgress) -> tuple[MinimalCase | None, str]:
     """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks,
     sized to the function's measured rows/s and cut off at the post-verdict deadline (never an
     error of the audit: a fault of the function here only means no case is shown); the step's
@@ -517,9 +517,8 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
         restart = f" once the worker process is started again ({startup_s:.1f} s the last time)" if startup_s else ""
         note = f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}"
     else:
-        if hasattr(progress, "after_verdict"):
-            progress.after_verdict(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
-                          f"deadline in {post.seconds_left():.0f} s")
+        display.after_verdict(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
+                              f"deadline in {post.seconds_left():.0f} s")
         failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
         function.cut_off_at(post.deadline())
         try:
@@ -579,7 +578,7 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
 
 
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
-                progress: Progress | None, fail_fast: bool = False, locating: Sequence[str] = (),
+                display: AuditProgress, fail_fast: bool = False, locating: Sequence[str] = (),
                 post: PostVerdict | None = None, *, stop_at_malformed: bool = True) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
 
@@ -609,10 +608,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     try:
         with preserved_global_rng():
             for index, (check, plan) in enumerate(zip(checks, plans)):
-                if hasattr(progress, "check_started"):
-                    progress.check_started(index, check, plan)
-                elif progress is not None:
-                    progress(index, len(checks), check.name)
+                display.check_started(index, check, plan)
                 started = time.perf_counter()
                 calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
                 stop = function.stop_reason() if hasattr(function, "stop_reason") else None
@@ -644,30 +640,26 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                 results.append(dataclasses.replace(result, **extra))
                 if stop_at_malformed and results[-1].fault is FaultKind.MALFORMED:
                     malformed_in = check.name
-                if hasattr(progress, "check_finished"):
-                    progress.check_finished(index, results[-1])
+                display.check_finished(index, results[-1])
                 if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
                     first_failure = check.name
                     following = [name for name in locating_left if name not in {r.name for r in results}]
                     if post is not None and following:
-                        _open_locating(post, function, progress, following)
+                        _open_locating(post, function, display, following)
     finally:
         if post is not None and post.verdict_at is not None and first_failure is not None:
             _close_locating(post, function, results, locating_left, first_failure)
-    if not hasattr(progress, "end") and progress is not None:
-        progress(len(checks), len(checks), "done")
     return results, interrupted
 
 
-def _open_locating(post: PostVerdict, function: Any, progress: Progress | None, following: Sequence[str]) -> None:
+def _open_locating(post: PostVerdict, function: Any, display: AuditProgress, following: Sequence[str]) -> None:
     """At the first failure under fail-fast: open the post-verdict budget, cut the function off at
     the locating checks' share, and say what follows."""
     post.open()
     if hasattr(function, "cut_off_at"):
         function.cut_off_at(post.locating_deadline())
-    if hasattr(progress, "after_verdict"):
-        progress.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
-                                        f"{post.locating_deadline() - post.verdict_at:.0f} s"))
+    display.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
+                                            f"{post.locating_deadline() - post.verdict_at:.0f} s"))
 
 
 def _close_locating(post: PostVerdict, function: Any, results: Sequence[CheckResult], locating: Sequence[str],

@@ -7,6 +7,7 @@ import logging
 import warnings
 
 import numpy as np
+import pytest
 
 import specverify
 from specverify.auditing.isolation.captured import captured_warnings
@@ -80,3 +81,15 @@ def test_decoder_level_progress_states_calls_and_time():
     first = stream.getvalue().splitlines()[0]
     assert "level decoder" in first and "calls in all; expected ~" in first
     assert "s per call of the function: the rest takes ~" in stream.getvalue()  # measured after the first check
+
+
+def test_a_plain_callable_is_called_before_each_check_and_once_at_the_end():
+    seen: list[tuple[int, int, str]] = []
+    specverify.audit("reference", budget=10, checks=["step-K1", "inputs-unchanged"], isolation="none",
+                     allow_underpowered=True, progress=lambda done, total, name: seen.append((done, total, name)))
+    assert seen == [(0, 2, "step-K1"), (1, 2, "inputs-unchanged"), (2, 2, "done")]
+
+
+def test_a_progress_that_is_neither_a_display_nor_callable_is_refused_with_the_fix():
+    with pytest.raises(TypeError, match="progress: expected an AuditProgress"):
+        specverify.audit("reference", budget=10, checks=["step-K1"], isolation="none", progress="lines")
