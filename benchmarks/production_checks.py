@@ -5,7 +5,8 @@
 For each production-shape check of the sampler battery (``reference``, its plan in the whole
 battery: Bonferroni over every statistical check, as in ``specverify audit``) it runs the check
 alone and prints, in CPU seconds (this process and, with ``--isolation process``, the worker,
-reaped before it is read), so that the figures mean something on a shared machine:
+reaped before it is read, its start included), so that the figures mean something on a shared
+machine:
 
 - ``rows/CPU-s``: the rows (samples) the check pushed through the function per CPU second of the
   whole check (harness, transport, function, completion, statistics);
