@@ -96,3 +96,58 @@ def test_tree_inputs_can_be_strided_too(isolation):
         assert torch.equal(a, b)
     finally:
         function.close()
+
+
+def test_a_kept_storage_is_written_again_only_after_a_change():
+    from specverify.auditing.isolation.presentation import Presenter, padding_of, same_bits, storage_shape
+
+    law = torch.rand(2, 7)
+    expanded = law.unsqueeze(0).expand(3, -1, -1)
+    presenter = Presenter()
+    slot = presenter.slot("target_probs", storage_shape((3, 2, 7), True), law.dtype, torch.device("cpu"))
+    first = presenter.present(slot, expanded, 0.25)
+    assert torch.equal(first, expanded) and all(same_bits(part, 0.25) for part in padding_of(slot.storage, (3, 2, 7)))
+    assert not presenter.settle(slot, expanded)
+    padding = padding_of(slot.storage, (3, 2, 7))[0]
+    padding.fill_(9.0)  # what the slot holds is trusted: the same tensor is not written again
+    presenter.present(slot, expanded, 0.25)
+    assert padding.eq(9.0).all()
+    assert not presenter.settle(slot, expanded)  # padding changed: not a mutation, but written next time
+    presenter.present(slot, expanded, 0.25)
+    assert padding.eq(0.25).all()
+    first[1, 0, 3] += 1.0  # the function modifies its input: reported, and written again next time
+    assert presenter.settle(slot, expanded)
+    again = presenter.present(slot, expanded, 0.25)
+    assert torch.equal(again, expanded) and not presenter.settle(slot, expanded)
+    presenter.present(slot, expanded, 0.25)  # a call that raised is never settled: written again
+    first[0, 0, 0] = -1.0
+    presenter.present(slot, expanded, 0.25)
+    assert torch.equal(first, expanded)
+    other = expanded.clone()  # another tensor with the same values is written (nothing is assumed)
+    assert torch.equal(presenter.present(slot, other, 0.25), other) and not presenter.settle(slot, other)
+
+
+def test_a_negative_zero_written_over_a_zero_is_no_mutation_but_is_written_again():
+    from specverify.auditing.isolation.presentation import Presenter
+
+    tensor = torch.zeros(2, 3)
+    presenter = Presenter()
+    slot = presenter.slot("draft_probs", (2, 3), tensor.dtype, torch.device("cpu"))
+    view = presenter.present(slot, tensor, 0.5)
+    view[0, 0] = -0.0
+    assert not presenter.settle(slot, tensor) and slot.source is None
+    presenter.present(slot, tensor, 0.5)
+    assert not torch.signbit(view[0, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_same_bits_compares_broadcast_views_and_scalars(dtype):
+    from specverify.auditing.isolation.presentation import same_bits
+
+    row = (torch.arange(300) % 7).to(dtype)
+    wide = row.expand(1000, 300)
+    copy = wide.clone()
+    assert same_bits(copy, wide) and same_bits(copy[:, :0], wide[:, :0])
+    copy[999, 299] = 8
+    assert not same_bits(copy, wide)
+    assert same_bits(torch.full((5, 4), 3, dtype=dtype), 3) and not same_bits(torch.full((5, 4), 3, dtype=dtype), 2)

@@ -1,5 +1,5 @@
-"""Guarded calls of an implementation under audit: deadline, exception capture, output validation,
-input-mutation detection and global-RNG detection.
+"""Guarded calls of an implementation under audit: deadline, exception capture, output validation
+and global-RNG detection (input mutation: :class:`specverify.auditing.isolation.presentation.Presenter`).
 
 An audit must survive whatever the function does.  Everything that goes wrong inside one call is
 turned into a :class:`Fault` (an exception carrying a ``kind`` and a readable message) that the
@@ -218,16 +218,6 @@ def validate_tree_emitted(result: Any, tree_tokens: torch.Tensor, parents: torch
 def validate_new_tokens(result: Any, max_new_tokens: int, vocab_size: int) -> torch.Tensor:
     """:func:`specverify.core.outputs.validate_new_tokens` for a guarded call (SPEC §2)."""
     return _malformed_as_fault(outputs.validate_new_tokens, result, max_new_tokens, vocab_size)
-
-
-# --------------------------------------------------------------------------------------------
-# Input mutation
-# --------------------------------------------------------------------------------------------
-
-
-def mutated_arguments(originals: dict[str, torch.Tensor], passed: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the arguments whose tensors no longer equal the copies taken before the call."""
-    return [name for name, tensor in passed.items() if not torch.equal(tensor.cpu(), originals[name])]
 
 
 # --------------------------------------------------------------------------------------------

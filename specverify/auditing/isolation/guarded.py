@@ -43,10 +43,9 @@ from specverify.auditing.isolation.faults import (
     CutOff,
     Fault,
     call_with_deadline,
-    mutated_arguments,
     validate_emitted,
 )
-from specverify.auditing.isolation.presentation import decoy_value, fill_storage, presented, storage_shape
+from specverify.auditing.isolation.presentation import Presenter, decoy_value, storage_shape
 from specverify.auditing.isolation.process import (
     START_TIMEOUT_S,
     CapturedStream,
@@ -231,6 +230,7 @@ class _Session:
         self.worker: WorkerProcess | None = None
         self.info: dict[str, Any] = {}
         self.buffer: SharedBuffer | None = None  # shared memory of the calls' tensors (worker sessions)
+        self.presenter = Presenter()  # the storages of the inputs, kept across calls
         self.isolation = check_isolation(isolation)
         self.life_calls = self.life_rows = 0  # calls and rows since the current worker started
         self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
@@ -333,6 +333,7 @@ class _Session:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.stop()
+        self.presenter.forget()
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
@@ -352,6 +353,7 @@ class _Session:
 
     def _ensure_buffer(self, nbytes: int) -> SharedBuffer:
         if self.buffer is None or self.buffer.size < nbytes:
+            self.presenter.forget()
             if self.buffer is not None:
                 self.buffer.close()
             self.buffer = SharedBuffer.create(nbytes)
@@ -359,21 +361,37 @@ class _Session:
 
     def _share(self, inputs: dict[str, torch.Tensor], output_shape: tuple[int, int], strided: bool,
                vocab: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
-        """Copy ``inputs`` into the shared buffer (each in its own region, as a view of a wider
-        buffer when ``strided``), after them an int64 output region of ``output_shape``; return the
-        input views, the output view and the request fields that let the worker rebuild them."""
+        """Present ``inputs`` in the shared buffer (each in its own region, as a view of a wider
+        buffer when ``strided``; a region that holds its input already is not written again,
+        :class:`~specverify.auditing.isolation.presentation.Presenter`), after them an int64 output
+        region of ``output_shape``; return the input views, the output view and the request fields
+        that let the worker rebuild them."""
         shapes = [tuple(t.shape) for t in inputs.values()] + [output_shape]
         parts = [(t.dtype, storage_shape(tuple(t.shape),
                                          strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
         offsets, nbytes = layout(parts)
         buffer = self._ensure_buffer(nbytes)
-        storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
-        views = [fill_storage(storage, tensor, decoy_value(name, vocab)) if strided else storage.copy_(tensor)
-                 for storage, (name, tensor) in zip(storages, inputs.items())]
         header = {"buffer": (buffer.path, buffer.size), "offsets": offsets,
                   "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
                   "shapes": [shape for _, shape in parts], "views": shapes}
+        self.presenter.use_layout((buffer.path, buffer.size, tuple(offsets), tuple(parts)))
+        storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
+        views = [self.presenter.present(self.presenter.adopt(name, storage), tensor, decoy_value(name, vocab))
+                 for storage, (name, tensor) in zip(storages, inputs.items())]
         return views + [storages[-1]], header
+
+    def _present(self, inputs: dict[str, torch.Tensor], strided: bool, vocab: int) -> dict[str, torch.Tensor]:
+        """``inputs`` in storages of this process kept across calls (in-process sessions; as views of
+        wider buffers when ``strided``)."""
+        presenter = self.presenter
+        return {name: presenter.present(presenter.slot(name, storage_shape(tuple(tensor.shape), strided), tensor.dtype,
+                                                       self.device), tensor, decoy_value(name, vocab))
+                for name, tensor in inputs.items()}
+
+    def _mutated(self, inputs: dict[str, torch.Tensor]) -> list[str]:
+        """The inputs a call modified in place (compared with what was presented,
+        :meth:`~specverify.auditing.isolation.presentation.Presenter.settle`)."""
+        return [name for name, tensor in inputs.items() if self.presenter.settle(self.presenter.slots[name], tensor)]
 
     def declared(self, name: str) -> Any:
         """The function's declared attribute ``name`` (one of :data:`DECLARED_ATTRIBUTES`), None when absent."""
@@ -479,8 +497,7 @@ class GuardedFunction(_Session):
         batch, width, vocab = proposal.target_probs.shape
         per_row = (2 * width - 1) * vocab
         names = ("target_probs", "draft_probs", "draft_tokens")
-        passed = {name: presented(getattr(proposal, name), device=self.device, strided=strided,
-                                  decoy=decoy_value(name, vocab)) for name in names}
+        passed = self._present({name: getattr(proposal, name) for name in names}, strided, vocab)
         ragged = _num_draft_tokens(proposal)
         outputs, start = [], 0
         for number, rows in enumerate(sizes):
@@ -506,7 +523,7 @@ class GuardedFunction(_Session):
                 self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
             outputs.append(checked_emitted(result, proposal.draft_tokens[start:start + rows], vocab))
             start += rows
-        changed = mutated_arguments({name: getattr(proposal, name) for name in names}, passed)
+        changed = self._mutated({name: getattr(proposal, name) for name in names})
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return torch.cat(outputs)
@@ -548,8 +565,7 @@ class GuardedFunction(_Session):
             self.log.function_seconds += seconds
             if aliased and not self.log.aliasing:
                 self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
-        changed = [name for name, view, tensor in zip(("target_probs", "draft_probs", "draft_tokens"), views,
-                                                      (target, draft, tokens)) if not torch.equal(view, tensor)]
+        changed = self._mutated(inputs)
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return views[-1].clone()
@@ -693,9 +709,7 @@ class GuardedTreeFunction(_Session):
     def _tree_in_process(self, proposal: Any, generator: Any, deadline: float, what: str,
                          where: str, strided: bool) -> tuple[Any, float]:
         originals = {name: getattr(proposal, name) for name in TREE_INPUTS}
-        vocab = proposal.target_probs.shape[-1]
-        passed = {name: presented(tensor, device=self.device, strided=strided, decoy=decoy_value(name, vocab))
-                  for name, tensor in originals.items()}
+        passed = self._present(originals, strided, proposal.target_probs.shape[-1])
         started = time.perf_counter()
         try:
             result = self._in_process(lambda: self.fn(*passed.values(), generator), deadline, what, where)
@@ -707,7 +721,7 @@ class GuardedTreeFunction(_Session):
         self._returned(1, proposal.tree_tokens.shape[0])
         if self.alias_watch.after_call(result) and not self.log.aliasing:
             self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
-        changed = mutated_arguments(originals, passed)
+        changed = self._mutated(originals)
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         try:
@@ -721,7 +735,6 @@ class GuardedTreeFunction(_Session):
         if not isinstance(generator, FunctionGenerator):
             raise ValueError("generator: pass a generator made by GuardedTreeFunction.generator(seed)")
         named = {name: getattr(proposal, name) for name in TREE_INPUTS}
-        inputs = list(named.values())
         batch, nodes = proposal.tree_tokens.shape
         views, message = self._share(named, (batch, nodes + 1), strided, proposal.target_probs.shape[-1])
         message.update(op="tree", generator=generator)
@@ -735,7 +748,7 @@ class GuardedTreeFunction(_Session):
         self._returned(1, batch)
         if aliased and not self.log.aliasing:
             self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
-        changed = [name for name, view, tensor in zip(TREE_INPUTS, views, inputs) if not torch.equal(view, tensor)]
+        changed = self._mutated(named)
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return views[4].clone(), seconds

@@ -378,7 +378,7 @@ class ProductionStepCheck(SequentialCheck):
             emitted, lengths = session.function(proposal, function_generator, where=self.name, strided=self.strided)
             completed = complete(bank, bank.initial_state(chain), emitted, lengths, k + 1, generator)
             index = (chain[:, None] * (k + 1) + torch.arange(k + 1)) * vocab + completed
-            counts += torch.bincount(index.reshape(-1), minlength=counts.numel())
+            counts.index_add_(0, index.reshape(-1), torch.ones(index.numel(), dtype=torch.int64))
             accepted += torch.bincount(lengths - 1, minlength=k + 1)
         return Tally(n, {"counts": counts.numpy(), "accepted": accepted.numpy()})
 

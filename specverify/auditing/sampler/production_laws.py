@@ -81,10 +81,17 @@ def dyadic_law(weights: np.ndarray, *, name: str = "weights") -> np.ndarray:
         raise ValueError(f"{name}: {int(positive.sum())} tokens of positive weight do not fit in 2^{UNIT_BITS} units")
     m = np.where(positive, np.maximum(1, _round_significant(weights / weights.sum() * TOTAL)), 0)
     residue = TOTAL - int(m.sum())
-    for t in np.argsort(-m, kind="stable"):
+    # Each entry is visited once, largest first, so its step is the one it has now.  An entry whose
+    # step exceeds |residue| takes no change, and |residue| only shrinks while positive entries
+    # are visited (zeros come last): such entries are left out before the loop.
+    steps = _granularity(m)
+    order = np.argsort(-m, kind="stable")
+    for t in order[steps[order] <= abs(residue)]:
         if residue == 0:
             break
-        step = int(_granularity(m[t : t + 1])[0])
+        step = int(steps[t])
+        if step > abs(residue):
+            continue
         change = int(np.sign(residue)) * (abs(residue) // step) * step
         change = max(change, step - int(m[t]))  # never below one step (stays positive)
         candidate = np.array([m[t] + change])
