@@ -45,6 +45,8 @@ PLANTED = [
     ("choices-joint", {"seed_bug": "shared-uniforms"}, 800),            # n > 1 choices share verification uniforms
     ("stop-handling", {"stop_bug": True}, 0),                           # tokens after a stop string
     ("space-load", {"load_bug": 2}, 800),                               # another rule in steps of > 2 rows
+    ("space-load", {"shared_step_bug": 2}, 800),                        # a wrong q in steps of ≥ 2 rows
+    ("space-load", {"speculation_off_above": 1, "plain_path_bug": True}, 800),  # lossy plain path above 1 row
 ]
 
 
@@ -67,6 +69,31 @@ def test_the_correct_toy_passes_each_check(toy_server, check: str, bug: dict, bu
     candidate = toy_server(speculative=speculative, batching=True)
     report = _audit(candidate, toy_server(speculative=False), check, budget)
     assert report.checks[0].verdict == "pass", report.explain()
+
+
+def test_speculation_switched_off_above_a_batch_size_passes_and_shows_in_the_counters(toy_server) -> None:
+    """Above one row the toy runs the plain sampler (correct): every side passes, and the sides of
+    two or more requests show fewer drafted tokens per request by the server's counters."""
+    candidate = toy_server(speculative=True, batching=True, speculation_off_above=1)
+    report = _audit(candidate, toy_server(speculative=False), "space-load", 800)
+    assert report.checks[0].verdict == "pass", report.explain()
+    assert "burst 1: context p" in report.checks[0].message and "drafted tokens per request" in report.checks[0].message
+
+
+def test_a_load_loss_names_the_failing_and_the_passing_sides(toy_server) -> None:
+    candidate = toy_server(speculative=True, batching=True, speculation_off_above=1, plain_path_bug=True)
+    message = _audit(candidate, toy_server(speculative=False), "space-load", 800).checks[0].message
+    assert "the other sides pass their own tests (burst 1, burst 1 again)" in message, message
+
+
+def test_request_space_only_runs_the_space_checks_and_the_coverage_table(toy_server) -> None:
+    candidate = toy_server(speculative=True)
+    report = audit(candidate.url, level="endpoint", budget=40, request_space_only=True, concurrency=2,
+                   allow_underpowered=True)
+    names = [c.name for c in report.checks]
+    assert names[-1] == "request-space-coverage" and "greedy-identity" not in names and "space-load" in names
+    with pytest.raises(ValueError, match="request_space_only"):
+        audit(candidate.url, level="endpoint", budget=40, request_space=False, request_space_only=True)
 
 
 def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None:
@@ -99,6 +126,7 @@ def test_prompt_lengths_and_bursts_follow_the_context_and_the_concurrency() -> N
     assert [c.value for c in length_cases(None)] == ["40 chars", "256 chars", "1024 chars"]
     assert [c.value for c in length_cases(100_000)][-1] == "16384 chars"
     assert [c.value for c in load_cases((), 6)] == ["burst 1", "burst 2", "burst 4", "burst 6", "burst 1 again"]
+    assert {(c.burst, c.top_k, c.max_tokens) for c in load_cases((), 2)} == {(1, 4, 8), (2, 4, 8)}
     text = filler_text(300, "x")
     assert len(text) == 300 and text.isascii() and not text.endswith(" ") and filler_text(300, "x") == text
 
