@@ -212,6 +212,20 @@ class ToyConfig:
 STEP_BUGS = (None, "settings", "rows", "seed")
 SEED_BUGS = (None, "step", "choices", "shared-uniforms")
 IGNORABLE_FIELDS = (None, "min_p", "top_p", "presence_penalty", "frequency_penalty")
+REQUEST_SPACE_BUGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("min-p dropped on the speculative path", "space-sampling-fields", {"ignored_field": "min_p"}),
+    ("presence penalty dropped on the speculative path", "space-penalties", {"ignored_field": "presence_penalty"}),
+    ("lossy rule above 1,000 prompt tokens", "space-prompt-lengths", {"long_prompt_bug": 1000}),
+    ("prefix-cache state leaking between prompts", "space-prefixes", {"prefix_bug": 64}),
+    ("n > 1 choices sharing verification uniforms", "choices-joint", {"seed_bug": "shared-uniforms"}),
+    ("tokens returned after a stop string", "stop-handling", {"stop_bug": True}),
+    ("lossy bonus rule in steps of > 2 rows", "space-load", {"load_bug": 2}),
+    ("draft law before top-k in steps of >= 2 rows", "space-load", {"shared_step_bug": 2}),
+    ("speculation off above 1 row, plain path samples the draft", "space-load",
+     {"speculation_off_above": 1, "plain_path_bug": True}),
+)
+"""The planted bugs of the request space: (what it is, the check built to catch it, the
+:class:`ToyConfig` fields that plant it on a batching speculative server)."""
 PREFIX_CACHE_MIN = 8
 """Characters two prompts must share for the prefix cache to match them."""
 

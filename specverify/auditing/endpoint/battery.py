@@ -138,8 +138,9 @@ TWO_SAMPLE_TOKENS = 2
 
 
 REQUEST_SPACE_DEADLINE_FACTOR = 4.0
-"""The request space roughly triples a run's requests (≈ 7,100 more at ``quick``, ≈ 85 min at the
-≈ 0.7 s per request of the llama.cpp pair, estimated), so its default deadlines are 4 × the core's."""
+"""The request space adds ≈ 10,700 requests at ``quick`` to the core's ≈ 2,340 (≈ 125 min more at the
+≈ 0.7 s per request of the llama.cpp pair, estimated: ≈ 2.5 h in all), so its default deadlines are
+4 × the core's."""
 
 
 def default_deadline_s(budget: SampleBudget, request_space: bool = True) -> float:
