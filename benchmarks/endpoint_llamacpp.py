@@ -7,6 +7,10 @@ its log (with the load average before and after, and the wall time) and its JSON
 The servers are stopped whatever happens.
 
     python benchmarks/endpoint_llamacpp.py --budget standard --out benchmarks/results/issue11
+
+``--request-space-only`` runs the request-space checks and the coverage table alone, at a fixed
+budget of N samples per check (``--budget 120``): a coverage run, each check stating the TV it
+detects (``--allow-underpowered``, ``--no-fail-fast``); its files are named ``space-<budget>``.
 """
 
 from __future__ import annotations
@@ -30,13 +34,18 @@ def main() -> int:
     parser.add_argument("--budget", default="standard")
     parser.add_argument("--out", type=Path, required=True, help="folder for <budget>_terminal.txt and <budget>.json")
     parser.add_argument("--deadline", type=float, default=4 * 3600.0, help="the audit's --deadline, seconds")
+    parser.add_argument("--request-space-only", action="store_true",
+                        help="the request-space checks and the coverage table alone (a coverage run)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    name = f"space-{args.budget}" if args.request_space_only else args.budget
     with llama_pair() as pair:
         command = [sys.executable, "-m", "specverify", "audit", "--level", "endpoint", pair.candidate,
                    "--baseline", pair.baseline, "--budget", args.budget, "--timeout", "300",
-                   "--deadline", f"{args.deadline:g}", "--json", str(args.out / f"{args.budget}.json")]
-        with open(args.out / f"{args.budget}_terminal.txt", "w") as log:
+                   "--deadline", f"{args.deadline:g}", "--json", str(args.out / f"{name}.json")]
+        if args.request_space_only:
+            command += ["--request-space-only", "--allow-underpowered", "--no-fail-fast"]
+        with open(args.out / f"{name}_terminal.txt", "w") as log:
             log.write(load_line() + "\n$ " + " ".join(command) + "\n")
             log.flush()
             started = time.monotonic()

@@ -31,11 +31,12 @@ DEFAULTS = {"level": "sampler", "alpha": 1e-3, "device": "cpu", "isolation": "pr
 
 LEVEL_FLAGS = {"baseline": "--baseline", "model": "--model", "concurrency": "--concurrency",
                "deadline_s": "--deadline", "seeded_determinism": "--seeded-determinism",
-               "context_length": "--context-length", "request_space": "--no-request-space"}
+               "context_length": "--context-length", "request_space": "--no-request-space",
+               "request_space_only": "--request-space-only"}
 """The command-line flag of each keyword a level's battery takes (the endpoint level's)."""
 
 LEVEL_DEFAULTS = {"baseline": None, "model": None, "concurrency": 4, "deadline_s": None, "seeded_determinism": False,
-                  "context_length": None, "request_space": True}
+                  "context_length": None, "request_space": True, "request_space_only": False}
 """A level keyword with this value is left out of the replay line (the CLI's defaults)."""
 
 

@@ -91,6 +91,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-request-space", dest="request_space", action="store_false",
                         help="endpoint level: leave out the request-space checks (sampling fields, prompt lengths, "
                              "prefixes, load, n = 2/4, penalties, stop handling) and the coverage table")
+    parser.add_argument("--request-space-only", action="store_true",
+                        help="endpoint level: run only the request-space checks and the coverage table (with a "
+                             "fixed --budget N, a coverage run at N samples per check: each check states the TV it "
+                             "detects, and a pass below the budget's TV needs --allow-underpowered)")
     parser.add_argument("--seeded-determinism", action="store_true",
                         help="endpoint level: the server promises that a seeded request gives the same tokens alone "
                              "and in any batch (e.g. vLLM with VLLM_BATCH_INVARIANT=1), so seed-reproducibility "
@@ -114,7 +118,8 @@ def audit_keywords(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """The keyword arguments of :func:`specverify.audit` that the options in ``args`` give."""
     level_options = (dict(baseline=args.baseline, model=args.model, concurrency=args.concurrency,
                           deadline_s=args.deadline, seeded_determinism=args.seeded_determinism,
-                          context_length=args.context_length, request_space=args.request_space)
+                          context_length=args.context_length, request_space=args.request_space,
+                          request_space_only=args.request_space_only)
                      if args.level == "endpoint" else {})
     return dict(level=args.level, budget=args.budget, preset=args.preset, alpha=args.alpha, seed=seed,
                 device=args.device, timeout_s=args.timeout, isolation=args.isolation, fail_fast=args.fail_fast,

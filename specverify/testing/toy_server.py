@@ -58,7 +58,13 @@ draw their verification uniforms from one generator seed, their drafts from thei
 choice exactly distributed, the choices dependent); ``stop_bug``: stop strings are looked for only
 at the end of each verification step, so the tokens accepted after one are returned and the choice
 says ``finish_reason`` "length"; ``load_bug`` = B: a verification step of more than B rows uses
-``bonus_from_draft`` (a path switched on by load; needs ``batching``).
+``bonus_from_draft`` (a path switched on by load; needs ``batching``); ``shared_step_bug`` = m: in a
+verification step of ≥ m rows, each row's drafts are verified against the draft's law before
+top-k (the full-vocabulary law at the row's temperature), not the law they were drawn from: the
+wrong law only when m requests share a step, its direction changing from context to context.
+Load thresholds (need ``batching``): ``speculation_off_above`` = b: a step of more than b rows runs
+without drafts, one token per row from the plain sampler (vLLM's ``--speculative-disable-by-batch-size``; correct), and
+``plain_path_bug``: that plain path samples from the draft model's law (BUG).
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
 ``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
 accepted draft) | ``"no-n"`` (one choice whatever ``n`` asks, as llama-cpp-python's server);
@@ -191,6 +197,9 @@ class ToyConfig:
     prefix_bug: int | None = None
     stop_bug: bool = False
     load_bug: int | None = None
+    shared_step_bug: int | None = None
+    speculation_off_above: int | None = None
+    plain_path_bug: bool = False
 
     def __post_init__(self) -> None:
         if self.ignored_field not in IGNORABLE_FIELDS:
@@ -204,6 +213,20 @@ class ToyConfig:
 STEP_BUGS = (None, "settings", "rows", "seed")
 SEED_BUGS = (None, "step", "choices", "shared-uniforms")
 IGNORABLE_FIELDS = (None, "min_p", "top_p", "presence_penalty", "frequency_penalty")
+REQUEST_SPACE_BUGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("min-p dropped on the speculative path", "space-sampling-fields", {"ignored_field": "min_p"}),
+    ("presence penalty dropped on the speculative path", "space-penalties", {"ignored_field": "presence_penalty"}),
+    ("lossy rule above 1,000 prompt tokens", "space-prompt-lengths", {"long_prompt_bug": 1000}),
+    ("prefix-cache state leaking between prompts", "space-prefixes", {"prefix_bug": 64}),
+    ("n > 1 choices sharing verification uniforms", "choices-joint", {"seed_bug": "shared-uniforms"}),
+    ("tokens returned after a stop string", "stop-handling", {"stop_bug": True}),
+    ("lossy bonus rule in steps of > 2 rows", "space-load", {"load_bug": 2}),
+    ("draft law before top-k in steps of >= 2 rows", "space-load", {"shared_step_bug": 2}),
+    ("speculation off above 1 row, plain path samples the draft", "space-load",
+     {"speculation_off_above": 1, "plain_path_bug": True}),
+)
+"""The planted bugs of the request space: (what it is, the check built to catch it, the
+:class:`ToyConfig` fields that plant it on a batching speculative server)."""
 PREFIX_CACHE_MIN = 8
 """Characters two prompts must share for the prefix cache to match them."""
 
@@ -298,16 +321,25 @@ def step_rule(config: ToyConfig, row: Sequence, rows: list[Sequence]) -> Callabl
     return config.rule or correct_verify
 
 
+def plain_step(state: ToyState, rows: list[Sequence]) -> None:
+    """One token per row from its processed law, without drafts: the baseline, and the candidate's
+    path above ``speculation_off_above`` rows (which samples the draft's law under ``plain_path_bug``)."""
+    config = state.config
+    model = state.draft if config.speculative and config.plain_path_bug else state.target  # BUG when plain_path_bug
+    for row in rows:
+        law = process(model.logprobs(row.context), *row.settings, generated=row.out)
+        token = int(row.rng.choice(V, p=law))
+        row.context.append(token)
+        row.out.append(token)
+        row.look_for_stop(False)
+
+
 def step(state: ToyState, rows: list[Sequence]) -> None:
     """One verification step over ``rows`` (a batch of running sequences; module docstring)."""
     config = state.config
-    if not config.speculative:
-        for row in rows:
-            law = process(state.target.logprobs(row.context), *row.settings, generated=row.out)
-            token = int(row.rng.choice(V, p=law))
-            row.context.append(token)
-            row.out.append(token)
-            row.look_for_stop(False)
+    off = config.speculation_off_above
+    if not config.speculative or (off is not None and len(rows) > off):
+        plain_step(state, rows)
         return
     planned = []
     for row in rows:
@@ -335,6 +367,9 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
             contexts[0] = row.leaked
         target_probs = [process(_returned(state, context, "verify"), *settings, generated=row.out + drafts[:i])
                         for i, context in enumerate(contexts)]
+        if config.shared_step_bug is not None and len(rows) >= config.shared_step_bug:  # BUG: q before top-k
+            draft_probs = [process(state.draft.logprobs(row.context + drafts[:i]), settings[0], None, *settings[2:],
+                                   generated=row.out + drafts[:i]) for i in range(NUM_DRAFT)]
         planned.append((settings, drafts, draft_probs, target_probs, coins))
     if config.step_bug == "rows" and len(rows) > 1:  # BUG: request b's bonus row read from request b + 1
         bonus = [plan[3][NUM_DRAFT] for plan in planned]

@@ -31,21 +31,14 @@ from specverify.auditing.endpoint.space_checks import (
 from specverify.auditing.reports.json_file import write_json
 from specverify.auditing.reports.terminal import format_report
 from specverify.auditing.runner import audit
+from specverify.testing.toy_server import REQUEST_SPACE_BUGS
 
-SPACE_CHECKS = ("space-sampling-fields", "space-prompt-lengths", "space-prefixes", "space-load", "choices-joint",
-                "space-penalties", "stop-handling")
-
-# (check, planted bug, budget): each budget is the smallest round number at which the bug failed at the first
-# look in development, doubled; the correct toy is run at the same budget.
-PLANTED = [
-    ("space-sampling-fields", {"ignored_field": "min_p"}, 800),         # min-p dropped on the speculative path
-    ("space-penalties", {"ignored_field": "presence_penalty"}, 1600),   # a penalty dropped (TV 0.26 of repeats)
-    ("space-prompt-lengths", {"long_prompt_bug": 1000}, 800),           # another rule above 1,000 prompt tokens
-    ("space-prefixes", {"prefix_bug": 64}, 400),                        # prefix-cache state leaks
-    ("choices-joint", {"seed_bug": "shared-uniforms"}, 800),            # n > 1 choices share verification uniforms
-    ("stop-handling", {"stop_bug": True}, 0),                           # tokens after a stop string
-    ("space-load", {"load_bug": 2}, 800),                               # another rule in steps of > 2 rows
-]
+# Budget of each planted bug's test: the smallest round number at which it failed at the first look in
+# development, doubled (the correct toy is run at the same budget).
+BUDGETS = {"space-sampling-fields": 800, "space-penalties": 1600, "space-prompt-lengths": 800, "space-prefixes": 400,
+           "choices-joint": 800, "stop-handling": 0, "space-load": 400}
+BUDGET_OVERRIDES = {"draft law before top-k in steps of >= 2 rows": 800}
+PLANTED = [(check, bug, BUDGET_OVERRIDES.get(label, BUDGETS[check])) for label, check, bug in REQUEST_SPACE_BUGS]
 
 
 def _audit(candidate, baseline, check: str, budget: int):
@@ -53,7 +46,7 @@ def _audit(candidate, baseline, check: str, budget: int):
                  concurrency=4, allow_underpowered=True)
 
 
-@pytest.mark.parametrize(("check", "bug", "budget"), PLANTED, ids=[p[0] for p in PLANTED])
+@pytest.mark.parametrize(("check", "bug", "budget"), PLANTED, ids=[label for label, _, _ in REQUEST_SPACE_BUGS])
 def test_each_planted_failure_class_is_caught(toy_server, check: str, bug: dict, budget: int) -> None:
     candidate = toy_server(speculative=True, batching=True, **bug)
     report = _audit(candidate, toy_server(speculative=False), check, budget)
@@ -61,12 +54,40 @@ def test_each_planted_failure_class_is_caught(toy_server, check: str, bug: dict,
     assert report.verdict == "loss detected"
 
 
+CHECK_BUDGETS = sorted({(check, budget) for check, _, budget in PLANTED})
+
+
 @pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "plain-sampler"])
-@pytest.mark.parametrize(("check", "bug", "budget"), PLANTED, ids=[p[0] for p in PLANTED])
-def test_the_correct_toy_passes_each_check(toy_server, check: str, bug: dict, budget: int, speculative: bool) -> None:
+@pytest.mark.parametrize(("check", "budget"), CHECK_BUDGETS, ids=[f"{c}-{b}" for c, b in CHECK_BUDGETS])
+def test_the_correct_toy_passes_each_check(toy_server, check: str, budget: int, speculative: bool) -> None:
     candidate = toy_server(speculative=speculative, batching=True)
     report = _audit(candidate, toy_server(speculative=False), check, budget)
     assert report.checks[0].verdict == "pass", report.explain()
+
+
+def test_speculation_switched_off_above_a_batch_size_passes_and_shows_in_the_counters(toy_server) -> None:
+    """Above one row the toy runs the plain sampler (correct): every side passes, and the sides of
+    two or more requests show fewer drafted tokens per request by the server's counters."""
+    candidate = toy_server(speculative=True, batching=True, speculation_off_above=1)
+    report = _audit(candidate, toy_server(speculative=False), "space-load", 400)
+    assert report.checks[0].verdict == "pass", report.explain()
+    assert "burst 1: context p" in report.checks[0].message and "drafted tokens per request" in report.checks[0].message
+
+
+def test_a_load_loss_names_the_failing_and_the_passing_sides(toy_server) -> None:
+    candidate = toy_server(speculative=True, batching=True, speculation_off_above=1, plain_path_bug=True)
+    message = _audit(candidate, toy_server(speculative=False), "space-load", 400).checks[0].message
+    assert "the other sides pass their own tests (burst 1, burst 1 again)" in message, message
+
+
+def test_request_space_only_runs_the_space_checks_and_the_coverage_table(toy_server) -> None:
+    candidate = toy_server(speculative=True)
+    report = audit(candidate.url, level="endpoint", budget=40, request_space_only=True, concurrency=2,
+                   allow_underpowered=True)
+    names = [c.name for c in report.checks]
+    assert names[-1] == "request-space-coverage" and "greedy-identity" not in names and "space-load" in names
+    with pytest.raises(ValueError, match="request_space_only"):
+        audit(candidate.url, level="endpoint", budget=40, request_space=False, request_space_only=True)
 
 
 def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None:
@@ -99,6 +120,7 @@ def test_prompt_lengths_and_bursts_follow_the_context_and_the_concurrency() -> N
     assert [c.value for c in length_cases(None)] == ["40 chars", "256 chars", "1024 chars"]
     assert [c.value for c in length_cases(100_000)][-1] == "16384 chars"
     assert [c.value for c in load_cases((), 6)] == ["burst 1", "burst 2", "burst 4", "burst 6", "burst 1 again"]
+    assert {(c.burst, c.top_k, c.max_tokens) for c in load_cases((), 2)} == {(1, 4, 8), (2, 4, 8)}
     text = filler_text(300, "x")
     assert len(text) == 300 and text.isascii() and not text.endswith(" ") and filler_text(300, "x") == text
 
@@ -144,18 +166,11 @@ def test_stop_claims() -> None:
 
 
 @pytest.mark.slow
-def test_twenty_seeds_of_the_correct_toy_raise_no_false_alarm(toy_server) -> None:
-    """Seeds 0–19 (toy LM and audit seed), every request-space check at ``quick``: the count of
-    seeds with any failing check is printed; α = 1e-3 family-wise per audit, so 20 audits
+def test_twenty_seeds_of_the_correct_toy_raise_no_false_alarm() -> None:
+    """Seeds 0–19 (toy LM and audit seed), every request-space check at ``quick``
+    (benchmarks/endpoint_space_false_alarms.py); α = 1e-3 family-wise per audit, so 20 audits
     accuse correct code with probability ≤ 0.02."""
-    alarms = []
-    for seed in range(20):
-        candidate = toy_server(speculative=True, batching=True, lm_seed=seed)
-        baseline = toy_server(speculative=False, lm_seed=seed)
-        report = audit(candidate.url, level="endpoint", budget="quick", baseline=baseline.url, checks=SPACE_CHECKS,
-                       seed=seed, fail_fast=False)
-        alarms += [(seed, c.name) for c in report.checks if c.verdict != "pass"]
-        candidate.stop()
-        baseline.stop()
-    print(f"false alarms over 20 seeds at quick: {len(alarms)} {alarms}")
+    from benchmarks.endpoint_space_false_alarms import alarms_of_seed
+
+    alarms = [(seed, alarm) for seed in range(20) for alarm in alarms_of_seed(seed, "quick")]
     assert alarms == []

@@ -100,7 +100,8 @@ def test_the_replay_line_carries_every_option_that_changes_the_audit():
                "--seed", "5", "--device", "cuda:1", "--timeout", "33.5", "--isolation", "none",
                "--checks", "pit-T1-top8,greedy-identity", "--no-fail-fast", "--allow-underpowered",
                "--baseline", "http://127.0.0.1:8/v1", "--model", "my model", "--concurrency", "7",
-               "--deadline", "99", "--seeded-determinism", "--context-length", "2048", "--no-request-space"]
+               "--deadline", "99", "--seeded-determinism", "--context-length", "2048", "--no-request-space",
+               "--request-space-only"]
     parser = build_parser()
     given = parser.parse_args(command)
     defaults = parser.parse_args(["audit"])

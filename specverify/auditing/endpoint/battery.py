@@ -41,7 +41,8 @@ Checks, in order:
 
 The request space (``request_space=True``, the default; :mod:`~specverify.auditing.endpoint.request_space`,
 :mod:`~specverify.auditing.endpoint.space_checks`): ``space-sampling-fields``, ``space-prompt-lengths``,
-``space-prefixes``, ``space-load`` (PIT per value of a dimension), ``choices-joint`` (``n`` = 2, 4),
+``space-prefixes`` (PIT per value of a dimension), ``space-load`` (per-context counts per burst size,
+:mod:`~specverify.auditing.endpoint.load`), ``choices-joint`` (``n`` = 2, 4),
 ``space-penalties`` (with a baseline), ``stop-handling`` (exact) and ``request-space-coverage``,
 the coverage table, last.
 
@@ -100,6 +101,7 @@ from specverify.auditing.endpoint.checks import (
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.context_law import ContextLawCheck
+from specverify.auditing.endpoint.load import LoadThresholdCheck
 from specverify.auditing.endpoint.request_space import (
     PENALTIES,
     Coverage,
@@ -136,8 +138,9 @@ TWO_SAMPLE_TOKENS = 2
 
 
 REQUEST_SPACE_DEADLINE_FACTOR = 4.0
-"""The request space roughly triples a run's requests (≈ 7,100 more at ``quick``, ≈ 85 min at the
-≈ 0.7 s per request of the llama.cpp pair, estimated), so its default deadlines are 4 × the core's."""
+"""The request space adds ≈ 10,700 requests at ``quick`` to the core's ≈ 2,340 (≈ 125 min more at the
+≈ 0.7 s per request of the llama.cpp pair, estimated: ≈ 2.5 h in all), so its default deadlines are
+4 × the core's."""
 
 
 def default_deadline_s(budget: SampleBudget, request_space: bool = True) -> float:
@@ -252,14 +255,16 @@ class EndpointBattery(Battery):
     (also the burst size of the load checks); ``deadline_s``: the whole run's deadline (None: by
     budget, :func:`default_deadline_s`); ``seeded_determinism``: the server promises that a seeded
     request gives the same tokens alone and in any batch (vLLM with ``VLLM_BATCH_INVARIANT=1``), so
-    ``seed-reproducibility`` judges it (default False: reported, not judged)."""
+    ``seed-reproducibility`` judges it (default False: reported, not judged); ``request_space``: run the
+    request-space checks and the coverage table; ``request_space_only``: run only those (a coverage
+    run, with a fixed budget at N samples per check)."""
 
     level = "endpoint"
 
     def __init__(self, baseline: str | None = None, model: str | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY, deadline_s: float | None = None,
                  seeded_determinism: bool = False, context_length: int | None = None,
-                 request_space: bool = True) -> None:
+                 request_space: bool = True, request_space_only: bool = False) -> None:
         if not (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1):
             raise ValueError(f"concurrency: expected a positive integer, got {concurrency!r}")
         if not isinstance(seeded_determinism, bool):
@@ -273,7 +278,12 @@ class EndpointBattery(Battery):
         if not isinstance(request_space, bool):
             raise ValueError(f"request_space: expected True (the request-space checks run) or False (the core "
                              f"battery only), got {request_space!r}")
+        if not isinstance(request_space_only, bool) or (request_space_only and not request_space):
+            raise ValueError(f"request_space_only: expected True (only the request-space checks and the coverage "
+                             f"table; needs request_space=True, i.e. no --no-request-space) or False, got "
+                             f"{request_space_only!r} with request_space={request_space!r}")
         self.request_space = request_space
+        self.request_space_only = request_space_only
         if deadline_s is not None and not (isinstance(deadline_s, (int, float)) and deadline_s > 0):
             raise ValueError("deadline_s: expected a positive number of seconds (or None: "
                              f"by budget), got {deadline_s!r}")
@@ -389,6 +399,8 @@ class EndpointBattery(Battery):
                                      f"{MODEL_TOLERANCE}); a prefill cannot differ under speculation")
 
     def checks(self, session: EndpointSession) -> list[Any]:
+        if self.request_space_only:
+            return self.space_checks(session) + [self.coverage_check()]
         length = GREEDY_TOKENS[self.budget_name]
         burst = max(2, -(-self.concurrency // len(PROMPTS)))  # copies of each prompt per burst
         checks: list[Any] = [
@@ -444,11 +456,15 @@ class EndpointBattery(Battery):
             "(accepted ≤ drafted, one own token per pass, emitted tokens as counted).",
             PROMPTS, length))
         if self.request_space:
-            checks.append(CoverageCheck(
-            "request-space-coverage",
-                "The request space the audit reached: each dimension, the values reached with the evidence that "
-                "the server took the path, and the values not covered with the flag that would cover them."))
+            checks.append(self.coverage_check())
         return checks
+
+    @staticmethod
+    def coverage_check() -> CoverageCheck:
+        return CoverageCheck(
+            "request-space-coverage",
+            "The request space the audit reached: each dimension, the values reached with the evidence that the "
+            "server took the path, and the values not covered with the flag that would cover them.")
 
     def space_checks(self, session: EndpointSession) -> list[Any]:
         """The checks of the request space (:mod:`~specverify.auditing.endpoint.request_space`)."""
@@ -466,10 +482,11 @@ class EndpointBattery(Battery):
                          "of the first two sampled tokens, tested per pattern.", prefix_cases(PROMPTS)),
         ]
         if self.concurrency >= 2:
-            checks.append(CaseLawCheck(
+            checks.append(LoadThresholdCheck(
                 "space-load",
-                f"Bursts of 1, 2, 4, … {self.concurrency} concurrent requests and back to 1: the randomized PIT "
-                "of sampled tokens, tested per burst size (paths switched by batch size).",
+                f"Bursts of exactly 1, 2, 4, … {self.concurrency} concurrent requests and back to 1: the first two "
+                "sampled tokens, counted per context against the laws returned with them, tested side by side "
+                "(paths switched by the number of requests verified together).",
                 load_cases(SAMPLING_PROMPTS, self.concurrency)))
         choices = tuple(n for n, served in ((2, session.choices is True),
                                             (4, session.choices is True and session.four_choices is None)) if served)

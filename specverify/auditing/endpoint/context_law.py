@@ -61,8 +61,9 @@ from specverify.auditing.checks import (
     look_fields,
 )
 from specverify.auditing.endpoint.checks import NEUTRAL_PROCESSING, Prompt, request_seed
+from specverify.auditing.endpoint.client import Completion
 from specverify.auditing.endpoint.greedy import tolerance
-from specverify.auditing.endpoint.pit import processed_law
+from specverify.auditing.endpoint.pit import ProcessedLaw, processed_law
 from specverify.auditing.isolation.faults import Fault
 from specverify.core import stats
 
@@ -128,6 +129,49 @@ def context_label(context: tuple[str, ...]) -> str:
 
 
 @dataclass
+class ContextCounts:
+    """Running per-context counts of sampled tokens and the sums of their visits' laws (module
+    docstring): ``observed[context][token]``, ``expected[context][token]``, and the tokens of
+    probability 0 under their own law (``impossible``, each as "context → token")."""
+
+    observed: defaultdict[tuple[str, ...], Counter] = field(default_factory=lambda: defaultdict(Counter))
+    expected: defaultdict[tuple[str, ...], defaultdict[str, float]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    impossible: list[str] = field(default_factory=list)
+
+    def add(self, context: tuple[str, ...], token: str, law: ProcessedLaw, tie: float) -> None:
+        """Count ``token`` sampled at ``context`` under ``law`` (the processed law returned with it);
+        a token just below the k-th rank within ``tie`` nats counts as the k-th (:func:`pit_value`'s rule)."""
+        counted = token if token in law.tokens else None
+        if counted is None and token in law.tail and law.boundary - law.tail[token] <= tie:
+            counted = law.tokens[-1]
+        if counted is None:
+            self.impossible.append(f"{context_label(context)} → {token!r}")
+            return
+        self.observed[context][counted] += 1
+        for candidate, probability in zip(law.tokens, law.probs):
+            self.expected[context][candidate] += probability
+
+    def fit(self) -> StratifiedFit:
+        return stratified_fit(self.observed, self.expected, len(self.impossible))
+
+
+def sampled_contexts(check: str, prompt: Prompt, completion: Completion, temperature: float, top_k: int,
+                     length: int) -> list[tuple[tuple[str, ...], str, ProcessedLaw]]:
+    """(context, token, processed law returned with it) of the first ``length`` tokens of
+    ``completion`` on ``prompt``: the context is (prompt kind, tokens before the position)."""
+    found = []
+    context: tuple[str, ...] = (prompt.kind,)
+    for token, own in list(zip(completion.tokens, completion.top_logprobs))[:length]:
+        if own is None or len(own) < top_k:
+            raise Fault("malformed", f"{check}: the candidate returned fewer than top_k = {top_k} logprobs with a "
+                                     "sampled token")
+        found.append((context, token, processed_law(own, temperature=temperature, top_k=top_k)))
+        context = context + (token,)
+    return found
+
+
+@dataclass
 class ContextLawCheck(SequentialCheck):
     """Temperature T, top-k k, the first ``CONTEXT_TOKENS`` tokens of fixed prompts, counted per
     context against the laws returned with them (module docstring)."""
@@ -158,9 +202,7 @@ class ContextLawCheck(SequentialCheck):
                     top_k=self.top_k, top_p=1.0, min_p=0.0, seed=seed, logprobs=max(self.top_k, 8))
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
-        self.observed: defaultdict[tuple[str, ...], Counter] = defaultdict(Counter)
-        self.expected: defaultdict[tuple[str, ...], defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self.impossible: list[str] = []
+        self.counts = ContextCounts()
         return super().run(session, plan)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
@@ -176,36 +218,21 @@ class ContextLawCheck(SequentialCheck):
             completions = session.candidate.complete_many(bodies)
             issued += count
             for prompt, completion in zip(prompts, completions):
-                context: tuple[str, ...] = (prompt.kind,)
-                for token, own in list(zip(completion.tokens, completion.top_logprobs))[:CONTEXT_TOKENS]:
-                    if drawn >= n:
-                        break
-                    if own is None or len(own) < self.top_k:
-                        raise Fault("malformed", f"{self.name}: the candidate returned fewer than top_k = {self.top_k} "
-                                                 "logprobs with a sampled token")
-                    law = processed_law(own, temperature=self.temperature, top_k=self.top_k)
-                    counted = token if token in law.tokens else None
-                    if counted is None and token in law.tail and law.boundary - law.tail[token] <= tie:
-                        counted = law.tokens[-1]  # a rounding-level tie at the k-th rank (pit_value's rule)
-                    if counted is None:
-                        self.impossible.append(f"{context_label(context)} → {token!r}")
-                    else:
-                        self.observed[context][counted] += 1
-                        for candidate, probability in zip(law.tokens, law.probs):
-                            self.expected[context][candidate] += probability
+                for context, token, law in sampled_contexts(self.name, prompt, completion, self.temperature,
+                                                            self.top_k, max(0, min(CONTEXT_TOKENS, n - drawn))):
+                    self.counts.add(context, token, law, tie)
                     drawn += 1
-                    context = context + (token,)
             if issued > 4 * n + 10:
                 raise Fault("malformed", f"{self.name}: {issued} requests returned too few tokens for {n} samples")
         return Tally(n, {"requests": np.array(issued)})
 
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
-        fit = stratified_fit(self.observed, self.expected, len(self.impossible))
+        fit = self.counts.fit()
         failed = fit.pvalue <= level
         where = level_phrase(plan, level, look)
         if fit.impossible:
             message = (f"emitted {fit.impossible} token(s) of probability 0 under their own request's law "
-                       f"({'; '.join(self.impossible[:3])}): certain loss")
+                       f"({'; '.join(self.counts.impossible[:3])}): certain loss")
         elif failed:
             message = (f"the sampled tokens do not follow the laws returned with them at fixed contexts: p-value "
                        f"{fit.pvalue:.3g} ≤ {where} (X² {fit.statistic:.1f} on {fit.dof} dof over {fit.contexts} "
@@ -223,4 +250,5 @@ class ContextLawCheck(SequentialCheck):
                            empirical_tv=float(fit.empirical_tv), calls=requests, **look_fields(plan, level, look))
 
 
-__all__ = ["CONTEXT_TOKENS", "ContextLawCheck", "StratifiedFit", "context_cells", "stratified_fit"]
+__all__ = ["CONTEXT_TOKENS", "ContextCounts", "ContextLawCheck", "StratifiedFit", "context_cells", "sampled_contexts",
+           "stratified_fit"]

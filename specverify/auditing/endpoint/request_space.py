@@ -38,7 +38,7 @@ DIMENSIONS: tuple[tuple[str, str], ...] = (
     ("prompt length", "40 characters to min(16,384, context − max_tokens)"),
     ("prefix", "the same prompt repeated; prompts sharing a long prefix"),
     ("stop", "max_tokens exact, stop strings, finish_reason, nothing after an end token"),
-    ("load", "bursts of 1, 2, 4, … up to --concurrency requests, then 1 again"),
+    ("load", "bursts of 1, 2, 4, … up to --concurrency requests, then 1 again (first 2 tokens, per context)"),
 )
 """(dimension, the values the audit sends) — the rows of the coverage table."""
 
@@ -139,11 +139,13 @@ def prefix_cases(prompts: tuple[Prompt, ...]) -> tuple[Case, ...]:
 
 
 def load_cases(prompts: tuple[Prompt, ...], concurrency: int) -> tuple[Case, ...]:
-    """Bursts of 1, 2, 4, … and ``concurrency`` concurrent requests, then of 1 again (the batch
-    taken across any size threshold and back)."""
+    """The sides of the load dimension: bursts of 1, 2, 4, … and ``concurrency`` concurrent
+    requests, then of 1 again (the batch taken across any size threshold and back); T = 1, top-k 4,
+    8 tokens (:mod:`~specverify.auditing.endpoint.load`)."""
     sizes = sorted({2**i for i in range(concurrency.bit_length()) if 2**i <= concurrency} | {concurrency})
-    cases = [Case("load", f"burst {s}", prompts, burst=s) for s in sizes]
-    return tuple(cases) + (Case("load", "burst 1 again", prompts, burst=1),)
+    values = [(f"burst {s}", s) for s in sizes] + [("burst 1 again", 1)]
+    return tuple(Case("load", value, prompts, top_k=4, burst=size)
+                 for value, size in values)
 
 
 def probe_fields(client: EndpointClient, prompt: str) -> dict[str, str | None]:
