@@ -32,6 +32,8 @@ def alarms_of_seed(seed: int, budget: str) -> list[str]:
     finally:
         candidate.stop()
         baseline.stop()
+    if report.interrupted:
+        raise KeyboardInterrupt(f"the audit of seed {seed} was interrupted: its verdicts are not a measurement")
     return [f"{c.name} {c.verdict} (p {c.pvalue})" for c in report.checks if c.verdict != "pass"]
 
 
