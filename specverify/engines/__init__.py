@@ -63,7 +63,10 @@ class AuditPlan:
     when the interpreter cannot run it at all (the reason in ``note``); ``in_ci``: within CI's time
     share for engine audits (docs/setup.md, "What CI runs"); the others run with ``pytest -m engines``, CI's
     ``-m "engines and not slow"`` leaves them out, and each is covered in CI by a target of the same
-    engine path that is in it (named in ``note``)."""
+    engine path that is in it (named in ``note``).  ``production_shapes_in_ci``: False where CI runs
+    the plan without its production-shape checks (:attr:`specverify.auditing.checks.Check.production_shape`,
+    minutes each on an engine's torch path at V = 151,936) because another target of the same engine
+    runs them in CI (named in ``note``); the whole plan then runs with ``pytest -m engines``."""
 
     target: str
     engine: str
@@ -75,18 +78,20 @@ class AuditPlan:
     note: str = ""
     runs_interpreted: bool = True
     in_ci: bool = True
+    production_shapes_in_ci: bool = True
 
 
 AUDIT_PLANS: tuple[AuditPlan, ...] = (
     AuditPlan("lmdeploy", "lmdeploy", "sampler", "torch, random, draft probabilities", "quick", None, False,
               "random rows in CI through lmdeploy-mixed", in_ci=False),
-    AuditPlan("lmdeploy-one-hot", "lmdeploy", "sampler", "torch, random, draft_probs=None", "quick", None, False),
+    AuditPlan("lmdeploy-one-hot", "lmdeploy", "sampler", "torch, random, draft_probs=None", "quick", None, False,
+              "production shapes in CI through lmdeploy-mixed", production_shapes_in_ci=False),
     AuditPlan("lmdeploy-greedy", "lmdeploy", "sampler", "torch, forward_greedy", "quick", None, False,
               "greedy rows in CI through lmdeploy-mixed", in_ci=False),
     AuditPlan("lmdeploy-mixed", "lmdeploy", "sampler", "torch, mixed greedy/random batch", "quick", None, False),
     AuditPlan("sglang", "sglang", "sampler", "torch, block-wise rejection, draft logits", "quick", None, False),
     AuditPlan("sglang-one-hot", "sglang", "sampler", "torch, block-wise rejection, one-hot draft", "quick", None,
-              False),
+              False, "production shapes in CI through sglang", production_shapes_in_ci=False),
     AuditPlan("sglang-greedy", "sglang", "sampler", "torch, DFlash greedy rule", "quick", None, False),
     AuditPlan("sglang-chain-triton", "sglang", "sampler", "Triton, chain sampler (coins as tensors)", TRITON_SAMPLES,
               ("exact-step",) + TRITON_CHECKS, True,
@@ -112,6 +117,17 @@ AUDIT_PLANS: tuple[AuditPlan, ...] = (
     AuditPlan("vllm-mixed", "vllm", "sampler", "Triton, mixed greedy/random batch", TRITON_SAMPLES, TRITON_CHECKS,
               True),
 )
+
+
+def checks_without_production_shapes(target: str) -> tuple[str, ...]:
+    """The names of the sampler battery's checks for ``target`` that do not run at production shapes
+    (the battery depends on what the function declares, so it is built for the function itself)."""
+    from specverify.auditing.loading import load_target
+    from specverify.auditing.sampler.battery import SamplerBattery
+
+    battery = SamplerBattery()
+    session = battery.open_session(load_target(target, "sampler"), device="cpu", timeout_s=60.0)
+    return tuple(check.name for check in battery.checks(session) if not check.production_shape)
 
 
 def audit_command(plan: AuditPlan) -> str:

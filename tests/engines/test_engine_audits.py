@@ -4,7 +4,9 @@
 Torch paths take the whole quick battery; Triton paths, run by Triton's interpreter without a GPU,
 take the exact check where the kernel takes its coins as tensors and otherwise the stated subset at
 the stated sample count (the report gives each check's detectable TV).  Plans outside CI's time
-share (``in_ci=False``) are also marked ``slow``: CI runs ``-m "engines and not slow"``.  A target whose engine is not
+share (``in_ci=False``) are also marked ``slow``: CI runs ``-m "engines and not slow"``; a plan whose
+production-shape checks CI leaves to another target of its engine (``production_shapes_in_ci=False``)
+runs without them in CI and whole under ``slow``.  A target whose engine is not
 installed skips with the install command; with CUDA the Triton targets run the compiled kernels."""
 
 from __future__ import annotations
@@ -13,15 +15,24 @@ import pytest
 import torch
 
 from specverify.auditing.runner import audit
-from specverify.engines import AUDIT_PLANS, AUDITED_VERSIONS, TRITON_TIMEOUT_S
+from specverify.engines import AUDIT_PLANS, AUDITED_VERSIONS, TRITON_TIMEOUT_S, checks_without_production_shapes
 from specverify.engines.environment import INSTALL_HINTS, installed_version
 
 pytestmark = pytest.mark.engines
 
 
-@pytest.mark.parametrize("plan", [pytest.param(plan, id=plan.target, marks=() if plan.in_ci else pytest.mark.slow)
-                                  for plan in AUDIT_PLANS])
-def test_engine_target_passes_its_audit(plan):
+def _plan_params() -> list:
+    params = []
+    for plan in AUDIT_PLANS:
+        whole_in_ci = plan.in_ci and plan.production_shapes_in_ci
+        params.append(pytest.param(plan, False, id=plan.target, marks=() if whole_in_ci else pytest.mark.slow))
+        if plan.in_ci and not plan.production_shapes_in_ci:
+            params.append(pytest.param(plan, True, id=f"{plan.target}-without-production-shapes"))
+    return params
+
+
+@pytest.mark.parametrize(("plan", "without_production_shapes"), _plan_params())
+def test_engine_target_passes_its_audit(plan, without_production_shapes):
     version = installed_version(plan.engine)
     if version is None:
         pytest.skip(f"{plan.engine} is not installed ({INSTALL_HINTS[plan.engine]})")
@@ -30,6 +41,7 @@ def test_engine_target_passes_its_audit(plan):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not plan.runs_interpreted:
         pytest.skip(f"{plan.target}: {plan.note}")
-    report = audit(plan.target, level=plan.level, budget=plan.budget, checks=plan.checks, device=device,
+    checks = checks_without_production_shapes(plan.target) if without_production_shapes else plan.checks
+    report = audit(plan.target, level=plan.level, budget=plan.budget, checks=checks, device=device,
                    timeout_s=TRITON_TIMEOUT_S if plan.interpreted else 60.0)
     assert report.exit_code == 0, report.explain()
