@@ -369,7 +369,8 @@ def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expecte
     cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
     a sample fell in a cell of probability 0), at ``level`` (default: the check's α share)."""
     level = level_of(plan, level)
-    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=monte_carlo_draws(level))
+    fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=monte_carlo_draws(level),
+                               confirm_below=level)
     failed = fit.pvalue <= level
     where = level_phrase(plan, level, look)
     if fit.impossible_count:

@@ -52,6 +52,7 @@ __all__ = [
     "two_sample_test",
     "POWER",
     "monte_carlo_draws",
+    "pearson_cantelli_bound",
 ]
 
 DEFAULT_MONTE_CARLO_DRAWS = 9_999
@@ -110,6 +111,8 @@ class GoodnessOfFit:
     empirical_tv: ½ Σ_i |O_i / n − p_i| over all cells, the plug-in total-variation distance.
     impossible_count: samples observed in cells of probability 0.
     statistic_name: ``"pearson"``, ``"g"`` or ``"cressie-read(λ)"``.
+    confirmed_by: for an asymptotic p-value at most the ``confirm_below`` level it was asked to
+        confirm, the valid test that agreed (``"cantelli"`` or ``"monte-carlo"``); empty otherwise.
     """
 
     statistic: float
@@ -121,6 +124,7 @@ class GoodnessOfFit:
     empirical_tv: float
     impossible_count: int
     statistic_name: str = "pearson"
+    confirmed_by: str = ""
 
     def __str__(self) -> str:
         text = (
@@ -361,8 +365,12 @@ def _exact_pvalue(counts: np.ndarray, probs: np.ndarray, lam: float) -> float:
     return float(min(1.0, np.exp(log_pmf[tail]).sum()))
 
 
-def _monte_carlo_pvalue(counts: np.ndarray, probs: np.ndarray, lam: float, draws: int, seed: int) -> float:
-    """(1 + #{T* ≥ T_obs}) / (1 + draws) with T* from multinomial(n, probs) draws."""
+def _monte_carlo_pvalue(counts: np.ndarray, probs: np.ndarray, lam: float, draws: int, seed: int,
+                        *, stop_above: float | None = None) -> float:
+    """(1 + #{T* ≥ T_obs}) / (1 + draws) with T* from multinomial(n, probs) draws.  With
+    ``stop_above``, the draws stop once that p-value can no longer be ≤ ``stop_above``, and the
+    value returned is its lower bound so far, (1 + #{T* ≥ T_obs}) / (1 + draws) > ``stop_above``:
+    the decision at ``stop_above`` is the full run's."""
     rng = np.random.default_rng(seed)
     n = int(counts.sum())
     expected = n * probs
@@ -374,7 +382,22 @@ def _monte_carlo_pvalue(counts: np.ndarray, probs: np.ndarray, lam: float, draws
         simulated = rng.multinomial(n, probs, size=size)
         at_least += int(_tail_fraction(_power_divergence(simulated, expected, lam), observed_statistic).sum())
         done += size
+        if stop_above is not None and (1 + at_least) / (1 + draws) > stop_above:
+            break
     return (1 + at_least) / (1 + draws)
+
+
+def pearson_cantelli_bound(statistic: float, probs: np.ndarray, n: int) -> float:
+    """A valid upper bound on P(X² ≥ ``statistic``) under multinomial(n, ``probs``), by Cantelli's
+    inequality P(X − μ ≥ t) ≤ σ² / (σ² + t²) with the exact moments of Pearson's X² on G cells:
+    μ = G − 1 and σ² = 2(G − 1) + (Σ_i 1/p_i − G² − 2G + 2) / n.  Loose, but it needs no
+    approximation: it confirms the rejections of gross deviations without simulation."""
+    cells = probs.size
+    mean = cells - 1.0
+    variance = 2.0 * (cells - 1.0) + (float(np.sum(1.0 / probs)) - cells**2 - 2.0 * cells + 2.0) / n
+    if statistic <= mean:
+        return 1.0
+    return variance / (variance + (statistic - mean) ** 2)
 
 
 def goodness_of_fit(
@@ -385,6 +408,7 @@ def goodness_of_fit(
     min_expected: float = 5.0,
     seed: int = 0,
     monte_carlo_draws: int = DEFAULT_MONTE_CARLO_DRAWS,
+    confirm_below: float | None = None,
 ) -> GoodnessOfFit:
     """Test H0: the samples counted in ``observed`` were drawn i.i.d. from ``expected_probs``.
 
@@ -411,6 +435,12 @@ def goodness_of_fit(
        multinomial(n, p) draws seeded by ``seed`` (method ``"monte-carlo"``, valid at every
        level: P(p ≤ α) ≤ α).  The smallest Monte-Carlo p-value is 1/(1 + draws): pass
        ``monte_carlo_draws ≥ 1/α`` when testing at level α.
+    5. ``confirm_below`` (a test's level α): an asymptotic p-value ≤ α stands only if a valid
+       test of the same pooled table also rejects at α, so the decision's false-positive rate
+       is ≤ α whatever the approximation's error in the far tail: for Pearson's X² first
+       :func:`pearson_cantelli_bound` (no simulation), else the Monte-Carlo p-value of the pooled
+       table (``monte_carlo_draws`` draws, stopped once it exceeds α).  When neither confirms,
+       the Monte-Carlo p-value (> α) is returned, method ``"monte-carlo"``.
 
     Calibration of the asymptotic path (measured, 400 000 null runs, uniform cells with expected
     count 5): the level of Pearson's X² is within ±6% of α at α ≥ 0.01 but 1.2–1.5 × α at
@@ -449,9 +479,21 @@ def goodness_of_fit(
         pooled_expected = n * _sum_groups(cell_probs, groups)
         value = float(_power_divergence(pooled_counts, pooled_expected, lam))
         dof = len(groups) - 1
+        pvalue, method, confirmed_by = float(sps.chi2.sf(value, dof)), "asymptotic", ""
+        if confirm_below is not None and pvalue <= confirm_below:
+            pooled_probs = pooled_expected / n
+            if lam == 1.0 and pearson_cantelli_bound(value, pooled_probs, n) <= confirm_below:
+                confirmed_by = "cantelli"
+            else:
+                simulated = _monte_carlo_pvalue(pooled_counts, pooled_probs, lam, monte_carlo_draws, seed,
+                                                stop_above=confirm_below)
+                if simulated <= confirm_below:
+                    confirmed_by = "monte-carlo"
+                else:
+                    pvalue, method = simulated, "monte-carlo"
         return GoodnessOfFit(
-            statistic=value, pvalue=float(sps.chi2.sf(value, dof)), dof=dof, method="asymptotic",
-            pooled_cells=_merged_groups(groups, cell_labels), **common,
+            statistic=value, pvalue=pvalue, dof=dof, method=method,
+            pooled_cells=_merged_groups(groups, cell_labels), confirmed_by=confirmed_by, **common,
         )
     value = float(_power_divergence(cell_counts, n * cell_probs, lam))
     k = cell_probs.size  # log C(n + k − 1, k − 1), without building a huge integer

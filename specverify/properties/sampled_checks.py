@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -337,7 +338,7 @@ def run_step_check(
     results = tuple(
         stats.goodness_of_fit(
             counts[r], step_target_law(case, r), seed=derive_seed("monte-carlo", seed, r),
-            monte_carlo_draws=monte_carlo_draws(per_chain_alpha),
+            monte_carlo_draws=monte_carlo_draws(per_chain_alpha), confirm_below=per_chain_alpha,
         )
         for r in range(len(case.chains))
     )
@@ -354,7 +355,8 @@ def run_loop_check(
     n = n or budget.sample_size(case.num_cells, alpha=alpha)
     counts = sample_loop(impl, case, n, seed)
     result = stats.goodness_of_fit(
-        counts, loop_target_law(case), seed=derive_seed("monte-carlo", seed), monte_carlo_draws=monte_carlo_draws(alpha)
+        counts, loop_target_law(case), seed=derive_seed("monte-carlo", seed),
+        monte_carlo_draws=monte_carlo_draws(alpha), confirm_below=alpha,
     )
     detectable = budget.detectable_at(n, case.num_cells, alpha=alpha)
     return CheckOutcome(name, result.pvalue, alpha, n, case.num_cells, detectable, (result,))
@@ -417,51 +419,102 @@ MAX_EXACT_DRAFTS = 3
 
 
 @dataclass(frozen=True)
-class Check:
-    """A statistical check as the self-test and the calibration use it: its runner, its probe case,
-    and the exact deviation of its tested law under a rule that takes ``uniforms=``."""
+class Check(ABC):
+    """A statistical check as the self-test and the calibration use it: its probe case, how it runs
+    and is sized, and the exact deviation of its tested law under a rule that takes ``uniforms=``."""
 
     name: str
-    run: Callable[..., CheckOutcome]
     case: StepCase | LoopCase
 
+    @abstractmethod
     def __call__(self, impl: Impl, *, alpha: float, seed: int, n: int | None = None) -> CheckOutcome:
-        return self.run(impl, self.case, alpha=alpha, seed=seed, n=n, name=self.name)
+        """Run the check on ``impl`` at level ``alpha``, with ``n`` samples or its own sample size."""
+
+    @abstractmethod
+    def num_cells(self) -> int:
+        """Cells of the tested law."""
+
+    @abstractmethod
+    def sample_size_for(self, tv: float, alpha: float) -> int:
+        """Samples per tested law that detect a deviation ``tv`` with ``budget.POWER`` at level ``alpha``."""
+
+    @abstractmethod
+    def exact_deviation(self, rule: Impl) -> float | None:
+        """TV between the tested law under ``rule`` (exactly, by ``specverify.core.exact``) and the
+        target's; None where the integration is too costly."""
 
     def default_n(self, alpha: float) -> int:
         """The sample size the check runs with at level ``alpha`` (detects ``budget.DETECTABLE_TV``)."""
         return self.sample_size_for(budget.DETECTABLE_TV, alpha)
 
-    def sample_size_for(self, tv: float, alpha: float) -> int:
-        """Samples per tested law that detect a deviation ``tv`` with ``budget.POWER`` at level ``alpha``
-        (per request at ``alpha / R`` for ``R`` interleaved requests)."""
-        if self.run is run_acceptance_check:
-            return budget.sample_size(2, alpha=alpha, tv=tv)
-        chains = len(self.case.chains) if isinstance(self.case, StepCase) else 1
-        return budget.sample_size(self.case.num_cells, alpha=alpha / chains, tv=tv)
+
+@dataclass(frozen=True)
+class StepCheck(Check):
+    """The joint law of a step's emitted tokens, per interleaved request (:func:`run_step_check`)."""
+
+    case: StepCase
+
+    def __call__(self, impl: Impl, *, alpha: float, seed: int, n: int | None = None) -> CheckOutcome:
+        return run_step_check(impl, self.case, alpha=alpha, seed=seed, n=n, name=self.name)
 
     def num_cells(self) -> int:
-        return 2 if self.run is run_acceptance_check else self.case.num_cells
+        return self.case.num_cells
+
+    def sample_size_for(self, tv: float, alpha: float) -> int:
+        """Per request at ``alpha / R`` for the ``R`` interleaved requests."""
+        return budget.sample_size(self.case.num_cells, alpha=alpha / len(self.case.chains), tv=tv)
 
     def exact_deviation(self, rule: Impl) -> float | None:
-        """TV between the tested law under ``rule`` (exactly, by ``specverify.core.exact``) and the target's;
-        None for steps with ``K > MAX_EXACT_DRAFTS`` (integration cost grows as cells^(K+1))."""
-        case = self.case
-        if isinstance(case, StepCase) and case.num_draft > MAX_EXACT_DRAFTS:
+        """None for steps with ``K > MAX_EXACT_DRAFTS`` (integration cost grows as cells^(K+1))."""
+        if self.case.num_draft > MAX_EXACT_DRAFTS:
             return None
-        if isinstance(case, LoopCase):
-            law = exact.sequence_distribution(rule, case.chain, case.num_draft, case.length)
-            return total_variation(law_array(law, case.vocab_size, case.length), loop_target_law(case))
-        if self.run is run_acceptance_check:
-            chain = case.chains[0]
-            return abs(acceptance_rule_rate(case, rule) - exact.acceptance_probability(chain.p[0], chain.q[0]))
-        return max(
-            total_variation(step_rule_law(case, r, rule), step_target_law(case, r)) for r in range(len(case.chains))
-        )
+        return max(total_variation(step_rule_law(self.case, r, rule), step_target_law(self.case, r))
+                   for r in range(len(self.case.chains)))
+
+
+@dataclass(frozen=True)
+class LoopCheck(Check):
+    """The joint law of a decoding loop's first ``L`` tokens (:func:`run_loop_check`)."""
+
+    case: LoopCase
+
+    def __call__(self, impl: Impl, *, alpha: float, seed: int, n: int | None = None) -> CheckOutcome:
+        return run_loop_check(impl, self.case, alpha=alpha, seed=seed, n=n, name=self.name)
+
+    def num_cells(self) -> int:
+        return self.case.num_cells
+
+    def sample_size_for(self, tv: float, alpha: float) -> int:
+        return budget.sample_size(self.case.num_cells, alpha=alpha, tv=tv)
+
+    def exact_deviation(self, rule: Impl) -> float | None:
+        law = exact.sequence_distribution(rule, self.case.chain, self.case.num_draft, self.case.length)
+        return total_variation(law_array(law, self.case.vocab_size, self.case.length), loop_target_law(self.case))
+
+
+@dataclass(frozen=True)
+class AcceptanceCheck(Check):
+    """The first draft's acceptance rate against Σ min(p, q) (:func:`run_acceptance_check`): a
+    Bernoulli law, whose TV is the difference of the rates, on 2 cells."""
+
+    case: StepCase
+
+    def __call__(self, impl: Impl, *, alpha: float, seed: int, n: int | None = None) -> CheckOutcome:
+        return run_acceptance_check(impl, self.case, alpha=alpha, seed=seed, n=n, name=self.name)
+
+    def num_cells(self) -> int:
+        return 2
+
+    def sample_size_for(self, tv: float, alpha: float) -> int:
+        return budget.sample_size(2, alpha=alpha, tv=tv)
+
+    def exact_deviation(self, rule: Impl) -> float | None:
+        chain = self.case.chains[0]
+        return abs(acceptance_rule_rate(self.case, rule) - exact.acceptance_probability(chain.p[0], chain.q[0]))
 
 
 def all_checks() -> tuple[Check, ...]:
-    """Every statistical check on its probe case."""
-    cases = probe_cases()
-    runners = {"decoding_loop_joint": run_loop_check, "acceptance_rate": run_acceptance_check}
-    return tuple(Check(name, runners.get(name, run_step_check), case) for name, case in cases.items())
+    """Every statistical check on its probe case (:func:`probe_cases`, in its order): the kind of
+    each check is declared here, steps unless named."""
+    kinds: dict[str, type[Check]] = {"decoding_loop_joint": LoopCheck, "acceptance_rate": AcceptanceCheck}
+    return tuple(kinds.get(name, StepCheck)(name, case) for name, case in probe_cases().items())

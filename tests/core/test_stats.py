@@ -215,6 +215,59 @@ def test_monte_carlo_agrees_with_exact(monkeypatch: pytest.MonkeyPatch, specveri
     assert abs(sampled.pvalue - exact.pvalue) < 5 * standard_error + 1 / draws
 
 
+def _borderline_table() -> tuple[np.ndarray, np.ndarray]:
+    """50 cells of expected count 5 (n = 250) and X² = 103.6: χ²₄₉'s tail gives 8.7e-6, while the
+    multinomial's own tail at that value is ≈ 1.8e-5 (Pearson's X² is liberal this far out)."""
+    counts = np.full(50, 5)
+    counts[[0, 1, 2, 36, 37]] += [18, 12, 3, 2, -2]
+    counts[3:36] -= 1
+    return counts, np.full(50, 1 / 50)
+
+
+def test_asymptotic_rejection_stands_only_when_a_valid_test_confirms_it() -> None:
+    """At level 1e-5 the χ² tail rejects the borderline table; the Monte-Carlo p-value of the same
+    pooled table does not (≥ 1.5e-5), so the confirmed test passes and says why."""
+    counts, probs = _borderline_table()
+    plain = goodness_of_fit(counts, probs)
+    assert plain.method == "asymptotic" and 8e-6 < plain.pvalue < 1e-5
+    level = 1e-5
+    confirmed = goodness_of_fit(counts, probs, seed=0, monte_carlo_draws=stats.monte_carlo_draws(level),
+                                confirm_below=level)
+    assert confirmed.method == "monte-carlo" and confirmed.confirmed_by == ""
+    assert confirmed.pvalue > level
+    assert goodness_of_fit(counts, probs, confirm_below=1e-6) == plain  # above the level: nothing to confirm
+
+
+def test_gross_and_moderate_rejections_are_confirmed() -> None:
+    """A gross deviation is confirmed by Cantelli's bound without simulation; a moderate one
+    (asymptotic p 1.5e-10, Cantelli 0.0057) by the Monte-Carlo p-value; both keep the χ² p-value."""
+    probs = np.full(10, 0.1)
+    gross = goodness_of_fit([400] + [0] * 9, probs, confirm_below=1e-5)
+    assert (gross.method, gross.confirmed_by) == ("asymptotic", "cantelli")
+    moderate_counts = np.array([70, 30, 25, 28, 31, 29, 27, 22, 20, 18])
+    moderate = goodness_of_fit(moderate_counts, probs, seed=3, monte_carlo_draws=stats.monte_carlo_draws(1e-5),
+                               confirm_below=1e-5)
+    assert stats.pearson_cantelli_bound(moderate.statistic, probs, 300) > 1e-5
+    assert (moderate.method, moderate.confirmed_by) == ("asymptotic", "monte-carlo")
+    assert moderate.pvalue == goodness_of_fit(moderate_counts, probs).pvalue
+
+
+def test_cantelli_moments_are_pearsons_exact_moments() -> None:
+    """μ = G − 1 and σ² = 2(G − 1) + (Σ 1/p − G² − 2G + 2)/n: the bound at μ + t is σ²/(σ² + t²)."""
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    n, cells = 40, 4
+    variance = 2 * 3 + (np.sum(1 / probs) - 16 - 8 + 2) / n
+    assert stats.pearson_cantelli_bound(3.0 + 5.0, probs, n) == pytest.approx(variance / (variance + 25.0))
+    assert stats.pearson_cantelli_bound(2.0, probs, n) == 1.0
+    outcomes = np.array([[a, b, c, n - a - b - c] for a in range(n + 1) for b in range(n + 1 - a)
+                         for c in range(n + 1 - a - b)])
+    log_pmf = (sps.multinomial.logpmf(outcomes, n, probs))
+    x2 = ((outcomes - n * probs) ** 2 / (n * probs)).sum(axis=1)
+    weights = np.exp(log_pmf)
+    assert float(weights @ x2) == pytest.approx(cells - 1)
+    assert float(weights @ (x2 - 3) ** 2) == pytest.approx(variance)
+
+
 # --------------------------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ def case_law(case: Case, alternatives: Mapping[str, float], tie: float) -> Proce
 def pit_fit(counts: np.ndarray, level: float, seed: int) -> Any:
     """Pearson goodness of fit of PIT counts (``PIT_BINS`` equal cells, then the probability-0 cell)."""
     expected = np.append(np.full(PIT_BINS, 1.0 / PIT_BINS), 0.0)
-    return stats.goodness_of_fit(counts, expected, seed=seed % (2**32), monte_carlo_draws=monte_carlo_draws(level))
+    return stats.goodness_of_fit(counts, expected, seed=seed % (2**32), monte_carlo_draws=monte_carlo_draws(level),
+                                 confirm_below=level)
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,7 +444,7 @@ class ChoicesJointCheck(SequentialCheck):
         cells = tally.counts["cells"]
         expected = np.append(np.full(PAIR_BINS**2, 1.0 / PAIR_BINS**2), 0.0)
         fit = stats.goodness_of_fit(cells, expected, seed=plan.seed % (2**32),
-                                    monte_carlo_draws=monte_carlo_draws(level / 2))
+                                    monte_carlo_draws=monte_carlo_draws(level / 2), confirm_below=level / 2)
         pairs = int(tally.counts["agreement"][0])
         agreement = self.agreement[:pairs]
         same_first, same_whole = (int(v) for v in tally.counts["identical"])
