@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specverify.auditing import replay
+from specverify.auditing.audited import AuditedFunction, AuditSession
 from specverify.auditing.checks import (
     POWER,
     Battery,
@@ -409,16 +410,15 @@ def audit(
             return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
                                summary=str(error), detectable_tv=None,
                                timings={"total_s": time.perf_counter() - started})
-        function = getattr(session, "function", None)
+        function = session.function
         try:
-            raw = getattr(session, "raw", None) or getattr(function, "raw", None)
-            problem = signature_problem(level, raw, name.rsplit(":", 1)[-1] if ":" in name else None)
+            problem = signature_problem(level, function.raw, name.rsplit(":", 1)[-1] if ":" in name else None)
             if problem is not None:  # every check would raise the same TypeError: say it once, run nothing
                 return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
                                    summary=problem, detectable_tv=None,
                                    timings={"total_s": time.perf_counter() - started},
-                                   isolation=function.describe() if hasattr(function, "describe") else {})
-            omitted = tuple(omitted_checks(level, battery, session))
+                                   isolation={"mode": isolation} | function.describe())
+            omitted = tuple(omitted_checks(battery, session))
             available = battery.checks(session)
             if chosen is not None:
                 every = [c.name for c in available] + sorted(omitted_names(omitted))
@@ -433,7 +433,7 @@ def audit(
             plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
             shortfall = power_shortfall(selected, plans, level, sample_budget, share)
             display.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
-                          plans=plans, log=getattr(function, "log", None))
+                          plans=plans, log=function.log)
             displayed = True
             for line in ([settings["preset_note"]] if settings.get("preset_note") else []) + plan_notes(
                     shortfall, omitted, allow_underpowered):
@@ -448,16 +448,15 @@ def audit(
                                                                   for r in results):
                     minimal = _minimal_case(name, selected, results, function, seed, post, display)
         finally:
-            _shut_down(function, post)
+            _shut_down(session, post)
             total_s = time.perf_counter() - started
             if displayed:
                 display.end(total_s=total_s)
-    log = getattr(function, "log", None)
-    described = function.describe() if hasattr(function, "describe") else {"mode": isolation}
-    timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results}}
-    if log is not None:
-        timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
-                       rows_per_s=log.rows / total_s if total_s > 0 else None)
+    log = function.log
+    described = {"mode": isolation} | function.describe()
+    timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results},
+                               "function_s": log.function_seconds, "calls": log.calls, "rows": log.rows,
+                               "rows_per_s": log.rows / total_s if total_s > 0 else None}
     timings["post_verdict"] = post.timings()
     verdict, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
                                                        allow_underpowered=allow_underpowered, omitted=omitted,
@@ -492,7 +491,7 @@ def plan_notes(shortfall: PowerShortfall | None, omitted: Sequence[Omission], al
     return notes
 
 
-def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: Any,
+def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: AuditedFunction,
                   seed: int, post: PostVerdict, display: AuditProgress) -> tuple[MinimalCase | None, str]:
     """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks,
     sized to the function's measured rows/s and cut off at the post-verdict deadline (never an
@@ -502,12 +501,12 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
 
     begun = time.perf_counter()
     case, note = None, ""
-    log = getattr(function, "log", None)
-    rows_per_s = log.rows / log.function_seconds if log is not None and log.rows and log.function_seconds > 0 else None
-    startup_s = function.startup_s() if hasattr(function, "startup_s") else 0.0
+    log = function.log
+    rows_per_s = log.rows / log.function_seconds if log.rows and log.function_seconds > 0 else None
+    startup_s = function.startup_s()
     left = post.seconds_left() - startup_s
     rows = case_rows(rows_per_s, left)
-    if function is None or (hasattr(function, "stop_reason") and function.stop_reason() is not None):
+    if function.stop_reason() is not None:
         note = "the function can no longer be called"
     elif rows == 0 and rows_per_s is not None and left > 0:
         note = (f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; a case needs "
@@ -535,16 +534,14 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
     return case, note
 
 
-def _shut_down(function: Any, post: PostVerdict) -> None:
-    """Close the session's function and record the time a worker's shutdown took (asked to stop,
-    killed after a grace: bounded by :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`)."""
+def _shut_down(session: AuditSession, post: PostVerdict) -> None:
+    """Close the session and record the time a worker's shutdown took (asked to stop, killed after
+    a grace: bounded by :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`)."""
     from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S
 
-    if not hasattr(function, "close"):
-        return
     begun = time.perf_counter()
-    function.close()
-    if post.verdict_at is not None and getattr(function, "isolation", None) == "process":
+    session.close()
+    if post.verdict_at is not None and session.function.runs_in_worker():
         post.record("shutdown", time.perf_counter() - begun,
                     f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
 
@@ -577,7 +574,7 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
     return tuple(chosen), None
 
 
-def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
+def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSession, seed: int,
                 display: AuditProgress, fail_fast: bool = False, locating: Sequence[str] = (),
                 post: PostVerdict | None = None, *, stop_at_malformed: bool = True) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
@@ -599,8 +596,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     The global RNGs are reseeded per check, so even a function that misuses them gives a
     deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
-    function = getattr(session, "function", None)
-    log = getattr(function, "log", None)
+    function = session.function
+    log = function.log
     interrupted = False
     first_failure: str | None = None
     locating_left = [c.name for c in checks if c.name in locating]
@@ -610,8 +607,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
             for index, (check, plan) in enumerate(zip(checks, plans)):
                 display.check_started(index, check, plan)
                 started = time.perf_counter()
-                calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
-                stop = function.stop_reason() if hasattr(function, "stop_reason") else None
+                calls_before, rows_before = log.calls, log.rows
+                stop = function.stop_reason()
                 if interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
                 elif malformed_in is not None:
@@ -634,10 +631,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                         result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
                     except CutOff:
                         result = skipped_result(check, plan, _locating_cut(first_failure, post))
-                extra = {"seconds": time.perf_counter() - started}
-                if log is not None:
-                    extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
-                results.append(dataclasses.replace(result, **extra))
+                results.append(dataclasses.replace(result, seconds=time.perf_counter() - started,
+                                                   calls=log.calls - calls_before, rows=log.rows - rows_before))
                 if stop_at_malformed and results[-1].fault is FaultKind.MALFORMED:
                     malformed_in = check.name
                 display.check_finished(index, results[-1])
@@ -652,21 +647,20 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     return results, interrupted
 
 
-def _open_locating(post: PostVerdict, function: Any, display: AuditProgress, following: Sequence[str]) -> None:
+def _open_locating(post: PostVerdict, function: AuditedFunction, display: AuditProgress,
+                   following: Sequence[str]) -> None:
     """At the first failure under fail-fast: open the post-verdict budget, cut the function off at
     the locating checks' share, and say what follows."""
     post.open()
-    if hasattr(function, "cut_off_at"):
-        function.cut_off_at(post.locating_deadline())
+    function.cut_off_at(post.locating_deadline())
     display.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
                                             f"{post.locating_deadline() - post.verdict_at:.0f} s"))
 
 
-def _close_locating(post: PostVerdict, function: Any, results: Sequence[CheckResult], locating: Sequence[str],
-                    first_failure: str) -> None:
+def _close_locating(post: PostVerdict, function: AuditedFunction, results: Sequence[CheckResult],
+                    locating: Sequence[str], first_failure: str) -> None:
     """Lift the cutoff and record the locating checks' step: their time and how many ran."""
-    if hasattr(function, "cut_off_at"):
-        function.cut_off_at(None)
+    function.cut_off_at(None)
     after = [r for r in results[[r.name for r in results].index(first_failure) + 1:] if r.name in locating]
     if not after:
         return

@@ -402,13 +402,13 @@ class WorkerProcess:
             pass
         self._cleanup()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
         """Ask the worker to end (it ends with ``os._exit``, ignoring its threads), wait at most
-        :data:`STOP_GRACE_S`, then kill whatever is left of its process group."""
+        ``grace_s`` seconds (None: :data:`STOP_GRACE_S`), then kill whatever is left of its process group."""
         if self.process.poll() is None:
             try:
                 self.connection.send_bytes(pickle.dumps({"op": "stop"}))
-                self.process.wait(timeout=STOP_GRACE_S)
+                self.process.wait(timeout=STOP_GRACE_S if grace_s is None else max(0.0, grace_s))
             except (OSError, EOFError, subprocess.TimeoutExpired, ValueError):
                 pass
         self.kill()
