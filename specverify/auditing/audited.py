@@ -51,8 +51,8 @@ class AuditedFunction(ABC):
         """Release what the function holds; a worker process is asked to stop and killed after
         ``grace_s`` seconds (None: the transport's own grace)."""
 
-    def runs_in_worker(self) -> bool:
-        """Whether the function runs in a worker process the audit starts and stops."""
+    def worker_running(self) -> bool:
+        """Whether a worker process the audit started for the function is running now (:meth:`close` stops it)."""
         return False
 
     def describe(self) -> dict[str, Any]:

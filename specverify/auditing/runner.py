@@ -83,7 +83,7 @@ from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing.isolation.process import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
-from specverify.auditing.minimal_case import MIN_ROWS, MinimalCase, case_rows
+from specverify.auditing.minimal_case import MIN_ROWS, CaseSearch, MinimalCase, case_rows
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
 from specverify.auditing.post_verdict import PostVerdict
 from specverify.auditing.power import PowerShortfall, power_shortfall
@@ -394,7 +394,7 @@ def audit(
                     selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
                     allow_underpowered=allow_underpowered, level_options=dict(level_options),
                     preset=None if chosen is None else chosen.name)
-    minimal: tuple[MinimalCase | None, str] = (None, "")
+    minimal = CaseSearch(None, "", False)
     post = PostVerdict(started)
     display = as_progress(progress)
     displayed = False
@@ -473,8 +473,8 @@ def audit(
                                                     level)
     return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict,
                        summary=summary, detectable_tv=detectable, timings=timings, isolation=described,
-                       warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal[0],
-                       minimal_case_note=minimal[1], replay_checks=replay_checks, replay_alpha=replay_alpha,
+                       warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal.case,
+                       minimal_case_note=minimal.note, replay_checks=replay_checks, replay_alpha=replay_alpha,
                        interrupted=interrupted)
 
 
@@ -492,7 +492,7 @@ def plan_notes(shortfall: PowerShortfall | None, omitted: Sequence[Omission], al
 
 
 def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: AuditedFunction,
-                  seed: int, post: PostVerdict, display: AuditProgress) -> tuple[MinimalCase | None, str]:
+                  seed: int, post: PostVerdict, display: AuditProgress) -> CaseSearch:
     """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks,
     sized to the function's measured rows/s and cut off at the post-verdict deadline (never an
     error of the audit: a fault of the function here only means no case is shown); the step's
@@ -500,48 +500,59 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
     from specverify.auditing.minimal_case import find_minimal_case
 
     begun = time.perf_counter()
-    case, note = None, ""
     log = function.log
     rows_per_s = log.rows / log.function_seconds if log.rows and log.function_seconds > 0 else None
     startup_s = function.startup_s()
     left = post.seconds_left() - startup_s
     rows = case_rows(rows_per_s, left)
     if function.stop_reason() is not None:
-        note = "the function can no longer be called"
+        search = CaseSearch(None, "the function can no longer be called", False)
     elif rows == 0 and rows_per_s is not None and left > 0:
-        note = (f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; a case needs "
-                f"{MIN_ROWS:,} rows ≈ {MIN_ROWS / rows_per_s:.1f} s a call, more than half the {left:.1f} s left of "
-                f"the post-verdict budget ({post.basis()})")
+        search = CaseSearch(None, f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; "
+                                  f"a case needs {MIN_ROWS:,} rows ≈ {MIN_ROWS / rows_per_s:.1f} s a call, more than "
+                                  f"half the {left:.1f} s left of the post-verdict budget ({post.basis()})", True)
     elif rows == 0:
         restart = f" once the worker process is started again ({startup_s:.1f} s the last time)" if startup_s else ""
-        note = f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}"
+        search = CaseSearch(None, f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}",
+                            True)
     else:
         display.after_verdict(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
                               f"deadline in {post.seconds_left():.0f} s")
         failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
         function.cut_off_at(post.deadline())
         try:
-            case, note = find_minimal_case(target, failing, function, seed, rows=rows, rows_per_s=rows_per_s,
-                                           deadline=post.deadline())
+            search = find_minimal_case(target, failing, function, seed, rows=rows, rows_per_s=rows_per_s,
+                                       deadline=post.deadline())
         except Fault as fault:
-            note = f"looking for one, the function failed: {fault.message}"
+            search = CaseSearch(None, f"looking for one, the function failed: {fault.message}", False)
         except KeyboardInterrupt:
-            note = "interrupted by the user"
+            search = CaseSearch(None, "interrupted by the user", False)
         finally:
             function.cut_off_at(None)
-    post.record("minimal case", time.perf_counter() - begun,
-                f"reproduced with {case.rows:,} rows a call" if case is not None else note)
-    return case, note
+    post.record("minimal case", time.perf_counter() - begun, search.outcome(), cut_off=search.cut_off)
+    return search
 
 
 def _shut_down(session: AuditSession, post: PostVerdict) -> None:
-    """Close the session and record the time a worker's shutdown took (asked to stop, killed after
-    a grace: bounded by :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`)."""
-    from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S
+    """Close the session and record the step of a worker's shutdown: asked to stop, killed after a
+    grace of what is left of the post-verdict budget (at most
+    :data:`specverify.auditing.isolation.process.STOP_GRACE_S`; cut off below it)."""
+    from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S, STOP_GRACE_S
 
+    if post.verdict_at is None:
+        session.close()
+        return
+    running = session.function.worker_running()
+    grace_s = min(STOP_GRACE_S, post.seconds_left())
     begun = time.perf_counter()
-    session.close()
-    if post.verdict_at is not None and session.function.runs_in_worker():
+    session.close(grace_s)
+    if not running:
+        return
+    if grace_s < STOP_GRACE_S:
+        post.record("shutdown", time.perf_counter() - begun,
+                    f"the worker process was asked to stop with {grace_s:.1f} s of its {STOP_GRACE_S:g} s grace left "
+                    "in the post-verdict budget, then killed if still running", cut_off=True)
+    else:
         post.record("shutdown", time.perf_counter() - begun,
                     f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
 
@@ -668,7 +679,7 @@ def _close_locating(post: PostVerdict, function: AuditedFunction, results: Seque
     ran = sum(r.verdict is not Verdict.SKIPPED for r in after)
     share = post.locating_deadline() - post.verdict_at
     outcome = f"{ran} of {len(after)} ran" + (f", {cut} not run: their share of {share:.1f} s was spent" if cut else "")
-    post.record("locating checks", sum(r.seconds for r in after), outcome)
+    post.record("locating checks", sum(r.seconds for r in after), outcome, cut_off=cut > 0)
 
 
 def _locating_cut(first_failure: str | None, post: PostVerdict | None) -> str:

@@ -280,8 +280,8 @@ class _Session(AuditedFunction):
         self.start_s = time.perf_counter() - began
         return self.worker
 
-    def runs_in_worker(self) -> bool:
-        return self.isolation == "process"
+    def worker_running(self) -> bool:
+        return self.worker is not None and self.worker.alive()
 
     def startup_s(self) -> float:
         """Seconds the next call first spends starting a worker: 0 in-process or while one runs,

@@ -94,7 +94,11 @@ DRAIN_TIMEOUT_S = 1.0
 """Longest wait, per pipe, for the last output of an ended worker (a pipe still held open by a
 process the function started in another session is abandoned)."""
 
-SHUTDOWN_BOUND_S = STOP_GRACE_S + REAP_TIMEOUT_S + 2 * DRAIN_TIMEOUT_S
+KILL_BOUND_S = REAP_TIMEOUT_S + 2 * DRAIN_TIMEOUT_S
+"""The longest a kill of the worker (:meth:`WorkerProcess.kill`: SIGKILL, reaping, draining its
+pipes) takes, whatever the function does; milliseconds unless the function left a process behind."""
+
+SHUTDOWN_BOUND_S = STOP_GRACE_S + KILL_BOUND_S
 """The longest a worker's shutdown (:meth:`WorkerProcess.stop`) takes, whatever the function does."""
 
 _ALIGN = 64
