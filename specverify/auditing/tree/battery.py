@@ -120,11 +120,6 @@ CLOSENESSES = (0.0, 0.5)
 """Each check's bank: one chain with a draft unrelated to the target, one halfway between."""
 
 
-def declared_schemes(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """``fn.draft_schemes`` (SPEC §3), or all three schemes when the attribute is absent."""
-    return parse_schemes(getattr(fn, "draft_schemes", None))
-
-
 def parse_schemes(declared: Any) -> tuple[str, ...]:
     """The schemes of a ``draft_schemes`` value (None: all three); a malformed value is a Fault."""
     if declared is None:
