@@ -410,6 +410,10 @@ def audit(
             return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
                                summary=str(error), detectable_tv=None,
                                timings={"total_s": time.perf_counter() - started})
+        if not isinstance(session, AuditSession):
+            raise TypeError(f"level {level!r}: its battery's open_session returned a {type(session).__name__}; "
+                            "return a subclass of specverify.auditing.audited.AuditSession whose function is an "
+                            "AuditedFunction")
         function = session.function
         try:
             problem = signature_problem(level, function.raw, name.rsplit(":", 1)[-1] if ":" in name else None)
