@@ -36,7 +36,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specverify.auditing.audited import AuditedFunction, AuditSession
 from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
+from specverify.auditing.omissions import Omission
 from specverify.core import rounding, stats
 from specverify.core.sequential import DEFAULT_LOOKS, SequentialPlan, final_look_alpha
 from specverify.core.stats import monte_carlo_draws
@@ -288,16 +290,22 @@ class Check:
 class Battery:
     """The checks of one audit level: :meth:`open_session` wraps the function under audit (guards,
     call log), :meth:`checks` lists the checks to run, in order, against that session.  A level
-    may override the two hooks: :meth:`resolve_budget` (its named budgets mean other TVs) and
-    :meth:`load_target` (targets that are not Python, such as the endpoint level's base URL)."""
+    may override the three hooks: :meth:`omitted` (the checks it leaves out for a function, with the
+    fix), :meth:`resolve_budget` (its named budgets mean other TVs) and :meth:`load_target` (targets
+    that are not Python, such as the endpoint level's base URL)."""
 
     level: ClassVar[str]
 
-    def open_session(self, fn: Any, *, device: str, timeout_s: float, isolation: str = "worker") -> Any:
+    def open_session(self, fn: Any, *, device: str, timeout_s: float, isolation: str = "worker") -> AuditSession:
         raise NotImplementedError
 
     def checks(self, session: Any) -> list[Check]:
         raise NotImplementedError
+
+    def omitted(self, session: Any) -> list[Omission]:
+        """The checks this battery leaves out for the function of ``session``, with the reason and
+        the fix (:mod:`specverify.auditing.omissions`); none by default."""
+        return []
 
     def resolve_budget(self, budget: str | int | SampleBudget) -> SampleBudget:
         """The :class:`SampleBudget` of ``budget`` at this level (:func:`resolve_budget`)."""
@@ -544,11 +552,11 @@ class ExactCase:
     vocab_size: int
 
 
-def declared_arithmetic_of(function: Any) -> tuple[str, bool]:
+def declared_arithmetic_of(function: AuditedFunction) -> tuple[str, bool]:
     """The arithmetic the guarded ``function`` declares and whether it declared one
     (:func:`specverify.core.rounding.declared_arithmetic`); a declaration that names no known
     precision is a ``malformed`` fault (the check cannot be judged)."""
-    declared = function.declared("arithmetic") if hasattr(function, "declared") else None
+    declared = function.declared("arithmetic")
     if declared is None:
         return rounding.DEFAULT_ARITHMETIC, False
     try:

@@ -22,6 +22,7 @@ those; it says so, and that ``--no-fail-fast`` runs the rest.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -244,15 +245,19 @@ def followed_law(p: Any, q: Any, drafts: Sequence[int], tokens: Any, column: int
             "tokens)")
 
 
-def closest_catalog_entry(p: Any, q: Any, drafts: Sequence[int], tokens: Any, seed: int) -> str:
+def closest_catalog_entry(p: Any, q: Any, drafts: Sequence[int], tokens: Any, seed: int,
+                          deadline: float | None = None) -> str:
     """The known bug (:mod:`specverify.auditing.sampler.catalog`) whose output on the same step,
     and seed is closest to the function's: the entry whose per-position token distributions are
     all within :func:`separation` of the function's, with the smallest largest TV, when the correct
     rule's are not; "" otherwise.  The entries run in this process on :data:`CATALOG_ROWS` rows of
-    the case's inputs (float32, as the function got them), with the global RNG forked."""
+    the case's inputs (float32, as the function got them), with the global RNG forked.
+    ``deadline`` (a ``time.perf_counter()`` reading): no entry starts after it
+    (:class:`~specverify.auditing.isolation.faults.CutOff` then)."""
     import numpy as np
     import torch
 
+    from specverify.auditing.isolation.faults import CutOff
     from specverify.auditing.sampler.catalog import CATALOG
     from specverify.core.rules import verify
 
@@ -279,6 +284,8 @@ def closest_catalog_entry(p: Any, q: Any, drafts: Sequence[int], tokens: Any, se
     mine = histogram(tokens)
     found = []
     for name, entry in CATALOG.items():
+        if deadline is not None and time.perf_counter() >= deadline:
+            raise CutOff(f"the closest catalog entry: {name} and the entries after it not run, the deadline has passed")
         try:
             found.append((distance(entry.fn), name))
         except Exception:  # an entry that cannot take this step (a production shape) is not a candidate

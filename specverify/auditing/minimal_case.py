@@ -18,8 +18,8 @@ the harness draws most often (a beam over q), at most :data:`MAX_CANDIDATES` cal
 the audit's post-verdict budget (:mod:`specverify.auditing.post_verdict`): a call has
 :data:`MINIMAL_ROWS` rows, or as many (in thousands) as the function evaluates in half the time
 left at its measured rows/s (:func:`case_rows`), and none below :data:`MIN_ROWS`; a candidate is
-not called when its expected time exceeds the time left, and a call still running at the
-deadline is stopped.  The
+not called when its expected time exceeds the time left, a call still running at the
+deadline is stopped, and the case's reading against the catalog stops there too.  The
 case is evidence for the reader, not a further test: the audit's verdict is the checks'.  A
 correct modified-rejection rule reproduces a case with probability below 1e-6 (6 standard
 errors over every cell of every candidate); a lossless rule that is *not* modified rejection
@@ -239,6 +239,23 @@ def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
     return chain, preferred
 
 
+@dataclass(frozen=True)
+class CaseSearch:
+    """What the search found: the case (None: none), why none is shown (``note``, "" with a case),
+    and whether the post-verdict deadline cut the search or the case's reading short."""
+
+    case: MinimalCase | None
+    note: str
+    cut_off: bool
+
+    def outcome(self) -> str:
+        """The post-verdict step's outcome, in words."""
+        if self.case is None:
+            return self.note
+        unread = "; the closest catalog entry not read: the post-verdict deadline came first" if self.cut_off else ""
+        return f"reproduced with {self.case.rows:,} rows a call{unread}"
+
+
 def case_rows(rows_per_s: float | None, seconds_left: float) -> int:
     """Rows of one candidate call: :data:`MINIMAL_ROWS`, or the whole thousands the function
     evaluates in half of ``seconds_left`` at ``rows_per_s`` (None: not measured yet, the full
@@ -253,17 +270,19 @@ def case_rows(rows_per_s: float | None, seconds_left: float) -> int:
 
 def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function: Any, seed: int, *,
                       rows: int = MINIMAL_ROWS, rows_per_s: float | None = None,
-                      deadline: float | None = None) -> tuple[MinimalCase | None, str]:
+                      deadline: float | None = None) -> CaseSearch:
     """The first reproducing case over the failing ``(check, result)`` pairs, calling the guarded
-    ``function`` at most :data:`MAX_CANDIDATES` times on ``rows`` copies of a step; else ``None``
-    and why.  ``deadline`` (a ``time.perf_counter()`` reading): no candidate starts whose expected
-    time at ``rows_per_s`` runs past it, and the function is cut off there (the caller sets the
-    cutoff, :meth:`specverify.auditing.isolation.guarded._Session.cut_off_at`)."""
+    ``function`` at most :data:`MAX_CANDIDATES` times on ``rows`` copies of a step; else none and
+    why.  ``deadline`` (a ``time.perf_counter()`` reading): no candidate starts whose expected
+    time at ``rows_per_s`` runs past it, the function is cut off there (the caller sets the
+    cutoff, :meth:`specverify.auditing.audited.AuditedFunction.cut_off_at`), and a case found is
+    read against the catalog only until then."""
     from specverify.auditing.isolation.faults import CutOff
     from specverify.core.seeding import derive_seed
     from specverify.testing.harness import Proposal
 
-    calls, best, stopped = 0, None, False
+    calls, stopped = 0, False
+    best: tuple[MinimalCase, np.ndarray] | None = None  # the case furthest from the law, with its tokens
     for check, result in failing:
         for bank, chain, k, preferred in _sources(check, result)[:2]:
             if (2 * k + 1) * bank.vocab_size > MAX_PRINTED_ENTRIES or k < 1:
@@ -287,24 +306,28 @@ def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function:
                     break
                 calls += 1
                 case = _judge(target, check.name, chain, p, q, drafts, emitted, case_seed)
-                if best is None or case.z > best.z:
-                    best = case
-            if best is not None and best.z >= REPRODUCE_Z:
-                return best, ""
+                if best is None or case.z > best[0].z:
+                    best = (case, emitted.clamp(min=-1).numpy())
+            if best is not None and best[0].z >= REPRODUCE_Z:
+                return _read(*best, deadline)
     if calls == 0 and not stopped:
-        return None, "no failing check has a step small enough to print (a minimal case needs (2K+1)·V ≤ 160)"
+        return CaseSearch(None, "no failing check has a step small enough to print (a minimal case needs (2K+1)·V "
+                                "≤ 160)", False)
     if stopped and calls == 0:
-        return None, (f"the post-verdict deadline came before a call of {rows:,} rows could end (the failing checks' "
-                      "cells are the evidence)")
+        return CaseSearch(None, f"the post-verdict deadline came before a call of {rows:,} rows could end (the "
+                                "failing checks' cells are the evidence)", True)
     if stopped:
-        return None, (f"the post-verdict deadline ended the search after {calls} call(s) of {rows:,} rows, none "
-                      "reproducing the loss (the failing checks' cells are the evidence)")
-    return None, (f"no single step with fixed drafts reproduced the loss in {calls} call(s) of {rows:,} rows "
-                  "(it shows only over drafted or mixed rows: the failing checks' cells are the evidence)")
+        return CaseSearch(None, f"the post-verdict deadline ended the search after {calls} call(s) of {rows:,} rows, "
+                                "none reproducing the loss (the failing checks' cells are the evidence)", True)
+    return CaseSearch(None, f"no single step with fixed drafts reproduced the loss in {calls} call(s) of {rows:,} "
+                            "rows (it shows only over drafted or mixed rows: the failing checks' cells are the "
+                            "evidence)", False)
 
 
 def _judge(target: str, check: str, chain: int, p: torch.Tensor, q: torch.Tensor, drafts: Sequence[int],
            emitted: torch.Tensor, seed: int) -> MinimalCase:
+    """The case of one candidate call: the (column, token) whose share in ``emitted`` is the most
+    standard errors from :func:`conditional_law`."""
     law = conditional_law(p.double().numpy(), q.double().numpy(), drafts)
     k1, v1 = law.shape
     tokens = emitted.clamp(min=-1).numpy()
@@ -317,14 +340,23 @@ def _judge(target: str, check: str, chain: int, p: torch.Tensor, q: torch.Tensor
     z = np.where((law == 0) & (observed > 0), np.inf, np.abs(observed - law) / error)
     z = np.where((law == 0) & (observed == 0), 0.0, z)
     column, cell = np.unravel_index(int(np.argmax(z)), z.shape)
-    case = MinimalCase(target, check, chain, tuple(tuple(float(x) for x in row) for row in p.tolist()),
+    return MinimalCase(target, check, chain, tuple(tuple(float(x) for x in row) for row in p.tolist()),
                        tuple(tuple(float(x) for x in row) for row in q.tolist()), tuple(int(t) for t in drafts), rows,
                        int(seed), int(column), -1 if cell == v1 - 1 else int(cell), float(law[column, cell]),
                        float(observed[column, cell]), float(min(z[column, cell], 1e9)))
-    if case.z < REPRODUCE_Z:
-        return case
-    from specverify.auditing.diagnosis import closest_catalog_entry, followed_law
 
-    p64, q64 = p.double().numpy(), q.double().numpy()
-    return dataclasses.replace(case, follows=followed_law(p64, q64, drafts, tokens, int(column)),
-                               closest=closest_catalog_entry(p64, q64, drafts, tokens, seed))
+
+def _read(case: MinimalCase, tokens: np.ndarray, deadline: float | None) -> CaseSearch:
+    """A reproducing case with what its ``tokens`` (the function's output, ``[rows, K+1]``) show:
+    the wrong law they follow and the closest catalog entry, the latter read only until
+    ``deadline`` (past it the entry is not named and the search counts as cut off)."""
+    from specverify.auditing.diagnosis import closest_catalog_entry, followed_law
+    from specverify.auditing.isolation.faults import CutOff
+
+    p64, q64 = np.array(case.target_probs), np.array(case.draft_probs)
+    case = dataclasses.replace(case, follows=followed_law(p64, q64, case.draft_tokens, tokens, case.column))
+    try:
+        closest = closest_catalog_entry(p64, q64, case.draft_tokens, tokens, case.seed, deadline=deadline)
+    except CutOff:
+        return CaseSearch(case, "", True)
+    return CaseSearch(dataclasses.replace(case, closest=closest), "", False)

@@ -8,15 +8,20 @@ and every report name each omission (:class:`Omission`) with what to change to g
 note once per run (in the plan when a progress display writes one, else in the report), the
 names alone in the verdict.
 
-A battery may list its own with ``omitted(session) -> list[Omission]``; the built-in levels are
-read here from the session, without changing their batteries.
+Each battery lists its own with :meth:`specverify.auditing.checks.Battery.omitted` (none by
+default); the sampler and tree levels' are read here from the session's function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specverify.auditing.audited import AuditSession
+    from specverify.auditing.checks import Battery
+    from specverify.auditing.tree.battery import TreeSession
 
 UNIFORMS_FIX = ("add a keyword argument `*, uniforms=None` (float64 [B, K+1] in [0, 1): column i < K accepts draft "
                 "i iff u_i·q_i(x_i) < p_i(x_i), column K draws the final token by inverse CDF; docs/spec.md §1)")
@@ -50,23 +55,16 @@ class Omission:
         return f"not run: {self.names_text()}: {self.reason}; to run it: {self.fix}"
 
 
-def omitted_checks(level: str, battery: Any, session: Any) -> list[Omission]:
+def omitted_checks(battery: Battery, session: AuditSession) -> list[Omission]:
     """What ``battery`` leaves out for the function of ``session`` (see the module docstring)."""
-    own = getattr(battery, "omitted", None)
-    if callable(own):
-        return list(own(session))
-    if level == "sampler":
-        return _sampler(session)
-    if level == "tree":
-        return _tree(session)
-    return []
+    return list(battery.omitted(session))
 
 
-def _takes(session: Any, keyword: str) -> bool | None:
-    """Whether the session's function takes ``keyword`` (None when there is no function to ask)."""
+def _takes(session: AuditSession, keyword: str) -> bool | None:
+    """Whether the session's function takes ``keyword`` (None when there is no Python function to ask)."""
     from specverify.core.rules import accepts_keyword
 
-    raw = getattr(session, "raw", None)
+    raw = session.function.raw
     if raw is None:
         return None
     try:
@@ -75,11 +73,12 @@ def _takes(session: Any, keyword: str) -> bool | None:
         return None
 
 
-def _takes_uniforms(session: Any) -> bool | None:
+def _takes_uniforms(session: AuditSession) -> bool | None:
     return _takes(session, "uniforms")
 
 
-def _sampler(session: Any) -> list[Omission]:
+def sampler_omissions(session: AuditSession) -> list[Omission]:
+    """The sampler level's: the exact checks without ``uniforms=``, the ragged ones without ``num_draft_tokens=``."""
     found = []
     ragged = _takes(session, "num_draft_tokens")
     if _takes_uniforms(session) is False:
@@ -93,16 +92,17 @@ def _sampler(session: Any) -> list[Omission]:
     return found
 
 
-def _tree(session: Any) -> list[Omission]:
+def tree_omissions(session: TreeSession) -> list[Omission]:
+    """The tree level's: the exact check without ``uniforms=``, the schemes ``draft_schemes`` leaves out."""
     from specverify.core.tree_rules import DRAFT_SCHEMES
 
     found = []
     if _takes_uniforms(session) is False:
         found.append(Omission(("exact-tree-step",), "the function takes no `uniforms=` keyword, so its law cannot be "
                               "integrated exactly (the sampled checks still run)", TREE_UNIFORMS_FIX))
-    schemes: Sequence[str] = tuple(getattr(session, "schemes", DRAFT_SCHEMES))
+    schemes: Sequence[str] = session.schemes
     missing = [s for s in DRAFT_SCHEMES if s not in schemes]
-    if missing and not getattr(session, "scheme_error", None):
+    if missing and not session.scheme_error:
         names = tuple(f"tree-{kind}-{scheme}" for scheme in missing
                       for kind in ("siblings", "branches", "deep", "loop", "acceptance"))
         declared = ", ".join(repr(s) for s in schemes)

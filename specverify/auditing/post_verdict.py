@@ -11,15 +11,22 @@ proportional to the wait for it::
 
 ``t_verdict`` being the seconds from the audit's start (loading, planning, the checks) to its
 verdict.  The locating checks may use the first :data:`LOCATING_SHARE` of the budget; the minimal
-case the rest, with what the locating checks left.  Each share is a hard deadline on the function's
-calls (:meth:`specverify.auditing.isolation.guarded._Session.cut_off_at`: no call starts after it,
-a running one is stopped at it), and the minimal case is sized to the function's measured speed
-(:func:`specverify.auditing.minimal_case.case_rows`).  The shutdown is bounded on its own
-(:data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`).  So an audit ends within
-``t_verdict + budget + SHUTDOWN_BOUND_S`` = ``max(t_verdict + 15 s, 1.5 t_verdict + 5 s)``.  One
-exception: with ``isolation="none"`` the exact check's direct calls (``uniforms=``) are not
-guarded one by one, so a slow function's exact check after the verdict is bounded only by its
-integration deadline (10 × the per-call timeout); in a worker (the default) they are cut off too.
+case the rest, with what the locating checks left; the shutdown what is left then.  Each share is
+a hard deadline on the function's calls
+(:meth:`specverify.auditing.audited.AuditedFunction.cut_off_at`: no call starts after it, a running
+one is stopped at it: in a worker by killing the worker, whatever the function does), the minimal
+case is sized to the function's measured speed (:func:`specverify.auditing.minimal_case.case_rows`)
+and its reading against the catalog stops at the deadline too, and the worker's grace to stop is
+what is left of the budget (:data:`specverify.auditing.isolation.process.STOP_GRACE_S` at most;
+then it is killed).  So in a worker an audit ends within ``t_verdict + budget + KILL_BOUND_S``
+(:data:`specverify.auditing.isolation.process.KILL_BOUND_S`, the reaping of a killed worker:
+milliseconds unless the function left a process behind), plus one catalog entry's run on the
+case (tens of milliseconds).  A step the budget cuts short is recorded with ``cut_off`` set and
+its outcome says what was not done.  In-process (``isolation="none"``) a call is stopped at the
+next Python bytecode (a ``time.sleep`` included), so a call blocked inside native code holds the
+audit until it returns, and the exact check's direct calls (``uniforms=``) are not guarded one by
+one: a slow function's exact check after the verdict is bounded only by its integration deadline
+(10 × the per-call timeout).
 
 Why these numbers.  ``SHARE = 0.5``: the explanation is worth at most half again the wait for the
 verdict, so a slow function (a few hundred rows/s: minutes for the 6 × 20,000 rows of a full
@@ -54,11 +61,13 @@ LOCATING_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Step:
-    """One post-verdict step: its name, the seconds it took and what came of it."""
+    """One post-verdict step: its name, the seconds it took, what came of it, and whether the
+    budget cut it short (the outcome then says what was not done)."""
 
     name: str
     seconds: float
     outcome: str
+    cut_off: bool = False
 
 
 class PostVerdict:
@@ -101,8 +110,8 @@ class PostVerdict:
     def seconds_left(self) -> float:
         return max(0.0, self.deadline() - time.perf_counter())
 
-    def record(self, name: str, seconds: float, outcome: str) -> None:
-        self.steps.append(Step(name, seconds, outcome))
+    def record(self, name: str, seconds: float, outcome: str, *, cut_off: bool = False) -> None:
+        self.steps.append(Step(name, seconds, outcome, cut_off))
 
     def announcement(self, following: str) -> str:
         """The line said when the verdict is in: what follows (``following``) and the budget."""
@@ -118,4 +127,5 @@ class PostVerdict:
     def timings(self) -> dict[str, Any]:
         """The report's ``timings["post_verdict"]``."""
         return {"verdict_s": self.verdict_s, "budget_s": self.budget_s,
-                "steps": [{"step": s.name, "seconds": s.seconds, "outcome": s.outcome} for s in self.steps]}
+                "steps": [{"step": s.name, "seconds": s.seconds, "outcome": s.outcome, "cut_off": s.cut_off}
+                          for s in self.steps]}

@@ -49,6 +49,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TextIO
 
+from specverify.auditing.audited import CallCounts
+
 SECONDS_PER_CHECK = 0.05
 SECONDS_PER_STEP = 2e-6
 SECONDS_PER_ENTRY = 3e-9
@@ -64,8 +66,8 @@ class AuditProgress:
     says_notes: ClassVar[bool] = False
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: Any) -> None:
-        """The plan, before the first check; ``log`` is the session's call log (None at the endpoint level)."""
+              plans: Sequence[Any], log: CallCounts) -> None:
+        """The plan, before the first check; ``log`` is the call counts of the function under audit."""
 
     def note(self, text: str) -> None:
         """A line about the plan, after :meth:`begin`."""
@@ -92,7 +94,7 @@ class CallbackProgress(AuditProgress):
         self.total = 0
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: Any) -> None:
+              plans: Sequence[Any], log: CallCounts) -> None:
         self.total = len(checks)
 
     def check_started(self, index: int, check: Any, plan: Any) -> None:
@@ -148,15 +150,15 @@ def eta_text(seconds: float | None) -> str:
     return "—" if seconds is None else duration(seconds)
 
 
-def measured_estimate(level: str, log: Any, remaining_plans: Sequence[Any], *, elapsed: float = 0.0,
+def measured_estimate(level: str, log: CallCounts, remaining_plans: Sequence[Any], *, elapsed: float = 0.0,
                       done_expected: float = 0.0, remaining_expected: float = 0.0) -> tuple[float, float] | None:
     """Once the function has been called: its measured seconds per call and the expected seconds
     of the rest of the plan at the measured speed (see the module docstring); None before there
     is a measurement (and at the endpoint level, which has its own pace)."""
-    calls = getattr(log, "calls", 0) or 0
+    calls = log.calls
     if level == "endpoint" or not calls:
         return None
-    per_call = (getattr(log, "function_seconds", 0.0) or 0.0) / calls
+    per_call = log.function_seconds / calls
     if level == "decoder":
         remaining = sum(getattr(p, "n", 0) or 0 for p in remaining_plans)
         return (per_call, per_call * remaining) if remaining else None
@@ -187,7 +189,7 @@ class _Tracker(AuditProgress):
     stream: TextIO
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: Any) -> None:
+              plans: Sequence[Any], log: CallCounts) -> None:
         self.level, self.checks, self.plans, self.log = level, list(checks), list(plans), log
         self.expected = [expected_seconds_of(level, c, p) for c, p in zip(checks, plans)]
         self.started = time.perf_counter()
@@ -198,6 +200,7 @@ class _Tracker(AuditProgress):
         self.ratio: float | None = None
         self.said_total: float | None = None
         self.not_run: dict[str, int] = {}
+        self.seconds_per_sample: float | None = None
         self.write(header(target=target, level=level, budget=budget, alpha=alpha, checks=checks, plans=plans) + "\n")
 
     def note(self, text: str) -> None:
@@ -230,7 +233,7 @@ class _Tracker(AuditProgress):
         self.said_total = total
         planned = sum(self.expected[index + 1:])
         pace = "" if self.level == "decoder" else f" at the pace so far (planned ~{duration(planned)})"
-        calls = getattr(self.log, "calls", 0) or 0
+        calls = self.log.calls
         return (f"specverify: measured {_seconds(per_call)} per call of the function: the rest takes "
                 f"~{duration(rest)}{pace}, {calls:,} calls so far" + ("" if first else "; re-planned") + "\n")
 
@@ -239,7 +242,7 @@ class _Tracker(AuditProgress):
         self.stream.flush()
 
     def rows_in_check(self) -> int:
-        return (getattr(self.log, "rows", 0) or 0) - self.rows_before
+        return self.log.rows - self.rows_before
 
     def eta(self) -> float | None:
         """Seconds left, or None where there is no estimate yet (an endpoint audit before its first
@@ -254,12 +257,12 @@ class _Tracker(AuditProgress):
     def check_started(self, index: int, check: Any, plan: Any) -> None:
         self.current = index
         self.check_started_at = time.perf_counter()
-        self.rows_before = getattr(self.log, "rows", 0) or 0
+        self.rows_before = self.log.rows
 
     def _endpoint_eta(self) -> float | None:
         """The servers' measured seconds per sample (of the last finished statistical check) times
         the samples still planned: the current check's, less its elapsed time, and the later ones'."""
-        if not getattr(self, "seconds_per_sample", None):
+        if not self.seconds_per_sample:
             return None
         planned = [getattr(p, "n", 0) or 0 for p in self.plans[self.current:]]
         if not planned:
@@ -403,7 +406,7 @@ class BarProgress(_Tracker):
         elapsed = time.perf_counter() - self.started
         name = self.checks[done].name if done < total else "done"
         rows = f" {self.rows_in_check():,} rows" if done < total and self.plans[done].n else ""
-        all_rows = getattr(self.log, "rows", 0) or 0
+        all_rows = self.log.rows
         rate = f" {all_rows / elapsed:,.0f} rows/s" if all_rows and elapsed > 0 else ""
         return (f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {elapsed:5.0f}s "
                 f"ETA {eta_text(self.eta()):>8}  {name[:24]}{rows}{rate}")

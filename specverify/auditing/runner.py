@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specverify.auditing import replay
+from specverify.auditing.audited import AuditedFunction, AuditSession
 from specverify.auditing.checks import (
     POWER,
     Battery,
@@ -82,7 +83,7 @@ from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing.isolation.process import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
-from specverify.auditing.minimal_case import MIN_ROWS, MinimalCase, case_rows
+from specverify.auditing.minimal_case import MIN_ROWS, CaseSearch, MinimalCase, case_rows
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
 from specverify.auditing.post_verdict import PostVerdict
 from specverify.auditing.power import PowerShortfall, power_shortfall
@@ -393,7 +394,7 @@ def audit(
                     selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
                     allow_underpowered=allow_underpowered, level_options=dict(level_options),
                     preset=None if chosen is None else chosen.name)
-    minimal: tuple[MinimalCase | None, str] = (None, "")
+    minimal = CaseSearch(None, "", False)
     post = PostVerdict(started)
     display = as_progress(progress)
     displayed = False
@@ -409,16 +410,19 @@ def audit(
             return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
                                summary=str(error), detectable_tv=None,
                                timings={"total_s": time.perf_counter() - started})
-        function = getattr(session, "function", None)
+        if not isinstance(session, AuditSession):
+            raise TypeError(f"level {level!r}: its battery's open_session returned a {type(session).__name__}; "
+                            "return a subclass of specverify.auditing.audited.AuditSession whose function is an "
+                            "AuditedFunction")
+        function = session.function
         try:
-            raw = getattr(session, "raw", None) or getattr(function, "raw", None)
-            problem = signature_problem(level, raw, name.rsplit(":", 1)[-1] if ":" in name else None)
+            problem = signature_problem(level, function.raw, name.rsplit(":", 1)[-1] if ":" in name else None)
             if problem is not None:  # every check would raise the same TypeError: say it once, run nothing
                 return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
                                    summary=problem, detectable_tv=None,
                                    timings={"total_s": time.perf_counter() - started},
-                                   isolation=function.describe() if hasattr(function, "describe") else {})
-            omitted = tuple(omitted_checks(level, battery, session))
+                                   isolation={"mode": isolation} | function.describe())
+            omitted = tuple(omitted_checks(battery, session))
             available = battery.checks(session)
             if chosen is not None:
                 every = [c.name for c in available] + sorted(omitted_names(omitted))
@@ -433,7 +437,7 @@ def audit(
             plans, share = plan_checks(selected, sample_budget, alpha, seed, level)
             shortfall = power_shortfall(selected, plans, level, sample_budget, share)
             display.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
-                          plans=plans, log=getattr(function, "log", None))
+                          plans=plans, log=function.log)
             displayed = True
             for line in ([settings["preset_note"]] if settings.get("preset_note") else []) + plan_notes(
                     shortfall, omitted, allow_underpowered):
@@ -448,16 +452,15 @@ def audit(
                                                                   for r in results):
                     minimal = _minimal_case(name, selected, results, function, seed, post, display)
         finally:
-            _shut_down(function, post)
+            _shut_down(session, post)
             total_s = time.perf_counter() - started
             if displayed:
                 display.end(total_s=total_s)
-    log = getattr(function, "log", None)
-    described = function.describe() if hasattr(function, "describe") else {"mode": isolation}
-    timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results}}
-    if log is not None:
-        timings.update(function_s=log.function_seconds, calls=log.calls, rows=log.rows,
-                       rows_per_s=log.rows / total_s if total_s > 0 else None)
+    log = function.log
+    described = {"mode": isolation} | function.describe()
+    timings: dict[str, Any] = {"total_s": total_s, "checks_s": {r.name: r.seconds for r in results},
+                               "function_s": log.function_seconds, "calls": log.calls, "rows": log.rows,
+                               "rows_per_s": log.rows / total_s if total_s > 0 else None}
     timings["post_verdict"] = post.timings()
     verdict, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
                                                        allow_underpowered=allow_underpowered, omitted=omitted,
@@ -474,8 +477,8 @@ def audit(
                                                     level)
     return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict,
                        summary=summary, detectable_tv=detectable, timings=timings, isolation=described,
-                       warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal[0],
-                       minimal_case_note=minimal[1], replay_checks=replay_checks, replay_alpha=replay_alpha,
+                       warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal.case,
+                       minimal_case_note=minimal.note, replay_checks=replay_checks, replay_alpha=replay_alpha,
                        interrupted=interrupted)
 
 
@@ -492,8 +495,8 @@ def plan_notes(shortfall: PowerShortfall | None, omitted: Sequence[Omission], al
     return notes
 
 
-def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: Any,
-                  seed: int, post: PostVerdict, display: AuditProgress) -> tuple[MinimalCase | None, str]:
+def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckResult], function: AuditedFunction,
+                  seed: int, post: PostVerdict, display: AuditProgress) -> CaseSearch:
     """:func:`specverify.auditing.minimal_case.find_minimal_case` over the failing loss checks,
     sized to the function's measured rows/s and cut off at the post-verdict deadline (never an
     error of the audit: a fault of the function here only means no case is shown); the step's
@@ -501,50 +504,59 @@ def _minimal_case(target: str, checks: Sequence[Any], results: Sequence[CheckRes
     from specverify.auditing.minimal_case import find_minimal_case
 
     begun = time.perf_counter()
-    case, note = None, ""
-    log = getattr(function, "log", None)
-    rows_per_s = log.rows / log.function_seconds if log is not None and log.rows and log.function_seconds > 0 else None
-    startup_s = function.startup_s() if hasattr(function, "startup_s") else 0.0
+    log = function.log
+    rows_per_s = log.rows / log.function_seconds if log.rows and log.function_seconds > 0 else None
+    startup_s = function.startup_s()
     left = post.seconds_left() - startup_s
     rows = case_rows(rows_per_s, left)
-    if function is None or (hasattr(function, "stop_reason") and function.stop_reason() is not None):
-        note = "the function can no longer be called"
+    if function.stop_reason() is not None:
+        search = CaseSearch(None, "the function can no longer be called", False)
     elif rows == 0 and rows_per_s is not None and left > 0:
-        note = (f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; a case needs "
-                f"{MIN_ROWS:,} rows ≈ {MIN_ROWS / rows_per_s:.1f} s a call, more than half the {left:.1f} s left of "
-                f"the post-verdict budget ({post.basis()})")
+        search = CaseSearch(None, f"skipped: the function evaluates {rows_per_s:,.0f} rows per second of its own time; "
+                                  f"a case needs {MIN_ROWS:,} rows ≈ {MIN_ROWS / rows_per_s:.1f} s a call, more than "
+                                  f"half the {left:.1f} s left of the post-verdict budget ({post.basis()})", True)
     elif rows == 0:
         restart = f" once the worker process is started again ({startup_s:.1f} s the last time)" if startup_s else ""
-        note = f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}"
+        search = CaseSearch(None, f"skipped: no time is left of the post-verdict budget ({post.basis()}){restart}",
+                            True)
     else:
         display.after_verdict(f"looking for a minimal failing case ({rows:,} rows a call), until the post-verdict "
                               f"deadline in {post.seconds_left():.0f} s")
         failing = [(c, r) for c, r in zip(checks, results) if r.verdict is Verdict.FAIL and r.kind.detects_loss]
         function.cut_off_at(post.deadline())
         try:
-            case, note = find_minimal_case(target, failing, function, seed, rows=rows, rows_per_s=rows_per_s,
-                                           deadline=post.deadline())
+            search = find_minimal_case(target, failing, function, seed, rows=rows, rows_per_s=rows_per_s,
+                                       deadline=post.deadline())
         except Fault as fault:
-            note = f"looking for one, the function failed: {fault.message}"
+            search = CaseSearch(None, f"looking for one, the function failed: {fault.message}", False)
         except KeyboardInterrupt:
-            note = "interrupted by the user"
+            search = CaseSearch(None, "interrupted by the user", False)
         finally:
             function.cut_off_at(None)
-    post.record("minimal case", time.perf_counter() - begun,
-                f"reproduced with {case.rows:,} rows a call" if case is not None else note)
-    return case, note
+    post.record("minimal case", time.perf_counter() - begun, search.outcome(), cut_off=search.cut_off)
+    return search
 
 
-def _shut_down(function: Any, post: PostVerdict) -> None:
-    """Close the session's function and record the time a worker's shutdown took (asked to stop,
-    killed after a grace: bounded by :data:`specverify.auditing.isolation.process.SHUTDOWN_BOUND_S`)."""
-    from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S
+def _shut_down(session: AuditSession, post: PostVerdict) -> None:
+    """Close the session and record the step of a worker's shutdown: asked to stop, killed after a
+    grace of what is left of the post-verdict budget (at most
+    :data:`specverify.auditing.isolation.process.STOP_GRACE_S`; cut off below it)."""
+    from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S, STOP_GRACE_S
 
-    if not hasattr(function, "close"):
+    if post.verdict_at is None:
+        session.close()
         return
+    running = session.function.worker_running()
+    grace_s = min(STOP_GRACE_S, post.seconds_left())
     begun = time.perf_counter()
-    function.close()
-    if post.verdict_at is not None and getattr(function, "isolation", None) == "process":
+    session.close(grace_s)
+    if not running:
+        return
+    if grace_s < STOP_GRACE_S:
+        post.record("shutdown", time.perf_counter() - begun,
+                    f"the worker process was asked to stop with {grace_s:.1f} s of its {STOP_GRACE_S:g} s grace left "
+                    "in the post-verdict budget, then killed if still running", cut_off=True)
+    else:
         post.record("shutdown", time.perf_counter() - begun,
                     f"worker process stopped, bounded by {SHUTDOWN_BOUND_S:g} s")
 
@@ -577,7 +589,7 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
     return tuple(chosen), None
 
 
-def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed: int,
+def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSession, seed: int,
                 display: AuditProgress, fail_fast: bool = False, locating: Sequence[str] = (),
                 post: PostVerdict | None = None, *, stop_at_malformed: bool = True) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
@@ -599,8 +611,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     The global RNGs are reseeded per check, so even a function that misuses them gives a
     deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
-    function = getattr(session, "function", None)
-    log = getattr(function, "log", None)
+    function = session.function
+    log = function.log
     interrupted = False
     first_failure: str | None = None
     locating_left = [c.name for c in checks if c.name in locating]
@@ -610,8 +622,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
             for index, (check, plan) in enumerate(zip(checks, plans)):
                 display.check_started(index, check, plan)
                 started = time.perf_counter()
-                calls_before, rows_before = (log.calls, log.rows) if log is not None else (0, 0)
-                stop = function.stop_reason() if hasattr(function, "stop_reason") else None
+                calls_before, rows_before = log.calls, log.rows
+                stop = function.stop_reason()
                 if interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
                 elif malformed_in is not None:
@@ -634,10 +646,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
                         result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
                     except CutOff:
                         result = skipped_result(check, plan, _locating_cut(first_failure, post))
-                extra = {"seconds": time.perf_counter() - started}
-                if log is not None:
-                    extra.update(calls=log.calls - calls_before, rows=log.rows - rows_before)
-                results.append(dataclasses.replace(result, **extra))
+                results.append(dataclasses.replace(result, seconds=time.perf_counter() - started,
+                                                   calls=log.calls - calls_before, rows=log.rows - rows_before))
                 if stop_at_malformed and results[-1].fault is FaultKind.MALFORMED:
                     malformed_in = check.name
                 display.check_finished(index, results[-1])
@@ -652,21 +662,20 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: Any, seed
     return results, interrupted
 
 
-def _open_locating(post: PostVerdict, function: Any, display: AuditProgress, following: Sequence[str]) -> None:
+def _open_locating(post: PostVerdict, function: AuditedFunction, display: AuditProgress,
+                   following: Sequence[str]) -> None:
     """At the first failure under fail-fast: open the post-verdict budget, cut the function off at
     the locating checks' share, and say what follows."""
     post.open()
-    if hasattr(function, "cut_off_at"):
-        function.cut_off_at(post.locating_deadline())
+    function.cut_off_at(post.locating_deadline())
     display.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
                                             f"{post.locating_deadline() - post.verdict_at:.0f} s"))
 
 
-def _close_locating(post: PostVerdict, function: Any, results: Sequence[CheckResult], locating: Sequence[str],
-                    first_failure: str) -> None:
+def _close_locating(post: PostVerdict, function: AuditedFunction, results: Sequence[CheckResult],
+                    locating: Sequence[str], first_failure: str) -> None:
     """Lift the cutoff and record the locating checks' step: their time and how many ran."""
-    if hasattr(function, "cut_off_at"):
-        function.cut_off_at(None)
+    function.cut_off_at(None)
     after = [r for r in results[[r.name for r in results].index(first_failure) + 1:] if r.name in locating]
     if not after:
         return
@@ -674,7 +683,7 @@ def _close_locating(post: PostVerdict, function: Any, results: Sequence[CheckRes
     ran = sum(r.verdict is not Verdict.SKIPPED for r in after)
     share = post.locating_deadline() - post.verdict_at
     outcome = f"{ran} of {len(after)} ran" + (f", {cut} not run: their share of {share:.1f} s was spent" if cut else "")
-    post.record("locating checks", sum(r.seconds for r in after), outcome)
+    post.record("locating checks", sum(r.seconds for r in after), outcome, cut_off=cut > 0)
 
 
 def _locating_cut(first_failure: str | None, post: PostVerdict | None) -> str:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import specverify
+from specverify.auditing.audited import CallCounts
 from specverify.auditing.checks import CheckResult, Verdict, resolve_budget
 from specverify.auditing.defaults import POWER_CEILING_TV
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -222,7 +223,7 @@ def test_undeclared_tree_schemes_are_said_with_their_fix():
     session = battery.open_session(deterministic_only, device="cpu", timeout_s=60, isolation="none")
     from specverify.auditing.omissions import omitted_checks
 
-    omitted = omitted_checks("tree", battery, session)
+    omitted = omitted_checks(battery, session)
     names = {name for o in omitted for name in o.names}
     assert "exact-tree-step" in names and "tree-siblings-independent" in names
     assert not any("deterministic" in name for name in names)
@@ -306,7 +307,7 @@ def test_a_pipe_gets_the_table_once(tmp_path):
 def test_the_plan_is_retimed_at_the_functions_measured_speed():
     stream = io.StringIO()
     progress = LineProgress(stream)
-    log = SimpleNamespace(rows=0, calls=0, function_seconds=0.0)
+    log = CallCounts()
     checks = [SimpleNamespace(name=f"check-{i}", parameters={"K": 1, "V": 4}) for i in range(3)]
     plans = [SimpleNamespace(n=1000) for _ in checks]
     progress.begin(target="t", level="sampler", budget=resolve_budget("quick"), alpha=1e-3, checks=checks,

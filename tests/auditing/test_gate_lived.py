@@ -81,7 +81,7 @@ def test_the_tree_levels_uniforms_note_gives_the_tree_layout():
 
     battery = load_battery("tree")
     session = battery.open_session(tree_without_uniforms, device="cpu", timeout_s=60, isolation="none")
-    note = next(o for o in omitted_checks("tree", battery, session) if "exact-tree-step" in o.names)
+    note = next(o for o in omitted_checks(battery, session) if "exact-tree-step" in o.names)
     assert "[B, N+1]" in note.fix and "[B, K+1]" not in note.fix and "column N" in note.fix
 
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import specverify
+from specverify.auditing.audited import CallCounts
 from specverify.auditing.findings import grouped_findings
 from specverify.auditing.loading import LoadError, load_target
 from specverify.auditing.progress import BarProgress, LineProgress, expected_seconds, progress_for
@@ -64,7 +65,7 @@ def test_terminal_bar_moves_inside_a_check_with_the_rows_done():
     stream = Tty()
     bar = progress_for(stream)
     assert isinstance(bar, BarProgress)
-    log = SimpleNamespace(rows=0)
+    log = CallCounts()
     checks = [SimpleNamespace(name="production-qwen-K1", parameters={"K": 1, "V": 151936})]
     plans = [SimpleNamespace(n=1000)]
     bar.begin(target="t", level="sampler", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
@@ -82,7 +83,7 @@ def test_a_long_check_adds_a_still_running_line_per_heartbeat_to_a_log():
     PIT check runs ~45 min at standard), and a short check adds no line."""
     stream = io.StringIO()
     lines = LineProgress(stream, heartbeat_s=0.2)
-    log = SimpleNamespace(rows=0)
+    log = CallCounts()
     checks = [SimpleNamespace(name="pit-T1-top8", parameters={}), SimpleNamespace(name="quick-one", parameters={})]
     plans = [SimpleNamespace(n=1000), SimpleNamespace(n=10)]
     lines.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
@@ -108,7 +109,7 @@ def test_endpoint_eta_comes_from_the_servers_measured_pace():
     its seconds per sample times the samples still planned."""
     stream = Tty()
     bar = BarProgress(stream, interval_s=3600)
-    log = SimpleNamespace(rows=0)
+    log = CallCounts()
     checks = [SimpleNamespace(name=name, parameters={}) for name in ("greedy-identity", "pit-a", "pit-b")]
     plans = [SimpleNamespace(n=0), SimpleNamespace(n=100), SimpleNamespace(n=300)]
     bar.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,

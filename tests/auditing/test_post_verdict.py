@@ -19,13 +19,20 @@ from specverify.auditing.isolation.faults import CutOff
 from specverify.auditing.isolation.guarded import GuardedFunction
 from specverify.auditing.isolation.process import SHUTDOWN_BOUND_S
 from specverify.auditing.minimal_case import MIN_ROWS, MINIMAL_ROWS, case_rows
+from specverify.auditing.progress import AuditProgress
 from specverify.auditing.reports.json_file import report_to_dict
 from specverify.auditing.reports.terminal import format_report
 from specverify.testing.harness import Proposal
 
 HOSTILE = Path(__file__).with_name("hostile")
 LOSSY_SLOW = f"{HOSTILE / 'lossy_slow_per_row.py'}:verify"
+TURNS_SLOW = f"{HOSTILE / 'lossy_turns_slow.py'}:verify"
 LOCATING = ["bonus-position", "correction-position", "disjoint-supports"]
+
+MARGIN_S = 1.0
+"""What an audit may run past its post-verdict budget: stopping a call at the deadline (killing and
+reaping a worker, or the in-process alarm), one catalog entry's run on a case, recording the steps;
+a few hundred milliseconds on 2 loaded cores."""
 
 
 def _proposal(rows: int) -> Proposal:
@@ -40,8 +47,8 @@ def test_a_lossy_slow_sampler_gets_its_verdict_and_the_audit_ends_within_its_bud
     the two locating checks take ~33 s and each minimal-case call of 20,000 rows 40 s.  Without the
     budget this audit took 173.6 s (in-process, load 13 on 2 cores), its progress saying "audit
     finished in 34 s" when the checks ended, two minutes before the end; with it, 23.6 s (the
-    verdict at 14.3 s, the default floor of 10 s): it ends by the verdict + the budget + the
-    shutdown bound.  The floor is lowered to 2 s to keep the test short (the same formula)."""
+    verdict at 14.3 s, the default floor of 10 s): it ends by the verdict + the budget + MARGIN_S.
+    The floor is lowered to 2 s to keep the test short (the same formula)."""
     monkeypatch.setattr(post_verdict, "FLOOR_S", 2.0)
     began = time.perf_counter()
     report = specverify.audit(LOSSY_SLOW, budget="quick", checks=LOCATING, isolation="none")
@@ -49,7 +56,7 @@ def test_a_lossy_slow_sampler_gets_its_verdict_and_the_audit_ends_within_its_bud
     post = report.timings["post_verdict"]
     assert report.verdict == "loss detected" and report.exit_code == 1, report.summary
     assert post["budget_s"] == pytest.approx(max(2.0, 0.5 * post["verdict_s"]))
-    assert report.timings["total_s"] <= post["verdict_s"] + post["budget_s"] + SHUTDOWN_BOUND_S, post
+    assert report.timings["total_s"] <= post["verdict_s"] + post["budget_s"] + MARGIN_S, post
     assert wall_s <= report.timings["total_s"] + 2.0  # the figure "audit finished in" says is the end
     steps = {step["step"]: step for step in post["steps"]}
     assert set(steps) == {"locating checks", "minimal case"}, steps  # in-process: no worker to shut down
@@ -62,6 +69,42 @@ def test_a_lossy_slow_sampler_gets_its_verdict_and_the_audit_ends_within_its_bud
     text = format_report(report)
     assert "(after the verdict at" in text and "locating checks" in text and "minimal case" in text
     assert report_to_dict(report)["timings"]["post_verdict"] == post
+
+
+class _SlowAfterVerdict(AuditProgress):
+    """Creates the file that makes ``lossy_turns_slow.py`` sleep 30 s a call as soon as the audit
+    announces its first post-verdict step."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def after_verdict(self, text: str) -> None:
+        self.marker.write_text(text)
+
+
+@pytest.mark.parametrize("isolation", ["process", "none"])
+def test_a_function_that_turns_very_slow_after_the_verdict_is_cut_off_at_the_budget(isolation, tmp_path,
+                                                                                    monkeypatch):
+    """Every call after the verdict sleeps 30 s.  The minimal-case search's one call is stopped at
+    the post-verdict deadline (in a worker by killing it, in-process by the alarm), its step is
+    recorded as cut off with the reason, and the audit ends within the budget + MARGIN_S, not 30 s
+    later.  The budget is made 2 s (a floor of 2 s, a share of 0.1 of the time to the verdict)."""
+    monkeypatch.setattr(post_verdict, "FLOOR_S", 2.0)
+    monkeypatch.setattr(post_verdict, "SHARE", 0.1)
+    marker = tmp_path / "slow"
+    monkeypatch.setenv("SPECVERIFY_TEST_SLOW_MARKER", str(marker))
+    report = specverify.audit(TURNS_SLOW, budget="quick", checks=["bonus-position"], isolation=isolation,
+                              progress=_SlowAfterVerdict(marker))
+    post = report.timings["post_verdict"]
+    assert report.verdict == "loss detected" and marker.exists(), report.summary
+    assert post["budget_s"] == pytest.approx(max(2.0, 0.1 * post["verdict_s"]))
+    assert report.timings["total_s"] - post["verdict_s"] <= post["budget_s"] + MARGIN_S, post
+    steps = {step["step"]: step for step in post["steps"]}
+    assert steps["minimal case"]["cut_off"], steps
+    assert steps["minimal case"]["outcome"].startswith("the post-verdict deadline came before a call"), steps
+    assert "shutdown" not in steps  # the cutoff's kill left no worker to stop
+    assert report.minimal_case is None and report.minimal_case_note == steps["minimal case"]["outcome"]
+    assert "minimal case" in format_report(report) and report_to_dict(report)["timings"]["post_verdict"] == post
 
 
 def test_the_minimal_case_is_sized_to_the_functions_speed():
@@ -122,3 +165,46 @@ def test_in_a_worker_the_cutoff_kills_the_call_and_a_hung_worker_is_killed_at_sh
     function.close()
     assert time.perf_counter() - began <= SHUTDOWN_BOUND_S
     assert not worker.alive() and worker.killed_by_audit
+
+
+def test_a_spent_budget_leaves_the_worker_no_grace_and_the_shutdown_step_says_so(monkeypatch):
+    """With the budget spent, a worker that cannot answer the request to stop (frozen with SIGSTOP)
+    is killed at once instead of after STOP_GRACE_S, and the step is recorded as cut off."""
+    from specverify.auditing.isolation.process import STOP_GRACE_S
+    from specverify.auditing.runner import _shut_down
+    from specverify.auditing.sampler.battery import SamplerBattery
+
+    monkeypatch.setattr(post_verdict, "FLOOR_S", 0.01)
+    session = SamplerBattery().open_session(LOSSY_SLOW, device="cpu", timeout_s=60, isolation="process")
+    worker = session.function.worker
+    budget = post_verdict.PostVerdict(time.perf_counter() - 0.02)
+    budget.open()
+    time.sleep(0.05)
+    assert budget.seconds_left() == 0.0 and session.function.worker_running()
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    began = time.perf_counter()
+    _shut_down(session, budget)
+    assert time.perf_counter() - began < STOP_GRACE_S and not worker.alive() and worker.killed_by_audit
+    (step,) = budget.timings()["steps"]
+    assert step["step"] == "shutdown" and step["cut_off"] and "0.0 s of its 1 s grace" in step["outcome"], step
+
+
+def test_the_closest_catalog_entry_is_not_read_past_the_deadline():
+    """A case found at the deadline is shown without its closest catalog entry (a second of the
+    audit's own work: every entry run on 5,000 rows), and the search counts as cut off."""
+    from specverify.auditing.diagnosis import closest_catalog_entry
+    from specverify.auditing.minimal_case import MinimalCase, _read
+
+    p = [[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]]
+    q = [[0.4, 0.3, 0.2, 0.1]]
+    tokens = torch.zeros(2_000, 2, dtype=torch.int64).numpy()
+    past = time.perf_counter() - 1.0
+    with pytest.raises(CutOff):
+        closest_catalog_entry(torch.tensor(p).double().numpy(), torch.tensor(q).double().numpy(), [0], tokens, 5,
+                              deadline=past)
+    case = MinimalCase("t.py:verify", "bonus-position", 0, tuple(map(tuple, p)), tuple(map(tuple, q)), (0,), 2_000, 5,
+                       1, 0, 0.25, 1.0, 77.0)
+    search = _read(case, tokens, past)
+    assert search.case is not None and search.case.closest == "" and search.cut_off
+    assert search.outcome() == ("reproduced with 2,000 rows a call; the closest catalog entry not read: the "
+                                "post-verdict deadline came first")

@@ -100,11 +100,11 @@ def test_the_keyword_is_detected_from_the_signature_and_selects_the_checks():
     battery = SamplerBattery()
     session = battery.open_session(verify, device="cpu", timeout_s=30)
     assert {"ragged-drafts", "exact-ragged-drafts"} <= {c.name for c in battery.checks(session)}
-    assert omitted_checks("sampler", battery, session) == []
+    assert omitted_checks(battery, session) == []
     session = battery.open_session(loop_per_row_own_draws, device="cpu", timeout_s=30)
-    assert [o.names for o in omitted_checks("sampler", battery, session)] == [("exact-step", "exact-ragged-drafts")]
+    assert [o.names for o in omitted_checks(battery, session)] == [("exact-step", "exact-ragged-drafts")]
     session = battery.open_session(without_keyword, device="cpu", timeout_s=30)
-    omitted = omitted_checks("sampler", battery, session)
+    omitted = omitted_checks(battery, session)
     assert [o.names for o in omitted] == [("ragged-drafts", "exact-ragged-drafts")]
     assert "num_draft_tokens=None" in omitted[0].line()
 

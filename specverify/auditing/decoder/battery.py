@@ -98,6 +98,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from specverify.auditing.audited import AuditSession
 from specverify.auditing.checks import (
     Battery,
     Check,
@@ -304,7 +305,7 @@ class DecoderModels:
 
 
 @dataclass
-class DecoderSession:
+class DecoderSession(AuditSession):
     """A guarded SPEC §2 function and the models every decoder check uses."""
 
     function: GuardedGenerate

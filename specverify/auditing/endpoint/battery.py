@@ -88,6 +88,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from specverify.auditing.audited import AuditSession
 from specverify.auditing.checks import Battery
 from specverify.auditing.endpoint.bursts import BurstPitCheck, ChoicePairsCheck, SeedReproducibilityCheck
 from specverify.auditing.endpoint.checks import (
@@ -185,7 +186,7 @@ def check_url(url: str, what: str) -> str:
 
 
 @dataclass
-class EndpointSession:
+class EndpointSession(AuditSession):
     """The two servers' clients and what the checks learn along the way (τ, the baseline's own gaps
     under its echo, greedy runs)."""
 
@@ -207,10 +208,11 @@ class EndpointSession:
     """The model's context in tokens (``--context-length``, else the server's ``GET /models``), or None."""
     coverage: Coverage = field(default_factory=Coverage)
 
-    @property
-    def function(self) -> EndpointClient:
-        """The runner reads ``session.function.log`` for its call counts."""
-        return self.candidate
+    function: EndpointClient = field(init=False)
+    """The audited function: the candidate's client."""
+
+    def __post_init__(self) -> None:
+        self.function = self.candidate
 
     def candidate_body(self, body: Mapping[str, Any]) -> dict[str, Any]:
         request = dict(body)
@@ -229,7 +231,8 @@ class EndpointSession:
         return [completion_laws(echo, body["prompt"], completion.tokens, self.echo_offset or 0)
                 for body, completion, echo in zip(bodies, completions, echoes)]
 
-    def close(self) -> None:
+    def close(self, grace_s: float | None = None) -> None:
+        """Close both servers' clients."""
         self.candidate.close()
         if self.baseline is not None:
             self.baseline.close()

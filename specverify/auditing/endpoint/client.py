@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from specverify.auditing.audited import AuditedFunction, CallCounts
 from specverify.auditing.isolation.faults import Fault
 
 RETRIED_STATUSES = (429, 502, 503, 504)
@@ -58,12 +59,10 @@ class Completion:
 
 
 @dataclass
-class RequestLog:
-    """What the client sent (the audit's ``timings`` read ``calls``, ``rows``, ``function_seconds``)."""
+class RequestLog(CallCounts):
+    """What the client sent: the :class:`~specverify.auditing.audited.CallCounts` (requests,
+    tokens, seconds), the retries and the mutations the checks found."""
 
-    calls: int = 0
-    rows: int = 0
-    function_seconds: float = 0.0
     retries: int = 0
     mutations: list[str] = field(default_factory=list)
 
@@ -73,8 +72,12 @@ def _excerpt(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-class EndpointClient:
-    """POSTs to ``{base_url}/completions`` (``base_url`` is the server's ``/v1`` base)."""
+class EndpointClient(AuditedFunction):
+    """POSTs to ``{base_url}/completions`` (``base_url`` is the server's ``/v1`` base).  As the
+    audited function (the candidate's client) it has no Python function (``raw`` is None) and no
+    process of the audit's own."""
+
+    raw = None
 
     def __init__(self, base_url: str, *, role: str, model: str | None, timeout_s: float, deadline: float,
                  concurrency: int = 4, retries: int = DEFAULT_RETRIES) -> None:
@@ -87,13 +90,18 @@ class EndpointClient:
         self.deadline = deadline
         self.concurrency = concurrency
         self.retries = retries
-        self.log = RequestLog()
+        self.log: RequestLog = RequestLog()
         self.down: str | None = None
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s), limits=limits,
                                   transport=httpx.HTTPTransport(retries=1, limits=limits))
 
-    def close(self) -> None:
+    def cut_off_at(self, moment: float | None) -> None:
+        """No cutoff: a request ends by its own deadlines (``timeout_s`` and the audit's
+        ``deadline``), and the endpoint level runs no check and no search after its verdict."""
+
+    def close(self, grace_s: float | None = None) -> None:
+        """Close the HTTP connections (``grace_s`` does not apply: there is no worker process)."""
         self._http.close()
 
     # ---------------------------------------------------------------------------------- requests

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from specverify.auditing.audited import AuditedFunction, CallCounts
 from specverify.auditing.isolation.faults import (
     CutOff,
     Fault,
@@ -140,18 +141,15 @@ ALIASING_MESSAGE = ("the function returns a view of a buffer that its next call 
 
 
 @dataclass
-class CallLog:
+class CallLog(CallCounts):
     """What the guards saw across all calls of one audit.
 
-    calls/rows: completed calls and rows; function_seconds: time spent in them (in a worker:
-    as measured there); mutations/aliasing/model_changes: contract findings (``where: what``);
-    losses: deadlines and abnormal ends of the worker (``where: why``); probe_calls: calls made
-    only to measure the speed; restarts: workers started after the first.
+    Beyond the :class:`~specverify.auditing.audited.CallCounts`: mutations/aliasing/model_changes:
+    contract findings (``where: what``); losses: deadlines and abnormal ends of the worker
+    (``where: why``); probe_calls: calls made only to measure the speed; restarts: workers started
+    after the first.
     """
 
-    calls: int = 0
-    rows: int = 0
-    function_seconds: float = 0.0
     mutations: list[str] = field(default_factory=list)
     aliasing: list[str] = field(default_factory=list)
     model_changes: list[str] = field(default_factory=list)
@@ -213,8 +211,8 @@ class FunctionGenerator:
 _generator_keys = itertools.count(1)
 
 
-class _Session:
-    """The worker (or in-process) machinery common to both levels."""
+class _Session(AuditedFunction):
+    """The worker (or in-process) machinery common to the sampler, decoder and tree levels."""
 
     level = "sampler"
 
@@ -223,7 +221,7 @@ class _Session:
         self.alias_watch = AliasWatch()
         self.timeout_s = float(timeout_s)
         self.device = torch.device(device)
-        self.log = CallLog()
+        self.log: CallLog = CallLog()
         self.speed = CallSpeed()
         self.stdout, self.stderr = CapturedStream(), CapturedStream()
         self.note: str | None = None
@@ -282,6 +280,9 @@ class _Session:
         self.start_s = time.perf_counter() - began
         return self.worker
 
+    def worker_running(self) -> bool:
+        return self.worker is not None and self.worker.alive()
+
     def startup_s(self) -> float:
         """Seconds the next call first spends starting a worker: 0 in-process or while one runs,
         else what the last start took."""
@@ -330,9 +331,9 @@ class _Session:
             return f"the function hung or ended its process {len(self.log.losses)} times ({places})"
         return None
 
-    def close(self) -> None:
+    def close(self, grace_s: float | None = None) -> None:
         if self.worker is not None:
-            self.worker.stop()
+            self.worker.stop(grace_s)
         self.presenter.forget()
         if self.buffer is not None:
             self.buffer.close()

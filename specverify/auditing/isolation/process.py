@@ -94,7 +94,11 @@ DRAIN_TIMEOUT_S = 1.0
 """Longest wait, per pipe, for the last output of an ended worker (a pipe still held open by a
 process the function started in another session is abandoned)."""
 
-SHUTDOWN_BOUND_S = STOP_GRACE_S + REAP_TIMEOUT_S + 2 * DRAIN_TIMEOUT_S
+KILL_BOUND_S = REAP_TIMEOUT_S + 2 * DRAIN_TIMEOUT_S
+"""The longest a kill of the worker (:meth:`WorkerProcess.kill`: SIGKILL, reaping, draining its
+pipes) takes, whatever the function does; milliseconds unless the function left a process behind."""
+
+SHUTDOWN_BOUND_S = STOP_GRACE_S + KILL_BOUND_S
 """The longest a worker's shutdown (:meth:`WorkerProcess.stop`) takes, whatever the function does."""
 
 _ALIGN = 64
@@ -402,13 +406,13 @@ class WorkerProcess:
             pass
         self._cleanup()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
         """Ask the worker to end (it ends with ``os._exit``, ignoring its threads), wait at most
-        :data:`STOP_GRACE_S`, then kill whatever is left of its process group."""
+        ``grace_s`` seconds (None: :data:`STOP_GRACE_S`), then kill whatever is left of its process group."""
         if self.process.poll() is None:
             try:
                 self.connection.send_bytes(pickle.dumps({"op": "stop"}))
-                self.process.wait(timeout=STOP_GRACE_S)
+                self.process.wait(timeout=STOP_GRACE_S if grace_s is None else max(0.0, grace_s))
             except (OSError, EOFError, subprocess.TimeoutExpired, ValueError):
                 pass
         self.kill()

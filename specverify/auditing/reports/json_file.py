@@ -10,7 +10,7 @@ written as ``null``.  ``timings``: ``total_s`` (the audit's start to its end, th
 "audit finished in"), ``checks_s`` (per check), ``function_s``, ``calls``, ``rows``, ``rows_per_s``
 (the call log) and ``post_verdict`` ({``verdict_s``: the start to the verdict, ``budget_s``,
 ``steps``: [{``step``: ``locating checks`` | ``minimal case`` | ``shutdown``, ``seconds``,
-``outcome``}]}), all on one clock.
+``outcome``, ``cut_off``: whether the budget cut the step short}]}), all on one clock.
 
 Top level: ``schema``, ``specverify_version``, ``target``, ``level``, ``verdict``, ``exit_code``,
 ``summary``, ``seed``, ``alpha`` (family-wise), ``alpha_share`` (per statistical check),

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from specverify.auditing.audited import AuditSession
 from specverify.auditing.checks import (  # the framework names are re-exported for the 0.1 path specverify.battery
     BUDGETS,
     EXACT_TOLERANCE,
@@ -70,6 +71,7 @@ from specverify.auditing.isolation.faults import (
     seed_global_rng,
     validate_emitted,
 )
+from specverify.auditing.omissions import Omission, sampler_omissions
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.core.rules import accepts_num_draft_tokens, accepts_uniforms
 from specverify.core.seeding import derive_seed
@@ -203,7 +205,7 @@ def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) 
 
 
 @dataclass
-class SamplerSession:
+class SamplerSession(AuditSession):
     """A guarded function plus the settings every sampler check shares."""
 
     function: GuardedFunction
@@ -531,6 +533,9 @@ class SamplerBattery(Battery):
                      isolation: str = "none") -> SamplerSession:
         function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
         return SamplerSession(function, function.raw, timeout_s, self.batch_rows)
+
+    def omitted(self, session: SamplerSession) -> list[Omission]:
+        return sampler_omissions(session)
 
     def checks(self, session: SamplerSession) -> list[Check]:
         steps = [self._step(*spec) for spec in _STEP_CHECKS]

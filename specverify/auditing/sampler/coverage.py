@@ -68,12 +68,12 @@ from specverify.auditing.checks import (
     goodness_of_fit_result,
 )
 from specverify.auditing.isolation.faults import Fault, FaultKind, validate_emitted
+from specverify.auditing.isolation.guarded import CallLog
 from specverify.auditing.sampler.battery import (
     CheckResult,
     Plan,
     StepLawCheck,
     positional_family_bank,
-    skipped_result,
 )
 from specverify.core.chains import ChainBank, PositionalBank
 from specverify.core.seeding import derive_seed
@@ -167,8 +167,6 @@ class LateCallsCheck(GroupedStepCheck):
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         function = session.function
-        if not hasattr(function, "life_calls"):
-            return skipped_result(self, plan, "the session does not count the function's calls")
         life_calls, life_rows = LATE_CALLS, LATE_ROWS
         if plan.fixed_budget:
             life_calls, life_rows = min(LATE_CALLS, plan.n), min(LATE_ROWS, LATE_ROWS_PER_SAMPLE * plan.n)
@@ -432,8 +430,8 @@ def ragged_checks(exact: bool) -> list[Any]:
 class OutputsUnaliasedCheck(CallLogCheck):
     """After all other checks: no call may overwrite the tensor an earlier call returned."""
 
-    def judge_log(self, plan: Plan, log: Any) -> CheckResult:
-        if getattr(log, "aliasing", None):
+    def judge_log(self, plan: Plan, log: CallLog) -> CheckResult:
+        if log.aliasing:
             return self.report(plan, Verdict.FAIL, log.aliasing[0], parameters={"calls": log.calls},
                                fault=FaultKind.ALIASING)
         return self.report(plan, Verdict.PASS, f"no call changed an output returned earlier ({log.calls} calls)",

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from specverify.auditing.audited import AuditedFunction
 from specverify.auditing.checks import (
     Check,
     CheckKind,
@@ -60,10 +61,10 @@ INPUT_DTYPES = ("float32", "bfloat16", "float16")
 """The input dtypes engines pass (a function may declare the ones it accepts: ``fn.input_dtypes``)."""
 
 
-def input_dtype(function: Any, wanted: str) -> str:
+def input_dtype(function: AuditedFunction, wanted: str) -> str:
     """``wanted`` if the function accepts it (its declared ``input_dtypes``, default all three),
     else the first dtype it declares."""
-    declared = function.declared("input_dtypes") if hasattr(function, "declared") else None
+    declared = function.declared("input_dtypes")
     if declared is None:
         return wanted
     accepted = [str(d).removeprefix("torch.") for d in declared]
@@ -444,7 +445,7 @@ PRODUCTION_SHAPES: tuple[tuple[Any, ...], ...] = (
 )
 
 
-def production_checks(function: Any) -> list[Check]:
+def production_checks(function: AuditedFunction) -> list[Check]:
     """The production-shape step checks, each in the dtype it names or, when the function declares
     ``input_dtypes`` without it, the first dtype it declares."""
     checks: list[Check] = []

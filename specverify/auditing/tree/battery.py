@@ -63,6 +63,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from specverify.auditing.audited import AuditSession
 from specverify.auditing.checks import (
     Battery,
     Check,
@@ -94,6 +95,7 @@ from specverify.auditing.isolation.faults import (
     validate_tree_emitted,
 )
 from specverify.auditing.isolation.guarded import GuardedTreeFunction
+from specverify.auditing.omissions import Omission, tree_omissions
 from specverify.auditing.sampler.battery import prefix_cell_counts, prefix_cells
 from specverify.auditing.sampler.coverage import contract_checks
 from specverify.auditing.tree.catalog import rows_at_a_time
@@ -118,11 +120,6 @@ CLOSENESSES = (0.0, 0.5)
 """Each check's bank: one chain with a draft unrelated to the target, one halfway between."""
 
 
-def declared_schemes(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """``fn.draft_schemes`` (SPEC §3), or all three schemes when the attribute is absent."""
-    return parse_schemes(getattr(fn, "draft_schemes", None))
-
-
 def parse_schemes(declared: Any) -> tuple[str, ...]:
     """The schemes of a ``draft_schemes`` value (None: all three); a malformed value is a Fault."""
     if declared is None:
@@ -145,7 +142,7 @@ def tree_bank(name: str, vocab_size: int, order: int, closenesses: tuple[float, 
 
 
 @dataclass
-class TreeSession:
+class TreeSession(AuditSession):
     """A guarded function plus the settings every tree check shares."""
 
     function: GuardedTreeFunction
@@ -706,6 +703,9 @@ class TreeBattery(Battery):
         except Fault as fault:
             schemes, error = DRAFT_SCHEMES, fault.message  # audited under every scheme, reported as an error
         return TreeSession(function, function.raw, timeout_s, schemes, self.batch_rows, error)
+
+    def omitted(self, session: TreeSession) -> list[Omission]:
+        return tree_omissions(session)
 
     def checks(self, session: TreeSession) -> list[Any]:
         schemes = session.schemes
