@@ -24,7 +24,8 @@ check at each named budget's n calls, computed from λ̂ scaled to that n (nonce
 ``--quick-plans R``: R replicates of the check's ``quick`` plan at α = 1e-3 (its calls, each on a
 stratum drawn uniformly, judged by :meth:`PositionLawCheck.judge` at every look's level, as the
 audit runs it); prints the replicates that fail and the calls at their first failing look: the
-kill of a buggy decoder, and for a correct one the false alarms, Binomial(R, ≤ α).
+kill of a buggy decoder, and for a correct one the false alarms, Binomial(R, ≤ α).  Each
+replicate's outcome is printed as it finishes, so a run stopped early still counts its replicates.
 """
 
 from __future__ import annotations
@@ -205,7 +206,16 @@ def main() -> int:
     for name in args.names or sorted(DECODER_CATALOG):
         started = time.perf_counter()
         if args.quick_plans:
-            outcomes = [quick_plan(check, name, replicate) for replicate in range(args.quick_plans)]
+            outcomes = []
+            for replicate in range(args.quick_plans):
+                failed_at, ratio = quick_plan(check, name, replicate)
+                outcomes.append((failed_at, ratio))
+                verdict = "passes" if failed_at is None else f"fails at {failed_at} calls"
+                print(
+                    f"{name}: replicate {replicate}: {verdict}, smallest p-value / level {ratio:.3g} "
+                    f"({time.perf_counter() - started:.0f} s so far)",
+                    flush=True,
+                )
             failed = [calls for calls, _ in outcomes if calls is not None]
             ratios = ", ".join(f"{ratio:.3g}" for _, ratio in outcomes)
             print(
