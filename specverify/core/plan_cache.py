@@ -27,9 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
-import scipy
-
 from specverify.core.cache_root import cache_root
 
 SWITCH_ENV = "SPECVERIFY_PLAN_CACHE"
@@ -49,11 +46,14 @@ def plans_dir() -> Path:
 @functools.cache
 def _code_digest() -> bytes:
     """SHA-256 of the computing modules' source and the numpy and scipy versions."""
+    import numpy
+    import scipy
+
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in _COMPUTING_MODULES:
         digest.update((here / name).read_bytes())
-    digest.update(f"numpy {np.__version__} scipy {scipy.__version__}".encode())
+    digest.update(f"numpy {numpy.__version__} scipy {scipy.__version__}".encode())
     return digest.digest()
 
 
