@@ -17,6 +17,7 @@ import os
 
 import pytest
 
+from specverify.core.plan_cache import SWITCH_ENV
 from specverify.engines.environment import prepare_engine_import
 from specverify.testing.kernel_sets import forced_kernel_set, is_kernel_set_limitation
 from specverify.testing.profiles import load_profile
@@ -32,6 +33,10 @@ load_profile()  # derandomized, no deadline (specverify.testing.profiles); SPECV
 # TRITON_INTERPRET once, when it is first imported; transformers' import of torch._dynamo imports
 # Triton too, so the variable is set before any test module is collected (no-op with CUDA).
 prepare_engine_import()
+
+# The tests compute every planning figure: none reads a figure an earlier run stored
+# (specverify.core.plan_cache; its own tests switch it on in a temporary cache).
+os.environ.setdefault(SWITCH_ENV, "0")
 
 
 NO_CUDA = "CUDA is not available on this machine (torch.cuda.is_available() is False)"

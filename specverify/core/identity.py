@@ -75,6 +75,7 @@ from scipy import optimize
 from scipy import stats as sps
 from scipy.special import gammaln, pdtrc
 
+from specverify.core import plan_cache
 from specverify.core.stats import _counts_array, _probability_array, pool_cells, sample_size_for_tv
 
 __all__ = [
@@ -466,8 +467,7 @@ def identity_design(
     the shares and the Chernoff bounds of the parts.  Cached by a digest of ``probs``, n and the
     options (the last few designs are kept)."""
     p = _probability_array(probs, "probs")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n: expected a positive integer sample size, got {n!r}")
+    _check_n(n)
     chosen = _check_options(flatten, id_block_count, block_min_expected, shares)
     share_key = tuple(sorted(chosen.items()))
     return _cached_design(_digest(p), int(n), float(flatten), int(id_block_count), float(block_min_expected),
@@ -903,6 +903,11 @@ def identity_power(
     return _power_of_design(design, float(epsilon), float(alpha))
 
 
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: expected a positive integer sample size, got {n!r}")
+
+
 def _check_epsilon(epsilon: float) -> None:
     if not (isinstance(epsilon, (int, float)) and 0 < epsilon <= 1):
         raise ValueError(f"epsilon: expected a total-variation distance in (0, 1], got {epsilon!r}")
@@ -939,9 +944,10 @@ def identity_sample_size(
     _check_power(power, alpha)
     p = _probability_array(probs, "probs")
     chosen = _check_options(flatten, id_block_count, block_min_expected, shares)
-    return _cached_sample_size(_digest(p), float(epsilon), float(alpha), float(power), float(flatten),
-                               int(id_block_count), float(block_min_expected), tuple(sorted(chosen.items())),
-                               _ProbsHolder(p))
+    arguments = (_digest(p), float(epsilon), float(alpha), float(power), float(flatten), int(id_block_count),
+                 float(block_min_expected), tuple(sorted(chosen.items())))
+    return plan_cache.remembered("identity_sample_size", arguments, int,
+                                 lambda: _cached_sample_size(*arguments, _ProbsHolder(p)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -1004,8 +1010,18 @@ def identity_detectable_tv(
     every alternative at TV ≥ ε is detected with at least that power (``inf`` if none ≤ 1)."""
     _check_alpha(alpha)
     _check_power(power, alpha)
-    design = identity_design(probs, n, flatten=flatten, id_block_count=id_block_count,
-                             block_min_expected=block_min_expected, shares=shares)
+    p = _probability_array(probs, "probs")
+    _check_n(n)
+    chosen = _check_options(flatten, id_block_count, block_min_expected, shares)
+    arguments = (_digest(p), int(n), float(alpha), float(power), float(flatten), int(id_block_count),
+                 float(block_min_expected), tuple(sorted(chosen.items())))
+    return plan_cache.remembered("identity_detectable_tv", arguments, float, lambda: _detectable_tv(
+        identity_design(probs, n, flatten=flatten, id_block_count=id_block_count, block_min_expected=block_min_expected,
+                        shares=shares), float(alpha), float(power)))
+
+
+def _detectable_tv(design: IdentityDesign, alpha: float, power: float) -> float:
+    """The bisection of :func:`identity_detectable_tv` on ``design``."""
     if _power_of_design(design, 1.0, alpha, goal=power) < power:
         return math.inf
     low, high = 0.0, 1.0

@@ -15,14 +15,15 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from specverify.core.cache_root import cache_root
+
 SOURCE = Path(__file__).resolve().parent / "native" / "verify_kernel.c"
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-strict-aliasing", "-ffp-contract=off")
 
 
 def cache_dir() -> Path:
     """The folder of the compiled kernels."""
-    root = os.environ.get("SPECVERIFY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specverify")
-    return Path(root) / "native"
+    return cache_root() / "native"
 
 
 def cpu_flags() -> str:

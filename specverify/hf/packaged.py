@@ -42,13 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from specverify.core.cache_root import CACHE_ENV as CACHE_ENV  # the environment variable `specverify models` names
+from specverify.core.cache_root import cache_root
 from specverify.errors import SpecverifyError
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded, so `specverify models list` starts fast
     import torch
 
 
-CACHE_ENV = "SPECVERIFY_CACHE"
 TARGET_ENV = "SPECVERIFY_TARGET"
 DRAFT_ENV = "SPECVERIFY_DRAFT"
 CUDA_DEVICE_ENV = "SPECVERIFY_CUDA_DEVICE"
@@ -132,9 +133,8 @@ class ModelNotInstalledError(SpecverifyError, ValueError):
 
 
 def cache_dir() -> Path:
-    """The cache root: ``$SPECVERIFY_CACHE`` if set, else ``~/.cache/specverify``."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "specverify"
+    """The cache root (:func:`specverify.core.cache_root.cache_root`)."""
+    return cache_root()
 
 
 def packaged_model(name: str) -> PackagedModel:

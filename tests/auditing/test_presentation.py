@@ -127,6 +127,31 @@ def test_a_kept_storage_is_written_again_only_after_a_change():
     assert torch.equal(presenter.present(slot, other, 0.25), other) and not presenter.settle(slot, other)
 
 
+def test_a_new_input_of_the_same_shape_is_written_into_the_block_only_when_the_padding_was_kept():
+    from specverify.auditing.isolation.presentation import Presenter, padding_of, same_bits, storage_shape
+
+    presenter = Presenter()
+    slot = presenter.slot("target_probs", storage_shape((3, 2, 7), True), torch.float32, torch.device("cpu"))
+    first = torch.rand(3, 2, 7)
+    presenter.present(slot, first, 0.25)
+    assert not presenter.settle(slot, first)
+    padding = padding_of(slot.storage, (3, 2, 7))[0]
+    padding.fill_(9.0)  # the settled padding is trusted: a new block of the same shape leaves it alone
+    second = torch.rand(3, 2, 7)
+    assert torch.equal(presenter.present(slot, second, 0.25), second) and padding.eq(9.0).all()
+    assert not presenter.settle(slot, second)  # padding changed: not a mutation, but written next time
+    third = torch.rand(3, 2, 7)
+    assert torch.equal(presenter.present(slot, third, 0.25), third) and padding.eq(0.25).all()
+    assert not presenter.settle(slot, third)
+    smaller = torch.rand(2, 2, 7)  # another shape: another padding, written whole
+    padding.fill_(9.0)
+    presenter.present(slot, smaller, 0.25)
+    assert all(same_bits(part, 0.25) for part in padding_of(slot.storage, (2, 2, 7)))
+    assert not presenter.settle(slot, smaller)
+    presenter.present(slot, third, 0.5)  # another decoy: written whole
+    assert all(same_bits(part, 0.5) for part in padding_of(slot.storage, (3, 2, 7)))
+
+
 def test_a_negative_zero_written_over_a_zero_is_no_mutation_but_is_written_again():
     from specverify.auditing.isolation.presentation import Presenter
 

@@ -17,9 +17,10 @@ checks see as a loss, instead of crashing on garbage.
 
 Storages are kept across calls (:class:`Presenter`): an input that is the very tensor a storage
 already holds, in a storage the last call left exactly as presented (block and padding, bit for
-bit), is not written again.  A law expanded over a call's rows is then copied into the function's
-buffer once per shape, and each call costs the function's own reads plus one comparison, which the
-mutation check needs anyway.
+bit), is not written again, and a new input of the same shape is written into the block only.
+A law expanded over a call's rows is then copied into the function's buffer once per shape, and
+each call costs the function's own reads plus one comparison, which the mutation check needs
+anyway.
 """
 
 from __future__ import annotations
@@ -178,15 +179,20 @@ class Presenter:
 
     def present(self, slot: _Slot, tensor: torch.Tensor, decoy: float | int) -> torch.Tensor:
         """``tensor`` in ``slot``'s storage (its leading block; the rest holds ``decoy``), written
-        only when the storage does not hold it already."""
+        only when the storage does not hold it already; the padding is written only when the last
+        call did not leave it bit for bit as presented around a block of ``tensor``'s shape."""
         storage = slot.storage
         block = view_of(storage, tuple(tensor.shape))
         kept = slot.source is not None and not slot.pending and slot.decoy == decoy
         slot.pending = True
         if kept and _same_tensor(slot.source, tensor, slot.version):
             return block
+        padded = kept and slot.source is not None and slot.source.shape == tensor.shape
         slot.source = None
-        fill_storage(storage, tensor.to(storage.device), decoy)
+        if padded:
+            block.copy_(tensor.to(storage.device))
+        else:
+            fill_storage(storage, tensor.to(storage.device), decoy)
         if storage.device.type == "cpu":
             slot.source, slot.version, slot.decoy = tensor, tensor._version, decoy
         return block
