@@ -88,6 +88,12 @@ def eagle_config(head: Path, tokens: int = SPECULATIVE_TOKENS) -> dict[str, obje
     return {"method": "eagle", "model": str(head), "num_speculative_tokens": tokens}
 
 
+def mtp_config(tokens: int = SPECULATIVE_TOKENS) -> dict[str, object]:
+    """The served checkpoint's own multi-token prediction layers (MiMo, DeepSeek, …); with fewer
+    layers than ``tokens`` (a multiple of their number) vLLM runs them again on their own output."""
+    return {"method": "mtp", "num_speculative_tokens": tokens}
+
+
 def start_vllm(
     env: VllmCpuEnv,
     model: Path,
