@@ -127,7 +127,10 @@ def checks_without_production_shapes(target: str) -> tuple[str, ...]:
 
     battery = SamplerBattery()
     session = battery.open_session(load_target(target, "sampler"), device="cpu", timeout_s=60.0)
-    return tuple(check.name for check in battery.checks(session) if not check.production_shape)
+    try:
+        return tuple(check.name for check in battery.checks(session) if not check.production_shape)
+    finally:
+        session.close()
 
 
 def audit_command(plan: AuditPlan) -> str:
