@@ -239,33 +239,34 @@ def test_asymptotic_rejection_stands_only_when_a_valid_test_confirms_it() -> Non
 
 
 def test_gross_and_moderate_rejections_are_confirmed() -> None:
-    """A gross deviation is confirmed by Cantelli's bound without simulation; a moderate one
-    (asymptotic p 1.5e-10, Cantelli 0.0057) by the Monte-Carlo p-value; both keep the χ² p-value."""
+    """A gross deviation is confirmed by the relative-entropy bound without simulation, at a level
+    (1e-9) no Monte-Carlo run could reach; a moderate one (asymptotic p 1.5e-10, bound above the
+    level) by the Monte-Carlo p-value; both keep the χ² p-value."""
     probs = np.full(10, 0.1)
-    gross = goodness_of_fit([400] + [0] * 9, probs, confirm_below=1e-5)
-    assert (gross.method, gross.confirmed_by) == ("asymptotic", "cantelli")
+    gross = goodness_of_fit([400] + [0] * 9, probs, confirm_below=1e-9)
+    assert (gross.method, gross.confirmed_by) == ("asymptotic", "relative-entropy-bound")
     moderate_counts = np.array([70, 30, 25, 28, 31, 29, 27, 22, 20, 18])
     moderate = goodness_of_fit(moderate_counts, probs, seed=3, monte_carlo_draws=stats.monte_carlo_draws(1e-5),
                                confirm_below=1e-5)
-    assert stats.pearson_cantelli_bound(moderate.statistic, probs, 300) > 1e-5
+    assert stats.relative_entropy_tail_bound(moderate_counts, probs) > 1e-5 * stats.BOUND_SHARE
     assert (moderate.method, moderate.confirmed_by) == ("asymptotic", "monte-carlo")
     assert moderate.pvalue == goodness_of_fit(moderate_counts, probs).pvalue
 
 
-def test_cantelli_moments_are_pearsons_exact_moments() -> None:
-    """μ = G − 1 and σ² = 2(G − 1) + (Σ 1/p − G² − 2G + 2)/n: the bound at μ + t is σ²/(σ² + t²)."""
-    probs = np.array([0.5, 0.3, 0.15, 0.05])
-    n, cells = 40, 4
-    variance = 2 * 3 + (np.sum(1 / probs) - 16 - 8 + 2) / n
-    assert stats.pearson_cantelli_bound(3.0 + 5.0, probs, n) == pytest.approx(variance / (variance + 25.0))
-    assert stats.pearson_cantelli_bound(2.0, probs, n) == 1.0
+@pytest.mark.parametrize("probs", [[0.25] * 4, [0.5, 0.3, 0.15, 0.05], [0.9, 0.06, 0.03, 0.01]])
+def test_relative_entropy_bound_holds_against_exact_enumeration(probs: list[float]) -> None:
+    """For every outcome of multinomial(30, p) on 4 cells, the bound is at least the exact
+    P(n·D(p̂ ‖ p) ≥ n·D_obs), summed over all C(33, 3) = 5,456 outcomes; and it is below 1e-6
+    for the outcomes far in the tail, so it is not vacuous."""
+    p, n = np.array(probs), 30
     outcomes = np.array([[a, b, c, n - a - b - c] for a in range(n + 1) for b in range(n + 1 - a)
                          for c in range(n + 1 - a - b)])
-    log_pmf = (sps.multinomial.logpmf(outcomes, n, probs))
-    x2 = ((outcomes - n * probs) ** 2 / (n * probs)).sum(axis=1)
-    weights = np.exp(log_pmf)
-    assert float(weights @ x2) == pytest.approx(cells - 1)
-    assert float(weights @ (x2 - 3) ** 2) == pytest.approx(variance)
+    divergence = (outcomes * np.log(np.where(outcomes > 0, outcomes / (n * p), 1.0))).sum(axis=1)
+    pmf = np.exp(sps.multinomial.logpmf(outcomes, n, p))
+    bounds = np.array([stats.relative_entropy_tail_bound(x, p) for x in outcomes])
+    exact_tail = np.array([pmf[divergence >= d - 1e-9].sum() for d in divergence])
+    assert np.all(bounds >= exact_tail * (1 - 1e-9))
+    assert bounds.min() < 1e-6
 
 
 # --------------------------------------------------------------------------------------------
