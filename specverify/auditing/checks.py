@@ -62,11 +62,14 @@ class Verdict(StrEnum):
 
 class CheckKind(StrEnum):
     """What a check tests.  A failure of a loss-detecting kind is "loss detected"; a failure of a
-    ``contract`` check is "contract violated"."""
+    ``contract`` check is "contract violated".  ``request-handling``: exact claims on what a server
+    returns for a request's ``max_tokens``, stop strings and end tokens (tokens the target's
+    sampling would not have produced: a loss, though not of the sampling law)."""
 
     GOODNESS_OF_FIT = "goodness-of-fit"
     BINOMIAL = "binomial"
     EXACT = "exact"
+    REQUEST_HANDLING = "request-handling"
     CONTRACT = "contract"
 
     @property

@@ -109,8 +109,13 @@ def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_e
         sentences.append("The function modifies the tensors it is given (inputs-unchanged failed).")
     lossy = {c.name for c in failed if str(c.kind) != "contract"}
     if level != "sampler":
-        if lossy:
-            sentences.append(f"The generated tokens do not follow the target's law ({', '.join(sorted(lossy))}).")
+        handling = sorted(c.name for c in failed if str(c.kind) == "request-handling")
+        if handling:
+            sentences.append(f"The server's stop / length handling is wrong ({', '.join(handling)}): it returns tokens "
+                             "that the request's max_tokens, stop strings or end token rule out.")
+        if lossy - set(handling):
+            sentences.append(f"The generated tokens do not follow the target's law "
+                             f"({', '.join(sorted(lossy - set(handling)))}).")
         return " ".join(sentences)
     if not lossy:
         return " ".join(sentences)

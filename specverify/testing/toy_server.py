@@ -57,7 +57,9 @@ leaking between requests); ``seed_bug="shared-uniforms"``: the choices of an ``n
 draw their verification uniforms from one generator seed, their drafts from their own (each
 choice exactly distributed, the choices dependent); ``stop_bug``: stop strings are looked for only
 at the end of each verification step, so the tokens accepted after one are returned and the choice
-says ``finish_reason`` "length"; ``load_bug`` = B: a verification step of more than B rows uses
+says ``finish_reason`` "length"; ``stop_kept_bug``: on every path, the baseline's too, the stop string
+that ends a choice is returned with it (a serving-layer bug both servers share);
+``load_bug`` = B: a verification step of more than B rows uses
 ``bonus_from_draft`` (a path switched on by load; needs ``batching``); ``shared_step_bug`` = m: in a
 verification step of ≥ m rows, each row's drafts are verified against the draft's law before
 top-k (the full-vocabulary law at the row's temperature), not the law they were drawn from: the
@@ -196,6 +198,7 @@ class ToyConfig:
     long_prompt_bug: int | None = None
     prefix_bug: int | None = None
     stop_bug: bool = False
+    stop_kept_bug: bool = False
     load_bug: int | None = None
     shared_step_bug: int | None = None
     speculation_off_above: int | None = None
@@ -289,12 +292,15 @@ class Sequence:
     def finished(self) -> bool:
         return len(self.out) >= self.max_tokens or self.stopped_at is not None
 
-    def look_for_stop(self, buggy: bool) -> None:
-        """End the choice at the first stop string in its text (``buggy``: keep the whole step)."""
+    def look_for_stop(self, buggy: bool, keep_stop: bool) -> None:
+        """End the choice at the first stop string in its text (``buggy``: keep the whole step;
+        ``keep_stop``: keep the stop string itself)."""
         text = "".join(ALPHABET[t] for t in self.out)
-        found = [text.find(s) for s in self.stop if s and s in text]
+        found = [(text.find(s), len(s)) for s in self.stop if s and s in text]
         if found:
-            self.stopped_at = len(self.out) if buggy else min(found)  # BUG when buggy: the step's tokens kept
+            start, length = min(found)
+            cut = start + length if keep_stop else start  # BUG when keep_stop: the stop string is returned
+            self.stopped_at = len(self.out) if buggy else cut  # BUG when buggy: the step's tokens kept
 
 
 
@@ -331,7 +337,7 @@ def plain_step(state: ToyState, rows: list[Sequence]) -> None:
         token = int(row.rng.choice(V, p=law))
         row.context.append(token)
         row.out.append(token)
-        row.look_for_stop(False)
+        row.look_for_stop(False, config.stop_kept_bug)
 
 
 def step(state: ToyState, rows: list[Sequence]) -> None:
@@ -392,7 +398,7 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
         row.context.extend(emitted)
         row.out.extend(emitted)
         row.steps += 1
-        row.look_for_stop(config.stop_bug)
+        row.look_for_stop(config.stop_bug, config.stop_kept_bug)
 
 
 def generate(state: ToyState, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int,

@@ -92,6 +92,20 @@ def test_request_space_only_runs_the_space_checks_and_the_coverage_table(toy_ser
         audit(candidate.url, level="endpoint", budget=40, request_space=False, request_space_only=True)
 
 
+def test_a_stop_bug_the_baseline_shares_is_a_serving_bug_not_a_loss(toy_server) -> None:
+    """Both servers return the stop string that ends a choice (a serving-layer bug, as
+    llama-cpp-python's stop-order bug is): the candidate's violations are the baseline's too, so the check passes and says whose they
+    are; without the baseline the same candidate fails, and the diagnosis names the claim broken,
+    not the target's law."""
+    candidate = toy_server(speculative=True, batching=True, stop_kept_bug=True)
+    shared = _audit(candidate, toy_server(speculative=False, stop_kept_bug=True), "stop-handling", 0)
+    assert shared.checks[0].verdict == "pass", shared.explain()
+    assert "the baseline server breaks the same claim(s) (stop string)" in shared.checks[0].message
+    alone = audit(candidate.url, level="endpoint", budget="quick", checks=["stop-handling"], allow_underpowered=True)
+    assert alone.checks[0].verdict == "fail" and "stop string" in alone.checks[0].message
+    assert "stop / length handling" in alone.diagnosis and "target's law" not in alone.diagnosis
+
+
 def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None:
     """Long prompts only: the short lengths pass their own tests, the failure names a long one."""
     candidate = toy_server(speculative=True, long_prompt_bug=1000)
@@ -159,11 +173,11 @@ def _choice(text: str, finish: str | None) -> Completion:
 def test_stop_claims() -> None:
     assert stop_violations(_choice("abc", "length"), 3, ()) == []
     assert stop_violations(_choice("ab", "stop"), 3, (" ",)) == []
-    assert "finish_reason 'length' after 2" in stop_violations(_choice("ab", "length"), 3, ())[0]
-    assert "stop string ' ' returned" in " ".join(stop_violations(_choice("a b", "stop"), 5, (" ",)))
-    assert "4 tokens for max_tokens=3" in stop_violations(_choice("abcd", "length"), 3, ())[0]
+    assert "finish_reason 'length' after 2" in str(stop_violations(_choice("ab", "length"), 3, ())[0])
+    assert "stop string ' ' returned" in " ".join(map(str, stop_violations(_choice("a b", "stop"), 5, (" ",))))
+    assert stop_violations(_choice("abcd", "length"), 3, ())[0].claim == "max_tokens"
     ended = Completion("a", ("a", "</s>", "b"), (None,) * 3, (None,) * 3, "stop")
-    assert "1 token(s) after the end token '</s>'" in " ".join(stop_violations(ended, 5, ()))
+    assert "1 token(s) after the end token '</s>'" in " ".join(map(str, stop_violations(ended, 5, ())))
     assert repeats("abab", 4) == 2 and repeats("abcd", 4) == 0
 
 

@@ -479,38 +479,59 @@ class ChoicesJointCheck(SequentialCheck):
 # --------------------------------------------------------------------------------------------
 
 
-def stop_violations(completion: Completion, max_tokens: int, stop: Sequence[str]) -> list[str]:
+@dataclass(frozen=True)
+class StopViolation:
+    """One broken claim of :class:`StopHandlingCheck`: ``claim`` names which (``"max_tokens"``,
+    ``"finish_reason"``, ``"stop string"``, ``"end token"``), ``detail`` says how."""
+
+    claim: str
+    detail: str
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+def stop_violations(completion: Completion, max_tokens: int, stop: Sequence[str]) -> list[StopViolation]:
     """What a choice breaks of :class:`StopHandlingCheck`'s claims."""
     found = []
     tokens = completion.tokens
     if len(tokens) > max_tokens:
-        found.append(f"{len(tokens)} tokens for max_tokens={max_tokens}")
+        found.append(StopViolation("max_tokens", f"{len(tokens)} tokens for max_tokens={max_tokens}"))
     if completion.finish_reason == "length" and len(tokens) != max_tokens:
-        found.append(f"finish_reason 'length' after {len(tokens)} of max_tokens={max_tokens} tokens")
+        found.append(StopViolation("finish_reason", f"finish_reason 'length' after {len(tokens)} of "
+                                                    f"max_tokens={max_tokens} tokens"))
     if completion.finish_reason not in ("length", "stop"):
-        found.append(f"finish_reason {completion.finish_reason!r}")
+        found.append(StopViolation("finish_reason", f"finish_reason {completion.finish_reason!r}"))
     if len(tokens) < max_tokens and completion.finish_reason != "stop":
-        found.append(f"{len(tokens)} of max_tokens={max_tokens} tokens with finish_reason {completion.finish_reason!r}")
+        found.append(StopViolation("finish_reason", f"{len(tokens)} of max_tokens={max_tokens} tokens with "
+                                                    f"finish_reason {completion.finish_reason!r}"))
     hit = [s for s in stop if s in completion.text]
     if hit:
-        found.append(f"stop string {hit[0]!r} returned in {completion.text!r}")
+        found.append(StopViolation("stop string", f"stop string {hit[0]!r} returned in {completion.text!r}"))
     ends = [i for i, t in enumerate(tokens) if t in KNOWN_END_TOKENS]
     if ends and ends[0] != len(tokens) - 1:
-        found.append(f"{len(tokens) - 1 - ends[0]} token(s) after the end token {tokens[ends[0]]!r}")
+        found.append(StopViolation("end token", f"{len(tokens) - 1 - ends[0]} token(s) after the end token "
+                                                f"{tokens[ends[0]]!r}"))
     if ends and completion.finish_reason != "stop":
-        found.append(f"end token {tokens[ends[0]]!r} with finish_reason {completion.finish_reason!r}")
+        found.append(StopViolation("end token", f"end token {tokens[ends[0]]!r} with finish_reason "
+                                                f"{completion.finish_reason!r}"))
     return found
 
 
 @dataclass
 class StopHandlingCheck(Check):
     """``max_tokens`` exact, ``finish_reason`` right, nothing after a stop string or an end token
-    (module docstring); ``stop`` is sent only where the server accepts it."""
+    (module docstring); ``stop`` is sent only where the server accepts it.
+
+    With a baseline, a failing candidate's requests are sent to the baseline too: a claim the
+    baseline breaks as well is a bug of the serving layer both share, not a loss of speculative
+    decoding, and is reported without failing the check; the check fails on the claims only the
+    candidate breaks."""
 
     name: str
     description: str
     prompts: tuple[Prompt, ...]
-    kind: ClassVar[CheckKind] = CheckKind.EXACT
+    kind: ClassVar[CheckKind] = CheckKind.REQUEST_HANDLING
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -525,6 +546,11 @@ class StopHandlingCheck(Check):
             body["stop"] = list(STOP_STRINGS)
         return body
 
+    @staticmethod
+    def violations(shapes: Sequence[tuple[int, bool]], completions: Sequence[Completion]) -> list[StopViolation]:
+        return [violation for (max_tokens, stop), completion in zip(shapes, completions)
+                for violation in stop_violations(completion, max_tokens, STOP_STRINGS if stop else ())]
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         stop_supported = session.fields.get("stop") is None
         shapes = [(m, False) for m in LENGTH_PROBES for _ in self.prompts[:3]]
@@ -533,12 +559,13 @@ class StopHandlingCheck(Check):
         bodies = [self.body(self.prompts[i % len(self.prompts)], m, request_seed(plan.seed, self.name, i), stop)
                   for i, (m, stop) in enumerate(shapes)]
         completions = session.candidate.complete_many(bodies)
-        violations, reasons, stopped, ends = [], {}, 0, 0
-        for (max_tokens, stop), completion in zip(shapes, completions):
+        reasons: dict[str, int] = {}
+        stopped, ends = 0, 0
+        for (_, stop), completion in zip(shapes, completions):
             reasons[completion.finish_reason] = reasons.get(completion.finish_reason, 0) + 1
             stopped += stop and completion.finish_reason == "stop"
             ends += any(t in KNOWN_END_TOKENS for t in completion.tokens)
-            violations += stop_violations(completion, max_tokens, STOP_STRINGS if stop else ())
+        violations = self.violations(shapes, completions)
         session.coverage.reached("stop", "max_tokens exact", f"max_tokens {list(LENGTH_PROBES)}: finish reasons "
                                                              f"{dict(sorted(reasons.items(), key=str))}")
         if stop_supported:
@@ -550,11 +577,28 @@ class StopHandlingCheck(Check):
             session.coverage.missing("stop", "end token", "no known end token was returned in this check's requests "
                                                           "(the model never ended within max_tokens)")
         covered = f"{len(bodies)} requests ({stopped} ended by a stop string, finish reasons {reasons})"
+        calls = len(bodies)
+        shared: list[StopViolation] = []
+        if violations and session.baseline is not None:
+            baseline_claims = {v.claim for v in self.violations(shapes, session.baseline.complete_many(bodies))}
+            calls += len(bodies)
+            shared = [v for v in violations if v.claim in baseline_claims]
+            violations = [v for v in violations if v.claim not in baseline_claims]
+        if shared:
+            claims = sorted({v.claim for v in shared})
+            note = (f"the baseline server breaks the same claim(s) ({', '.join(claims)}) on the same request bodies: a bug "
+                    f"of the serving layer both share, not of speculative decoding ({len(shared)} on the candidate, "
+                    f"e.g. {shared[0]})")
+            session.notes.append(f"stop-handling: {note}")
+            covered += f"; {note}"
         if violations:
-            return self.report(plan, Verdict.FAIL, f"{len(violations)} violation(s) of stop / length handling: "
-                                                   f"{'; '.join(violations[:4])}; {covered}", calls=len(bodies))
+            whose = " that the baseline does not share" if session.baseline is not None else ""
+            return self.report(plan, Verdict.FAIL, f"{len(violations)} violation(s) of stop / length handling{whose}: "
+                                                   f"{'; '.join(map(str, violations[:4]))}; {covered}", calls=calls)
+        if shared:
+            return self.report(plan, Verdict.PASS, f"no violation of the candidate's own: {covered}", calls=calls)
         return self.report(plan, Verdict.PASS, f"max_tokens exact, finish_reason right, nothing after a stop: "
-                                               f"{covered}", calls=len(bodies))
+                                               f"{covered}", calls=calls)
 
 
 # --------------------------------------------------------------------------------------------
@@ -580,4 +624,4 @@ class CoverageCheck(Check):
 
 
 __all__ = ["CaseLawCheck", "ChoicesJointCheck", "CoverageCheck", "PenaltyCheck", "StopHandlingCheck",
-           "case_law", "dependence_tv", "poisson_binomial_sf", "repeats", "stop_violations"]
+           "case_law", "dependence_tv", "poisson_binomial_sf", "StopViolation", "repeats", "stop_violations"]
