@@ -376,6 +376,8 @@ def _monte_carlo_pvalue(counts: np.ndarray, probs: np.ndarray, lam: float, draws
     ``stop_above``, the draws stop once that p-value can no longer be ≤ ``stop_above``, and the
     value returned is its lower bound so far, (1 + #{T* ≥ T_obs}) / (1 + draws) > ``stop_above``:
     the decision at ``stop_above`` is the full run's."""
+    if stop_above is not None and 1.0 / (1 + draws) > stop_above:
+        return 1.0 / (1 + draws)  # no run of this many draws could reach stop_above
     rng = np.random.default_rng(seed)
     n = int(counts.sum())
     expected = n * probs
