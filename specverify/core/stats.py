@@ -50,9 +50,10 @@ __all__ = [
     "power_at",
     "sample_size_for_tv",
     "two_sample_test",
+    "BOUND_SHARE",
     "POWER",
     "monte_carlo_draws",
-    "pearson_cantelli_bound",
+    "relative_entropy_tail_bound",
 ]
 
 DEFAULT_MONTE_CARLO_DRAWS = 9_999

@@ -94,9 +94,9 @@ def test_request_space_only_runs_the_space_checks_and_the_coverage_table(toy_ser
 
 def test_a_stop_bug_the_baseline_shares_is_a_serving_bug_not_a_loss(toy_server) -> None:
     """Both servers return the stop string that ends a choice (a serving-layer bug, as
-    llama-cpp-python's stop-order bug is): the candidate's violations are the baseline's too, so the check passes and says whose they
-    are; without the baseline the same candidate fails, and the diagnosis names the claim broken,
-    not the target's law."""
+    llama-cpp-python's stop-order bug is): the candidate's violations are the baseline's too, so
+    the check passes and says whose they are; without the baseline the same candidate fails, and
+    the diagnosis names the claim broken, not the target's law."""
     candidate = toy_server(speculative=True, batching=True, stop_kept_bug=True)
     shared = _audit(candidate, toy_server(speculative=False, stop_kept_bug=True), "stop-handling", 0)
     assert shared.checks[0].verdict == "pass", shared.explain()

@@ -586,9 +586,9 @@ class StopHandlingCheck(Check):
             violations = [v for v in violations if v.claim not in baseline_claims]
         if shared:
             claims = sorted({v.claim for v in shared})
-            note = (f"the baseline server breaks the same claim(s) ({', '.join(claims)}) on the same request bodies: a bug "
-                    f"of the serving layer both share, not of speculative decoding ({len(shared)} on the candidate, "
-                    f"e.g. {shared[0]})")
+            note = (f"the baseline server breaks the same claim(s) ({', '.join(claims)}) on the same request bodies: "
+                    f"a bug of the serving layer both share, not of speculative decoding "
+                    f"({len(shared)} on the candidate, e.g. {shared[0]})")
             session.notes.append(f"stop-handling: {note}")
             covered += f"; {note}"
         if violations:
