@@ -225,6 +225,10 @@ class Check:
     production_shape: ClassVar[bool] = False
     """The check runs at the shapes engines serve (:mod:`specverify.auditing.sampler.production`):
     the diagnosis tells a loss there alone from one at the toy shapes."""
+    calls_nothing: ClassVar[bool] = False
+    """The check only reports what earlier checks recorded (the endpoint's coverage table): it
+    runs whatever skipped the others (fail-fast, a fault, a dead server), unless the user
+    interrupted the audit."""
     num_cells: int = 0
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:

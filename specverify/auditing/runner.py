@@ -608,8 +608,9 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
     With ``stop_at_malformed`` (the levels that call a function: an endpoint's malformed replies
     are the server's, check by check) a malformed output skips all later checks, the locating
     ones too (:data:`MALFORMED_SKIP`).
-    The global RNGs are reseeded per check, so even a function that misuses them gives a
-    deterministic report, and restored afterwards."""
+    A check that :attr:`~Check.calls_nothing` runs whatever skipped the others, unless the user
+    interrupted.  The global RNGs are reseeded per check, so even a function that misuses them
+    gives a deterministic report, and restored afterwards."""
     results: list[CheckResult] = []
     function = session.function
     log = function.log
@@ -626,6 +627,8 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
                 stop = function.stop_reason()
                 if interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
+                elif check.calls_nothing:
+                    result = check.run(session, plan)
                 elif malformed_in is not None:
                     result = skipped_result(check, plan, f"{MALFORMED_SKIP} (in {malformed_in})")
                 elif first_failure is not None and check.name not in locating:

@@ -132,6 +132,17 @@ def test_coverage_table_reports_refused_fields_and_missing_flags(toy_server, tmp
     assert [c.value for c in length_cases(2048)][-1] == "2039 chars"  # the context read from GET /models
 
 
+def test_the_coverage_table_is_reported_when_fail_fast_stops_the_audit(toy_server) -> None:
+    """The coverage table calls nothing: it runs after the first failure (and after a fault or a
+    dead server) and shows what was reached up to there."""
+    candidate = toy_server(speculative=True, stop_bug=True)
+    report = audit(candidate.url, level="endpoint", budget="quick", checks=["stop-handling", "request-space-coverage"],
+                   allow_underpowered=True)
+    assert report.fail_fast and [c.verdict for c in report.checks] == ["fail", "pass"]
+    rows = {row["dimension"]: row for row in report.checks[-1].parameters[COVERAGE_TABLE]}
+    assert "max_tokens exact" in rows["stop"]["reached"] and not rows["prompt length"]["reached"]
+
+
 def test_prompt_lengths_and_bursts_follow_the_context_and_the_concurrency() -> None:
     assert [c.value for c in length_cases(None)] == ["40 chars", "256 chars", "1024 chars"]
     assert [c.value for c in length_cases(100_000)][-1] == "16384 chars"
