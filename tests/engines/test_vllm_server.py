@@ -154,6 +154,23 @@ def test_vllm_cpu_greedy_speculation_is_audited(vllm_urls: dict[str, str], metho
     assert {c.name: c.verdict for c in report.checks} == dict.fromkeys(GREEDY_CHECKS, "pass"), report.explain()
 
 
+def test_vllm_cpu_quick_audit_reports_the_crash_and_its_coverage(llama_urls: dict[str, str]) -> None:
+    """The whole quick battery, request space included, against the draft-model candidate: the
+    greedy checks pass, the first sampled (top-k) request kills the engine, so the audit cannot
+    judge the sampled law (exit 2, never a pass), and the coverage table still says what was
+    reached before the crash.  Runs after the greedy audits: the candidate does not answer
+    afterwards."""
+    report = audit(llama_urls["draft_model"], level="endpoint", budget="quick", baseline=llama_urls["baseline"],
+                   timeout_s=300)
+    print(report.explain())
+    for check in report.checks:
+        print(f"{check.name}: {check.verdict.value}: {check.message}")
+    verdicts = {c.name: c.verdict for c in report.checks}
+    assert report.exit_code == 2 and "pass" not in {verdicts[name] for name in verdicts if name.startswith("pit-")}
+    assert verdicts["greedy-identity"] == verdicts["batch-invariance"] == "pass"
+    assert report.checks[-1].name == "request-space-coverage" and report.checks[-1].verdict == "pass"
+
+
 def test_vllm_cpu_top_k_request_kills_a_speculative_engine(llama_urls: dict[str, str]) -> None:
     """One sampled top-k request to the n-gram candidate: HTTP 500 and the engine is gone (the
     verify rows' top-k are uninitialised memory; a step without drafts calls ``max()`` on an empty
