@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TextIO
 
 from specverify.auditing.audited import CallCounts
+from specverify.auditing.checks import Check, CheckResult, Plan
 
 SECONDS_PER_CHECK = 0.05
 SECONDS_PER_STEP = 2e-6
@@ -65,17 +66,17 @@ class AuditProgress:
 
     says_notes: ClassVar[bool] = False
 
-    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: CallCounts) -> None:
+    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
+              plans: Sequence[Plan], log: CallCounts) -> None:
         """The plan, before the first check; ``log`` is the call counts of the function under audit."""
 
     def note(self, text: str) -> None:
         """A line about the plan, after :meth:`begin`."""
 
-    def check_started(self, index: int, check: Any, plan: Any) -> None:
+    def check_started(self, index: int, check: Check, plan: Plan) -> None:
         """Check ``index`` of the plan starts."""
 
-    def check_finished(self, index: int, result: Any) -> None:
+    def check_finished(self, index: int, result: CheckResult) -> None:
         """Check ``index`` has its result."""
 
     def after_verdict(self, text: str) -> None:
@@ -93,11 +94,11 @@ class CallbackProgress(AuditProgress):
         self.callback = callback
         self.total = 0
 
-    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: CallCounts) -> None:
+    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
+              plans: Sequence[Plan], log: CallCounts) -> None:
         self.total = len(checks)
 
-    def check_started(self, index: int, check: Any, plan: Any) -> None:
+    def check_started(self, index: int, check: Check, plan: Plan) -> None:
         self.callback(index, self.total, check.name)
 
     def end(self, *, total_s: float | None = None) -> None:
@@ -117,21 +118,21 @@ def as_progress(progress: AuditProgress | Callable[[int, int, str], None] | None
                     f"got {type(progress).__name__}; subclass specverify.auditing.progress.AuditProgress")
 
 
-def expected_seconds_of(level: str, check: Any, plan: Any) -> float:
+def expected_seconds_of(level: str, check: Check, plan: Plan) -> float:
     """Expected seconds of one check under the cost model of the module docstring."""
-    n = getattr(plan, "n", 0) or 0
+    n = plan.n
     if not n:
         return 0.1
     if level == "decoder":
         return SECONDS_PER_CHECK + n * SECONDS_PER_DECODER_CALL
-    parameters = getattr(check, "parameters", {}) or {}
+    parameters = check.parameters
     if "L" in parameters:  # a whole decoding loop per sample
         return SECONDS_PER_CHECK + n * SECONDS_PER_LOOP
     k, v = int(parameters.get("K", 1)), int(parameters.get("V", 4))
     return SECONDS_PER_CHECK + n * (SECONDS_PER_STEP + SECONDS_PER_ENTRY * (2 * k + 1) * v)
 
 
-def expected_seconds(level: str, checks: Sequence[Any], plans: Sequence[Any]) -> float:
+def expected_seconds(level: str, checks: Sequence[Check], plans: Sequence[Plan]) -> float:
     """Expected wall time of the whole plan (see the module docstring)."""
     return sum(expected_seconds_of(level, c, p) for c, p in zip(checks, plans))
 
@@ -150,7 +151,7 @@ def eta_text(seconds: float | None) -> str:
     return "—" if seconds is None else duration(seconds)
 
 
-def measured_estimate(level: str, log: CallCounts, remaining_plans: Sequence[Any], *, elapsed: float = 0.0,
+def measured_estimate(level: str, log: CallCounts, remaining_plans: Sequence[Plan], *, elapsed: float = 0.0,
                       done_expected: float = 0.0, remaining_expected: float = 0.0) -> tuple[float, float] | None:
     """Once the function has been called: its measured seconds per call and the expected seconds
     of the rest of the plan at the measured speed (see the module docstring); None before there
@@ -160,16 +161,17 @@ def measured_estimate(level: str, log: CallCounts, remaining_plans: Sequence[Any
         return None
     per_call = log.function_seconds / calls
     if level == "decoder":
-        remaining = sum(getattr(p, "n", 0) or 0 for p in remaining_plans)
+        remaining = sum(p.n for p in remaining_plans)
         return (per_call, per_call * remaining) if remaining else None
     if done_expected <= 0 or (elapsed < 2.0 and done_expected < 0.5):
         return None
     return per_call, remaining_expected * elapsed / done_expected
 
 
-def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any], plans: Sequence[Any]) -> str:
+def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
+           plans: Sequence[Plan]) -> str:
     """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``."""
-    samples = sum(getattr(p, "n", 0) or 0 for p in plans)
+    samples = sum(p.n for p in plans)
     unit = "calls" if level == "decoder" else "samples"
     if level == "endpoint":  # the servers set the pace: no cost model of theirs
         return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
@@ -188,8 +190,8 @@ class _Tracker(AuditProgress):
     says_notes: ClassVar[bool] = True
     stream: TextIO
 
-    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Any],
-              plans: Sequence[Any], log: CallCounts) -> None:
+    def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
+              plans: Sequence[Plan], log: CallCounts) -> None:
         self.level, self.checks, self.plans, self.log = level, list(checks), list(plans), log
         self.expected = [expected_seconds_of(level, c, p) for c, p in zip(checks, plans)]
         self.started = time.perf_counter()
@@ -254,7 +256,7 @@ class _Tracker(AuditProgress):
         remaining = sum(self.expected[self.current:])
         return max(0.0, ratio * remaining - (time.perf_counter() - self.check_started_at))
 
-    def check_started(self, index: int, check: Any, plan: Any) -> None:
+    def check_started(self, index: int, check: Check, plan: Plan) -> None:
         self.current = index
         self.check_started_at = time.perf_counter()
         self.rows_before = self.log.rows
@@ -264,22 +266,22 @@ class _Tracker(AuditProgress):
         the samples still planned: the current check's, less its elapsed time, and the later ones'."""
         if not self.seconds_per_sample:
             return None
-        planned = [getattr(p, "n", 0) or 0 for p in self.plans[self.current:]]
+        planned = [p.n for p in self.plans[self.current:]]
         if not planned:
             return 0.0
         in_check = time.perf_counter() - self.check_started_at
         return max(0.0, self.seconds_per_sample * planned[0] - in_check) + self.seconds_per_sample * sum(planned[1:])
 
-    def _finished(self, index: int, result: Any = None) -> None:
+    def _finished(self, index: int, result: CheckResult | None = None) -> None:
         self.done_expected += self.expected[index]
         self.current = index + 1
-        if result is not None and getattr(result, "n", None) and getattr(result, "seconds", None):
+        if result is not None and result.n and result.seconds:
             self.seconds_per_sample = result.seconds / result.n
 
-    def _not_run(self, result: Any) -> bool:
+    def _not_run(self, result: CheckResult) -> bool:
         """Count a check that did not run (fail-fast, an interrupt, a stopped function) by its reason."""
-        message = str(getattr(result, "message", ""))
-        if str(getattr(result, "verdict", "")) != "skipped" or not message.startswith("not run"):
+        message = result.message
+        if result.verdict != "skipped" or not message.startswith("not run"):
             return False
         reason = message.split(" (", 1)[0].split(";", 1)[0].removeprefix("not run: ")
         self.not_run[reason] = self.not_run.get(reason, 0) + 1
@@ -341,7 +343,7 @@ class LineProgress(_Tracker):
         return (f"       {self.checks[self.current].name} still running: {rows:,} rows in {duration(seconds)}"
                 f"{rate}{left}\n")
 
-    def check_finished(self, index: int, result: Any) -> None:
+    def check_finished(self, index: int, result: CheckResult) -> None:
         self._finished(index, result)
         self.counts[str(result.verdict)] = self.counts.get(str(result.verdict), 0) + 1
         if not self._not_run(result) and self.per_check:
@@ -364,12 +366,12 @@ class LineProgress(_Tracker):
                    + (f" ({counts})" if counts and not self.per_check else "") + "\n")
 
 
-def check_line(index: int, total: int, result: Any) -> str:
+def check_line(index: int, total: int, result: CheckResult) -> str:
     """``[ 3/26] step-K1   pass   n=9,466   p=0.333   TV 0.0123 (detects 0.0500)   0.0 s look 5/5``."""
     pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
     n = f"{result.n:,}" if result.n else "—"
-    look = f" look {result.look}/{result.num_looks}" if getattr(result, "look", None) else ""
-    seen, detect = getattr(result, "empirical_tv", None), getattr(result, "detectable_tv", None)
+    look = f" look {result.look}/{result.num_looks}" if result.look else ""
+    seen, detect = result.empirical_tv, result.detectable_tv
     tv = ""
     if detect is not None:
         tv = f" TV {'—' if seen is None else format(seen, '.4f')} (detects {detect:.4f})"
@@ -418,7 +420,7 @@ class BarProgress(_Tracker):
             self.stream.flush()
             self._last = text
 
-    def check_finished(self, index: int, result: Any) -> None:
+    def check_finished(self, index: int, result: CheckResult) -> None:
         self._finished(index, result)
         self._not_run(result)
         line = self.replanned(index)

@@ -16,6 +16,7 @@ import pytest
 
 import specverify
 from specverify.auditing.audited import CallCounts
+from specverify.auditing.checks import CheckKind, CheckResult, Verdict
 from specverify.auditing.findings import grouped_findings
 from specverify.auditing.loading import LoadError, load_target
 from specverify.auditing.progress import BarProgress, LineProgress, expected_seconds, progress_for
@@ -78,6 +79,10 @@ def test_terminal_bar_moves_inside_a_check_with_the_rows_done():
     assert "0/1" in first and "500 rows" in second and second.count("#") > first.count("#")
 
 
+def _result(name: str, *, n: int, seconds: float, pvalue: float | None = None) -> CheckResult:
+    return CheckResult(name, "", CheckKind.GOODNESS_OF_FIT, {}, Verdict.PASS, "", n=n, pvalue=pvalue, seconds=seconds)
+
+
 def test_a_long_check_adds_a_still_running_line_per_heartbeat_to_a_log():
     """A piped log is never silent for longer than the heartbeat inside a long check (an endpoint
     PIT check runs ~45 min at standard), and a short check adds no line."""
@@ -94,10 +99,9 @@ def test_a_long_check_adds_a_still_running_line_per_heartbeat_to_a_log():
     beats = [line for line in stream.getvalue().splitlines() if "still running" in line]
     assert beats and all("pit-T1-top8 still running: 42 rows in" in line and "rows/s" in line for line in beats)
     assert len(beats) <= 5
-    result = SimpleNamespace(name="pit-T1-top8", verdict="pass", n=1000, pvalue=0.5, seconds=0.9, look=None)
-    lines.check_finished(0, result)
+    lines.check_finished(0, _result("pit-T1-top8", n=1000, seconds=0.9, pvalue=0.5))
     lines.check_started(1, checks[1], plans[1])
-    lines.check_finished(1, SimpleNamespace(**{**vars(result), "name": "quick-one", "seconds": 0.0}))
+    lines.check_finished(1, _result("quick-one", n=1000, seconds=0.0, pvalue=0.5))
     lines.end()
     after = stream.getvalue().splitlines()[len(beats) + 2:]
     assert not any("still running" in line for line in after)
@@ -115,10 +119,10 @@ def test_endpoint_eta_comes_from_the_servers_measured_pace():
     bar.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
               checks=checks, plans=plans, log=log)
     bar.check_started(0, checks[0], plans[0])
-    bar.check_finished(0, SimpleNamespace(name="greedy-identity", n=None, seconds=40.0))
+    bar.check_finished(0, _result("greedy-identity", n=0, seconds=40.0))
     bar.check_started(1, checks[1], plans[1])
     assert bar.eta() is None and "ETA        —" in bar.line()
-    bar.check_finished(1, SimpleNamespace(name="pit-a", n=100, seconds=50.0))
+    bar.check_finished(1, _result("pit-a", n=100, seconds=50.0))
     bar.check_started(2, checks[2], plans[2])
     eta = bar.eta()
     bar.end()
