@@ -100,10 +100,21 @@ def test_a_stop_bug_the_baseline_shares_is_a_serving_bug_not_a_loss(toy_server) 
     candidate = toy_server(speculative=True, batching=True, stop_kept_bug=True)
     shared = _audit(candidate, toy_server(speculative=False, stop_kept_bug=True), "stop-handling", 0)
     assert shared.checks[0].verdict == "pass", shared.explain()
-    assert "the baseline server breaks the same claim(s) (stop string)" in shared.checks[0].message
+    assert "the baseline server breaks the same claim(s) as often" in shared.checks[0].message
+    assert "(stop string returned in " in shared.checks[0].message
     alone = audit(candidate.url, level="endpoint", budget="quick", checks=["stop-handling"], allow_underpowered=True)
     assert alone.checks[0].verdict == "fail" and "stop string" in alone.checks[0].message
     assert "stop / length handling" in alone.diagnosis and "target's law" not in alone.diagnosis
+
+
+def test_a_speculation_stop_bug_does_not_hide_behind_a_shared_one(toy_server) -> None:
+    """The baseline returns the stop string that ends a choice; the candidate also keeps the
+    tokens its verification step accepted after it: a claim the baseline never breaks, so the
+    check fails."""
+    candidate = toy_server(speculative=True, batching=True, stop_bug=True, stop_kept_bug=True)
+    report = _audit(candidate, toy_server(speculative=False, stop_kept_bug=True), "stop-handling", 0)
+    assert report.checks[0].verdict == "fail", report.explain()
+    assert "that the baseline does not share" in report.checks[0].message
 
 
 def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None:

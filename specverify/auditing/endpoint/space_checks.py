@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+from scipy.stats import fisher_exact
 
 from specverify.auditing.checks import (
     COVERAGE_TABLE,
@@ -482,7 +483,8 @@ class ChoicesJointCheck(SequentialCheck):
 @dataclass(frozen=True)
 class StopViolation:
     """One broken claim of :class:`StopHandlingCheck`: ``claim`` names which (``"max_tokens"``,
-    ``"finish_reason"``, ``"stop string"``, ``"end token"``), ``detail`` says how."""
+    ``"finish_reason"``, ``"stop string returned"`` (the text ends with its first stop string),
+    ``"text after a stop string"``, ``"end token"``), ``detail`` says how."""
 
     claim: str
     detail: str
@@ -505,9 +507,12 @@ def stop_violations(completion: Completion, max_tokens: int, stop: Sequence[str]
     if len(tokens) < max_tokens and completion.finish_reason != "stop":
         found.append(StopViolation("finish_reason", f"{len(tokens)} of max_tokens={max_tokens} tokens with "
                                                     f"finish_reason {completion.finish_reason!r}"))
-    hit = [s for s in stop if s in completion.text]
-    if hit:
-        found.append(StopViolation("stop string", f"stop string {hit[0]!r} returned in {completion.text!r}"))
+    text = completion.text
+    hits = sorted((text.find(s), s) for s in stop if s and s in text)
+    if hits:
+        start, first = hits[0]
+        claim = "stop string returned" if start + len(first) == len(text) else "text after a stop string"
+        found.append(StopViolation(claim, f"stop string {first!r} returned in {text!r}"))
     ends = [i for i, t in enumerate(tokens) if t in KNOWN_END_TOKENS]
     if ends and ends[0] != len(tokens) - 1:
         found.append(StopViolation("end token", f"{len(tokens) - 1 - ends[0]} token(s) after the end token "
@@ -518,15 +523,30 @@ def stop_violations(completion: Completion, max_tokens: int, stop: Sequence[str]
     return found
 
 
+SHARED_CLAIM_LEVEL = 1e-4
+"""Level of the one-sided Fisher test by which a stop claim the baseline also breaks still fails
+the candidate that breaks it in more of the same requests (:class:`StopHandlingCheck`)."""
+
+
+def requests_breaking(shapes: Sequence[tuple[int, bool]], completions: Sequence[Completion], claim: str) -> int:
+    """How many of the requests' completions break ``claim`` (:func:`stop_violations`)."""
+    return sum(any(v.claim == claim for v in stop_violations(completion, max_tokens, STOP_STRINGS if stop else ()))
+               for (max_tokens, stop), completion in zip(shapes, completions))
+
+
 @dataclass
 class StopHandlingCheck(Check):
     """``max_tokens`` exact, ``finish_reason`` right, nothing after a stop string or an end token
     (module docstring); ``stop`` is sent only where the server accepts it.
 
     With a baseline, a failing candidate's requests are sent to the baseline too: a claim the
-    baseline breaks as well is a bug of the serving layer both share, not a loss of speculative
-    decoding, and is reported without failing the check; the check fails on the claims only the
-    candidate breaks."""
+    baseline breaks as well, in about as many of the same requests, is a bug of the serving layer
+    both share, not a loss of speculative decoding, and is reported without failing the check.  The
+    check fails on the claims only the candidate breaks, and on a shared claim the candidate breaks
+    in more requests than the baseline: Fisher's exact test of the two counts out of the same
+    requests, one-sided, at :data:`SHARED_CLAIM_LEVEL` (so a speculation bug cannot hide behind a
+    rarer serving bug of the same kind; a correct candidate sharing the bug fails it with
+    probability ≤ that level)."""
 
     name: str
     description: str
@@ -580,15 +600,21 @@ class StopHandlingCheck(Check):
         calls = len(bodies)
         shared: list[StopViolation] = []
         if violations and session.baseline is not None:
-            baseline_claims = {v.claim for v in self.violations(shapes, session.baseline.complete_many(bodies))}
+            baseline = session.baseline.complete_many(bodies)
             calls += len(bodies)
-            shared = [v for v in violations if v.claim in baseline_claims]
-            violations = [v for v in violations if v.claim not in baseline_claims]
+            counts = {claim: (requests_breaking(shapes, completions, claim), requests_breaking(shapes, baseline, claim))
+                      for claim in {v.claim for v in violations}}
+            alike = {claim for claim, (mine, theirs) in counts.items()
+                     if theirs and fisher_exact([[mine, len(bodies) - mine], [theirs, len(bodies) - theirs]],
+                                                alternative="greater").pvalue > SHARED_CLAIM_LEVEL}
+            shared = [v for v in violations if v.claim in alike]
+            violations = [v for v in violations if v.claim not in alike]
         if shared:
             claims = sorted({v.claim for v in shared})
-            note = (f"the baseline server breaks the same claim(s) ({', '.join(claims)}) on the same request bodies: "
-                    f"a bug of the serving layer both share, not of speculative decoding "
-                    f"({len(shared)} on the candidate, e.g. {shared[0]})")
+            breaking = ", ".join(f"{claim} in {counts[claim][0]} vs {counts[claim][1]} of {len(bodies)} requests"
+                                 for claim in claims)
+            note = (f"the baseline server breaks the same claim(s) as often on the same request bodies ({breaking}): "
+                    f"a bug of the serving layer both share, not of speculative decoding (e.g. {shared[0]})")
             session.notes.append(f"stop-handling: {note}")
             covered += f"; {note}"
         if violations:
