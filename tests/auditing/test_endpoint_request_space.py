@@ -26,6 +26,7 @@ from specverify.auditing.endpoint.request_space import (
 from specverify.auditing.endpoint.space_checks import (
     poisson_binomial_sf,
     repeats,
+    shared_claims,
     stop_violations,
 )
 from specverify.auditing.reports.json_file import write_json
@@ -115,6 +116,14 @@ def test_a_speculation_stop_bug_does_not_hide_behind_a_shared_one(toy_server) ->
     report = _audit(candidate, toy_server(speculative=False, stop_kept_bug=True), "stop-handling", 0)
     assert report.checks[0].verdict == "fail", report.explain()
     assert "that the baseline does not share" in report.checks[0].message
+
+
+def test_a_shared_claim_broken_far_more_often_by_the_candidate_is_not_shared() -> None:
+    """Out of 33 requests: 3 vs 2 is shared (p 0.5), 18 vs 1 is not (Fisher, one-sided p 2e-6), and a
+    claim the baseline never breaks is never shared."""
+    assert shared_claims({"stop string returned": (3, 2)}, 33) == {"stop string returned"}
+    assert shared_claims({"stop string returned": (18, 1)}, 33) == set()
+    assert shared_claims({"end token": (1, 0)}, 33) == set()
 
 
 def test_a_loss_confined_to_one_value_is_named_by_that_value(toy_server) -> None:

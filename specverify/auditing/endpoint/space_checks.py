@@ -534,6 +534,16 @@ def requests_breaking(shapes: Sequence[tuple[int, bool]], completions: Sequence[
                for (max_tokens, stop), completion in zip(shapes, completions))
 
 
+def shared_claims(counts: Mapping[str, tuple[int, int]], requests: int) -> set[str]:
+    """The claims both servers break about as often: ``counts`` maps a claim to the number of the
+    same ``requests`` in which the candidate and the baseline break it; a claim is shared when the
+    baseline breaks it at all and the one-sided Fisher test of "the candidate breaks it more often"
+    does not reject at :data:`SHARED_CLAIM_LEVEL`."""
+    return {claim for claim, (mine, theirs) in counts.items()
+            if theirs and fisher_exact([[mine, requests - mine], [theirs, requests - theirs]],
+                                       alternative="greater").pvalue > SHARED_CLAIM_LEVEL}
+
+
 @dataclass
 class StopHandlingCheck(Check):
     """``max_tokens`` exact, ``finish_reason`` right, nothing after a stop string or an end token
@@ -604,9 +614,7 @@ class StopHandlingCheck(Check):
             calls += len(bodies)
             counts = {claim: (requests_breaking(shapes, completions, claim), requests_breaking(shapes, baseline, claim))
                       for claim in {v.claim for v in violations}}
-            alike = {claim for claim, (mine, theirs) in counts.items()
-                     if theirs and fisher_exact([[mine, len(bodies) - mine], [theirs, len(bodies) - theirs]],
-                                                alternative="greater").pvalue > SHARED_CLAIM_LEVEL}
+            alike = shared_claims(counts, len(bodies))
             shared = [v for v in violations if v.claim in alike]
             violations = [v for v in violations if v.claim not in alike]
         if shared:
@@ -651,5 +659,6 @@ class CoverageCheck(Check):
         return self.report(plan, Verdict.PASS, message, parameters={COVERAGE_TABLE: rows})
 
 
-__all__ = ["CaseLawCheck", "ChoicesJointCheck", "CoverageCheck", "PenaltyCheck", "StopHandlingCheck",
-           "case_law", "dependence_tv", "poisson_binomial_sf", "StopViolation", "repeats", "stop_violations"]
+__all__ = ["CaseLawCheck", "ChoicesJointCheck", "CoverageCheck", "PenaltyCheck", "StopHandlingCheck", "StopViolation",
+           "case_law", "dependence_tv", "poisson_binomial_sf", "repeats", "requests_breaking", "shared_claims",
+           "stop_violations"]
