@@ -494,10 +494,10 @@ def goodness_of_fit(
         pvalue, method, confirmed_by = float(sps.chi2.sf(value, dof)), "asymptotic", ""
         if confirm_below is not None and pvalue <= confirm_below:
             pooled_probs = pooled_expected / n
-            simulated_level = confirm_below * (1.0 - BOUND_SHARE)
             if relative_entropy_tail_bound(pooled_counts, pooled_probs) <= confirm_below * BOUND_SHARE:
                 confirmed_by = "relative-entropy-bound"
             else:
+                simulated_level = confirm_below * (1.0 - BOUND_SHARE)
                 simulated = _monte_carlo_pvalue(pooled_counts, pooled_probs, lam, monte_carlo_draws, seed,
                                                 stop_above=simulated_level)
                 if simulated <= simulated_level:

@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -528,10 +529,10 @@ SHARED_CLAIM_LEVEL = 1e-4
 the candidate that breaks it in more of the same requests (:class:`StopHandlingCheck`)."""
 
 
-def requests_breaking(shapes: Sequence[tuple[int, bool]], completions: Sequence[Completion], claim: str) -> int:
-    """How many of the requests' completions break ``claim`` (:func:`stop_violations`)."""
-    return sum(any(v.claim == claim for v in stop_violations(completion, max_tokens, STOP_STRINGS if stop else ()))
-               for (max_tokens, stop), completion in zip(shapes, completions))
+def requests_breaking(per_request: Sequence[Sequence[StopViolation]]) -> Counter[str]:
+    """Each claim -> the number of requests whose violations (:func:`stop_violations`, one list
+    per request) include it."""
+    return Counter(claim for found in per_request for claim in {v.claim for v in found})
 
 
 def shared_claims(counts: Mapping[str, tuple[int, int]], requests: int) -> set[str]:
@@ -577,9 +578,10 @@ class StopHandlingCheck(Check):
         return body
 
     @staticmethod
-    def violations(shapes: Sequence[tuple[int, bool]], completions: Sequence[Completion]) -> list[StopViolation]:
-        return [violation for (max_tokens, stop), completion in zip(shapes, completions)
-                for violation in stop_violations(completion, max_tokens, STOP_STRINGS if stop else ())]
+    def violations(shapes: Sequence[tuple[int, bool]], completions: Sequence[Completion]) -> list[list[StopViolation]]:
+        """The violations of each request's completion, request by request."""
+        return [stop_violations(completion, max_tokens, STOP_STRINGS if stop else ())
+                for (max_tokens, stop), completion in zip(shapes, completions)]
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         stop_supported = session.fields.get("stop") is None
@@ -595,7 +597,8 @@ class StopHandlingCheck(Check):
             reasons[completion.finish_reason] = reasons.get(completion.finish_reason, 0) + 1
             stopped += stop and completion.finish_reason == "stop"
             ends += any(t in KNOWN_END_TOKENS for t in completion.tokens)
-        violations = self.violations(shapes, completions)
+        per_request = self.violations(shapes, completions)
+        violations = [violation for found in per_request for violation in found]
         session.coverage.reached("stop", "max_tokens exact", f"max_tokens {list(LENGTH_PROBES)}: finish reasons "
                                                              f"{dict(sorted(reasons.items(), key=str))}")
         if stop_supported:
@@ -610,10 +613,10 @@ class StopHandlingCheck(Check):
         calls = len(bodies)
         shared: list[StopViolation] = []
         if violations and session.baseline is not None:
-            baseline = session.baseline.complete_many(bodies)
+            mine = requests_breaking(per_request)
+            theirs = requests_breaking(self.violations(shapes, session.baseline.complete_many(bodies)))
             calls += len(bodies)
-            counts = {claim: (requests_breaking(shapes, completions, claim), requests_breaking(shapes, baseline, claim))
-                      for claim in {v.claim for v in violations}}
+            counts = {claim: (mine[claim], theirs[claim]) for claim in mine}
             alike = shared_claims(counts, len(bodies))
             shared = [v for v in violations if v.claim in alike]
             violations = [v for v in violations if v.claim not in alike]
