@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from specverify.errors import SpecverifyError
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
+    from specverify.auditing.audit_report import AuditReport
     from specverify.auditing.loading import LoadError
-    from specverify.auditing.runner import AuditReport, assert_lossless, audit
+    from specverify.auditing.runner import assert_lossless, audit
     from specverify.core.outputs import ImpossibleOutput, MalformedOutput
     from specverify.hf.packaged import ModelNotInstalledError
 
@@ -27,7 +28,7 @@ __version__ = "0.2.0"
 _LAZY = {
     "audit": "specverify.auditing.runner",
     "assert_lossless": "specverify.auditing.runner",
-    "AuditReport": "specverify.auditing.runner",
+    "AuditReport": "specverify.auditing.audit_report",
     "LoadError": "specverify.auditing.loading",
     "MalformedOutput": "specverify.core.outputs",
     "ImpossibleOutput": "specverify.core.outputs",

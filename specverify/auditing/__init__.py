@@ -11,7 +11,8 @@ The folders are what an audit is made of:
 
 The modules beside them are the framework every level shares: ``checks`` (verdicts, budgets,
 plans, results), ``runner`` (``audit``, ``assert_lossless``; ``specverify.audit`` is
-:func:`specverify.auditing.runner.audit`), ``power`` (no power, no pass), ``defaults``,
-``loading`` and ``signatures`` (targets and their calls), ``diagnosis``, ``findings``,
-``minimal_case`` and ``omissions`` (what a verdict says), ``progress`` and ``replay``.
+:func:`specverify.auditing.runner.audit`), ``audit_report`` (the report: settings, plan, results),
+``power`` (no power, no pass), ``defaults``, ``loading`` and ``signatures`` (targets and their
+calls), ``diagnosis``, ``findings``, ``minimal_case`` and ``omissions`` (what a verdict says),
+``progress`` and ``replay``.
 """

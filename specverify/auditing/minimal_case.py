@@ -242,11 +242,12 @@ def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
 @dataclass(frozen=True)
 class CaseSearch:
     """What the search found: the case (None: none), why none is shown (``note``, "" with a case),
-    and whether the post-verdict deadline cut the search or the case's reading short."""
+    and whether the post-verdict deadline cut the search or the case's reading short.
+    ``CaseSearch()``: no case was looked for (no loss at the sampler level), nothing to say."""
 
-    case: MinimalCase | None
-    note: str
-    cut_off: bool
+    case: MinimalCase | None = None
+    note: str = ""
+    cut_off: bool = False
 
     def outcome(self) -> str:
         """The post-verdict step's outcome, in words."""

@@ -1,7 +1,8 @@
 """The audit: run a level's battery of checks against an implementation and give a verdict.
 
-``audit(fn)`` returns an :class:`AuditReport`; ``assert_lossless(fn)`` raises ``AssertionError``
-with a readable explanation unless the audit found no loss.
+``audit(fn)`` returns an :class:`~specverify.auditing.audit_report.AuditReport` (its settings, plan and
+results); ``assert_lossless(fn)`` raises ``AssertionError`` with a readable explanation unless the
+audit found no loss.
 
 Verdicts and exit statuses (``specverify audit``):
 
@@ -47,10 +48,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from specverify.auditing import replay
+from specverify.auditing.audit_report import AuditPlan, AuditReport, AuditSettings  # AuditReport re-exported here
 from specverify.auditing.audited import AuditedFunction, AuditSession
 from specverify.auditing.checks import (
     POWER,
@@ -83,7 +84,7 @@ from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing.isolation.process import check_isolation, preserved_process_state
 from specverify.auditing.loading import LoadError, load_target
-from specverify.auditing.minimal_case import MIN_ROWS, CaseSearch, MinimalCase, case_rows
+from specverify.auditing.minimal_case import MIN_ROWS, CaseSearch, case_rows
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
 from specverify.auditing.post_verdict import PostVerdict
 from specverify.auditing.power import PowerShortfall, power_shortfall
@@ -98,175 +99,6 @@ Progress = AuditProgress | Callable[[int, int, str], None]
 plan and every result and ``end(total_s=…)`` at the audit's true end, or a plain callable
 ``progress(done, total, name)``, called before each check and once at the end with ``done ==
 total`` (:func:`specverify.auditing.progress.as_progress`)."""
-
-
-@dataclass(frozen=True)
-class AuditReport:
-    """Everything an audit found (see the module docstring for ``verdict`` and ``exit_code``).
-
-    ``detectable_tv`` is the largest TV any statistical check was sized to detect with power
-    ``power`` (the audit's guarantee); ``timings`` holds wall-clock figures, all from the audit's
-    start on one clock (``total_s``, ``checks_s``, the call log's, ``post_verdict``: the steps
-    after the verdict, :meth:`specverify.auditing.post_verdict.PostVerdict.timings`), the only
-    non-deterministic content besides a minimal case sized to a slow function's speed.
-    """
-
-    target: str
-    level: str
-    budget: SampleBudget
-    alpha: float
-    alpha_share: float | None
-    correction: str
-    power: float
-    seed: int
-    device: str
-    timeout_s: float
-    checks: tuple[CheckResult, ...]
-    verdict: AuditVerdict
-    summary: str
-    detectable_tv: float | None
-    timings: dict[str, Any] = field(default_factory=dict)
-    isolation: dict[str, Any] = field(default_factory=dict)
-    warnings: tuple[str, ...] = ()
-    """Warnings raised while the checks ran (third-party deprecation notices and the like), kept
-    in the report instead of the terminal; each once, with its count."""
-    selected: tuple[str, ...] | None = None
-    """The check names asked for with ``checks=`` (None: the whole battery); the replay repeats them."""
-    fail_fast: bool = False
-    """Whether the audit stopped at its first failing check (the later checks are then skipped)."""
-    allow_underpowered: bool = False
-    """Whether a plan that cannot detect the level's ceiling TV may pass (:mod:`specverify.auditing.power`)."""
-    shortfall: PowerShortfall | None = None
-    """The plan's worst check when it cannot detect the ceiling TV (None: every check can)."""
-    omitted: tuple[Omission, ...] = ()
-    """Checks the battery left out for this function, with the reason and the fix."""
-    minimal_case: MinimalCase | None = None
-    """A step on which the function is visibly wrong, as a unit test (after a sampler-level loss)."""
-    minimal_case_note: str = ""
-    """Why no minimal case is shown, where one was looked for."""
-    replay_checks: tuple[str, ...] | None = None
-    """The checks the replay line runs (the failing ones; None: the same selection as this audit)."""
-    replay_alpha: float | None = None
-    """The α of the replay line: the one that gives each replayed check the α share it had here
-    (so that it draws the same samples); None: this audit's α."""
-    interrupted: bool = False
-    """Whether a Ctrl-C stopped the audit."""
-    level_options: dict[str, Any] = field(default_factory=dict)
-    """The level's own keyword arguments (the endpoint level's ``baseline``, ``model``, …); the
-    replay lines repeat them."""
-    preset: str | None = None
-    """The preset that chose the budget and the checks (:mod:`specverify.auditing.presets`), None without one."""
-    preset_note: str = ""
-    """What the preset ran and left out at this level (:meth:`specverify.auditing.presets.Preset.note`)."""
-    notes_said: bool = False
-    """Whether the progress display already wrote the plan's notes (checks left out with their fix,
-    a power shortfall): the terminal report and :meth:`explain` then do not say them again."""
-
-    @property
-    def stopped_early(self) -> bool:
-        """True when fail-fast skipped checks after a failure (the pattern of verdicts is incomplete)."""
-        return any(c.verdict is Verdict.SKIPPED and c.message.startswith((FAIL_FAST_SKIP, LOCATING_CUT_SKIP))
-                   for c in self.checks)
-
-    @property
-    def exit_code(self) -> int:
-        """The exit status of ``specverify audit`` for this verdict (:class:`AuditVerdict`)."""
-        return self.verdict.exit_code
-
-    @property
-    def failed(self) -> tuple[CheckResult, ...]:
-        return tuple(c for c in self.checks if c.verdict is Verdict.FAIL)
-
-    @property
-    def errors(self) -> tuple[CheckResult, ...]:
-        return tuple(c for c in self.checks if c.verdict is Verdict.ERROR)
-
-    def explain(self, verbose: bool = True) -> str:
-        """A readable account of the verdict, the message first: the headline, the diagnosis (with
-        the law the minimal case's wrong tokens follow and the closest known bug) and the minimal
-        failing case, then (``verbose``) each failing or erroring check with its inputs, what was
-        observed against what was expected, p-value and estimated TV; then the replay line.
-        Without ``verbose`` the last line says how to get the checks' details."""
-        from specverify.auditing.findings import grouped_findings, said_in_summary
-
-        lines = [f"{self.target}: {self.verdict.upper()} — {self.summary}"]
-        if self.diagnosis:
-            lines.append(f"diagnosis: {self.diagnosis}" + "".join(f" {s}" for s in self.case_reading()))
-        if self.minimal_case is not None:
-            lines.append(self.minimal_case.sentence() + "; as a unit test:")
-            lines += ["    " + line if line else "" for line in self.minimal_case_code().splitlines()]
-        elif self.minimal_case_note:
-            lines.append(f"minimal case: none: {self.minimal_case_note}")
-        by_name = {c.name: c for c in self.checks}
-        details = [finding for finding in grouped_findings(self.checks) if not said_in_summary(finding, self)]
-        for finding in details if verbose else ():
-            check = by_name[finding.names[0]]
-            lines.append(f"- {finding.line()}")
-            lines.append(f"    what it checks: {check.description}")
-            if check.parameters:
-                lines.append("    inputs: " + ", ".join(f"{k}={v}" for k, v in check.parameters.items()))
-            if check.n:
-                lines.append(f"    n={check.n}, p-value={_fmt(check.pvalue)}, α share={_fmt(check.alpha)}, "
-                             f"estimated TV={_fmt(check.empirical_tv)}")
-        if not self.notes_said:
-            lines += ([self.preset_note] if self.preset_note else []) + [omission.line() for omission in self.omitted]
-        preset = f"preset {self.preset}, " if self.preset else ""
-        lines.append(f"({preset}seed {self.seed}, budget {self.budget.name}, α = {self.alpha:g}; replay with "
-                     f"`{self.replay_command}`"
-                     + (f"; every check: `{self.full_command}`" if self.stopped_early else "") + ")")
-        if details and not verbose:
-            lines.append(f"(the {len(details)} finding(s) in detail — inputs, n, p-value, estimated TV — with "
-                         f"{VERBOSE_ENV}=1 or `pytest -vv`; in Python: report.explain(verbose=True))")
-        return "\n".join(lines)
-
-    def case_reading(self) -> list[str]:
-        """What the minimal case shows beyond its one token: the wrong law its tokens follow and
-        the closest known bug, each a sentence (none without a minimal case)."""
-        case = self.minimal_case
-        if case is None:
-            return []
-        found = [f"On the minimal case {case.follows}." if case.follows else "",
-                 f"The {case.closest[0].lower()}{case.closest[1:]}." if case.closest else ""]
-        return [sentence for sentence in found if sentence]
-
-    def minimal_case_code(self) -> str:
-        """The minimal case as a unit test, with the command that finds it again from the seed."""
-        return self.minimal_case.code(replay=self.replay_command) if self.minimal_case is not None else ""
-
-    @property
-    def diagnosis(self) -> str:
-        """Where the loss is, read from the pattern of verdicts (:func:`specverify.auditing.diagnosis.diagnose`)."""
-        from specverify.auditing.diagnosis import diagnose
-
-        return diagnose(self.checks, self.level, stopped_early=self.stopped_early)
-
-    @property
-    def replay_command(self) -> str:
-        """The shell command that repeats what went wrong, from the directory it ran in: the
-        failing checks (else the erroring ones) with ``--checks``, at the α that keeps their α
-        shares (:attr:`replay_alpha`), so they draw the same samples; the whole audit otherwise."""
-        checks = self.replay_checks if self.replay_checks is not None else self.selected
-        alpha = self.replay_alpha if self.replay_alpha is not None else self.alpha
-        fail_fast = self.fail_fast if checks is None or len(checks) > 1 else None
-        return replay.replay_command(self.target, alpha=alpha, checks=checks, fail_fast=fail_fast,
-                                     **self._replayed_settings())
-
-    @property
-    def full_command(self) -> str:
-        """The command that runs the whole battery of this audit without stopping at a failure
-        (the whole pattern of verdicts)."""
-        return replay.replay_command(self.target, alpha=self.alpha, checks=self.selected, fail_fast=False,
-                                     **self._replayed_settings())
-
-    def _replayed_settings(self) -> dict[str, Any]:
-        """The settings every replay line repeats (:func:`specverify.auditing.replay.replay_command`)."""
-        return dict(level=self.level, seed=self.seed, budget=self.budget.name, device=self.device,
-                    timeout_s=self.timeout_s, isolation=(self.isolation or {}).get("mode", "process"),
-                    allow_underpowered=self.allow_underpowered, level_options=self.level_options)
-
-
-def _fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.4g}"
 
 
 def target_name(fn: Callable[..., Any] | str) -> str:
@@ -389,12 +221,12 @@ def audit(
         raise ValueError(f"allow_underpowered: expected True or False, got {allow_underpowered!r}")
     name = target_name(fn)
     started = time.perf_counter()
-    settings = dict(target=name, level=level, budget=sample_budget, alpha=float(alpha), correction="bonferroni",
-                    power=POWER, seed=int(seed), device=device, timeout_s=float(timeout_s),
-                    selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
-                    allow_underpowered=allow_underpowered, level_options=dict(level_options),
-                    preset=None if chosen is None else chosen.name)
-    minimal = CaseSearch(None, "", False)
+    settings = AuditSettings(target=name, level=level, budget=sample_budget, alpha=float(alpha), seed=int(seed),
+                             device=device, timeout_s=float(timeout_s),
+                             selected=None if checks is None else tuple(checks), fail_fast=fail_fast,
+                             allow_underpowered=allow_underpowered, level_options=dict(level_options),
+                             preset=None if chosen is None else chosen.name)
+    case_search = CaseSearch()
     post = PostVerdict(started)
     display = as_progress(progress)
     displayed = False
@@ -407,9 +239,8 @@ def audit(
                 fn = load_target(fn, level)
             session = battery.open_session(fn, device=device, timeout_s=timeout_s, isolation=isolation)
         except LoadError as error:
-            return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
-                               summary=str(error), detectable_tv=None,
-                               timings={"total_s": time.perf_counter() - started})
+            return AuditReport(settings, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT, summary=str(error),
+                               detectable_tv=None, timings={"total_s": time.perf_counter() - started})
         if not isinstance(session, AuditSession):
             raise TypeError(f"level {level!r}: its battery's open_session returned a {type(session).__name__}; "
                             "return a subclass of specverify.auditing.audited.AuditSession whose function is an "
@@ -418,8 +249,8 @@ def audit(
         try:
             problem = signature_problem(level, function.raw, name.rsplit(":", 1)[-1] if ":" in name else None)
             if problem is not None:  # every check would raise the same TypeError: say it once, run nothing
-                return AuditReport(**settings, alpha_share=None, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT,
-                                   summary=problem, detectable_tv=None,
+                return AuditReport(settings, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT, summary=problem,
+                                   detectable_tv=None,
                                    timings={"total_s": time.perf_counter() - started},
                                    isolation={"mode": isolation} | function.describe())
             omitted = tuple(omitted_checks(battery, session))
@@ -427,10 +258,10 @@ def audit(
             if chosen is not None:
                 every = [c.name for c in available] + sorted(omitted_names(omitted))
                 checks = chosen.select(level, every)
-                settings["selected"] = None if checks is None else tuple(checks)
                 runs = [c.name for c in available if checks is None or c.name in checks]
-                settings["preset_note"] = chosen.note(level, runs,
-                                                      [n for n in every if checks is not None and n not in checks])
+                settings = dataclasses.replace(
+                    settings, selected=None if checks is None else tuple(checks),
+                    preset_note=chosen.note(level, runs, [n for n in every if checks is not None and n not in checks]))
             selected = select_checks(available, checks, sorted(omitted_names(omitted)))
             if checks is not None:
                 omitted = tuple(o for o in omitted if any(n in checks for n in o.names))
@@ -439,10 +270,10 @@ def audit(
             display.begin(target=name, level=level, budget=sample_budget, alpha=float(alpha), checks=selected,
                           plans=plans, log=function.log)
             displayed = True
-            for line in ([settings["preset_note"]] if settings.get("preset_note") else []) + plan_notes(
+            for line in ([settings.preset_note] if settings.preset_note else []) + plan_notes(
                     shortfall, omitted, allow_underpowered):
                 display.note(line)
-            settings["notes_said"] = display.says_notes
+            plan = AuditPlan(alpha_share=share, shortfall=shortfall, omitted=omitted, notes_said=display.says_notes)
             locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, display, fail_fast, locating,
@@ -450,7 +281,7 @@ def audit(
                 post.open()
                 if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
                                                                   for r in results):
-                    minimal = _minimal_case(name, selected, results, function, seed, post, display)
+                    case_search = _minimal_case(name, selected, results, function, seed, post, display)
         finally:
             _shut_down(session, post)
             total_s = time.perf_counter() - started
@@ -463,8 +294,8 @@ def audit(
                                "rows_per_s": log.rows / total_s if total_s > 0 else None}
     timings["post_verdict"] = post.timings()
     verdict, summary, detectable = _verdict(results, alpha, share, level=level, shortfall=shortfall,
-                                                       allow_underpowered=allow_underpowered, omitted=omitted,
-                                                       epsilon=sample_budget.epsilon)
+                                            allow_underpowered=allow_underpowered, omitted=omitted,
+                                            epsilon=sample_budget.epsilon)
     if interrupted:
         done = sum(r.verdict != "skipped" for r in results)
         stopped = (f"interrupted by the user (Ctrl-C) after {done} of {len(results)} checks; the partial results "
@@ -475,10 +306,9 @@ def audit(
             verdict, summary = AuditVerdict.COULD_NOT_AUDIT, stopped
     replay_checks, replay_alpha = _replay_selection(selected, results, plans, share, sample_budget, alpha, seed,
                                                     level)
-    return AuditReport(**settings, alpha_share=share, checks=tuple(results), verdict=verdict,
-                       summary=summary, detectable_tv=detectable, timings=timings, isolation=described,
-                       warnings=tuple(caught), shortfall=shortfall, omitted=omitted, minimal_case=minimal.case,
-                       minimal_case_note=minimal.note, replay_checks=replay_checks, replay_alpha=replay_alpha,
+    return AuditReport(settings, checks=tuple(results), verdict=verdict, summary=summary, detectable_tv=detectable,
+                       plan=plan, timings=timings, isolation=described, warnings=tuple(caught),
+                       case_search=case_search, replay_checks=replay_checks, replay_alpha=replay_alpha,
                        interrupted=interrupted)
 
 
@@ -672,7 +502,7 @@ def _open_locating(post: PostVerdict, function: AuditedFunction, display: AuditP
     post.open()
     function.cut_off_at(post.locating_deadline())
     display.after_verdict(post.announcement(f"the locating checks ({', '.join(following)}) follow, within "
-                                            f"{post.locating_deadline() - post.verdict_at:.0f} s"))
+                                            f"{_locating_s(post):.0f} s"))
 
 
 def _close_locating(post: PostVerdict, function: AuditedFunction, results: Sequence[CheckResult],
@@ -684,13 +514,18 @@ def _close_locating(post: PostVerdict, function: AuditedFunction, results: Seque
         return
     cut = sum(r.message.startswith(LOCATING_CUT_SKIP) for r in after)
     ran = sum(r.verdict is not Verdict.SKIPPED for r in after)
-    share = post.locating_deadline() - post.verdict_at
+    share = _locating_s(post)
     outcome = f"{ran} of {len(after)} ran" + (f", {cut} not run: their share of {share:.1f} s was spent" if cut else "")
     post.record("locating checks", sum(r.seconds for r in after), outcome, cut_off=cut > 0)
 
 
+def _locating_s(post: PostVerdict) -> float:
+    """Seconds of the locating checks' share: from the verdict to :meth:`PostVerdict.locating_deadline`."""
+    return post.locating_deadline() - (post.started + post.verdict_s)
+
+
 def _locating_cut(first_failure: str | None, post: PostVerdict | None) -> str:
-    share = f" ({post.locating_deadline() - post.verdict_at:.1f} s)" if post is not None and post.verdict_at else ""
+    share = f" ({_locating_s(post):.1f} s)" if post is not None and post.verdict_at is not None else ""
     return (f"{LOCATING_CUT_SKIP}{share} after {first_failure} failed; run with --no-fail-fast (fail_fast=False) "
             "for every check")
 

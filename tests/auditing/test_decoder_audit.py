@@ -431,7 +431,7 @@ def test_contract_violations_fail(decoder, check):
 def test_audit_decoder_helper_and_unknown_builtin():
     report = audit_decoder(TableDecoder(), budget=20, checks=["greedy-identity", "position-laws"],
                            allow_underpowered=True, isolation="none")
-    assert report.level == "decoder" and report.exit_code == EXIT_PASS, report.explain()
+    assert report.settings.level == "decoder" and report.exit_code == EXIT_PASS, report.explain()
     assert [c.name for c in report.checks] == ["greedy-identity", "position-laws"]
     unknown = audit("no-such-decoder", level="decoder")
     assert unknown.exit_code == EXIT_ERROR and "no-such-decoder" in unknown.summary

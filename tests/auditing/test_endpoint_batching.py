@@ -39,7 +39,7 @@ def test_lossless_batching_server_passes_every_check(toy_server) -> None:
     assert candidate.engine.largest_step >= 4  # the server did verify several requests in one step
     burst = next(c for c in report.checks if c.name == "pit-burst-mixed")
     assert "all in flight at once" in burst.message and "overlapping processing" in burst.message
-    assert report.alpha_share == pytest.approx(1e-3 / 6)  # 6 statistical checks share α (Bonferroni)
+    assert report.plan.alpha_share == pytest.approx(1e-3 / 6)  # 6 statistical checks share α (Bonferroni)
 
 
 @pytest.mark.parametrize(("config", "check"), [

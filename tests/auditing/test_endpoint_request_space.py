@@ -158,7 +158,7 @@ def test_the_coverage_table_is_reported_when_fail_fast_stops_the_audit(toy_serve
     candidate = toy_server(speculative=True, stop_bug=True)
     report = audit(candidate.url, level="endpoint", budget="quick", checks=["stop-handling", "request-space-coverage"],
                    allow_underpowered=True)
-    assert report.fail_fast and [c.verdict for c in report.checks] == ["fail", "pass"]
+    assert report.settings.fail_fast and [c.verdict for c in report.checks] == ["fail", "pass"]
     rows = {row["dimension"]: row for row in report.checks[-1].parameters[COVERAGE_TABLE]}
     assert "max_tokens exact" in rows["stop"]["reached"] and not rows["prompt length"]["reached"]
 

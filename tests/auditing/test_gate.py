@@ -45,8 +45,9 @@ ENV.pop("GITHUB_ACTIONS", None)
 def test_a_budget_without_power_does_not_pass():
     report = specverify.audit("reference", budget=10, checks=["step-K1", "acceptance-rate"], isolation="none")
     assert report.verdict == "underpowered" and report.exit_code == 2
-    assert report.shortfall.check == "step-K1" and report.shortfall.detectable > 1
-    assert "which no deviation reaches" in report.summary and f"--budget {report.shortfall.needed}" in report.summary
+    shortfall = report.plan.shortfall
+    assert shortfall.check == "step-K1" and shortfall.detectable > 1
+    assert "which no deviation reaches" in report.summary and f"--budget {shortfall.needed}" in report.summary
     allowed = specverify.audit("reference", budget=10, checks=["step-K1", "acceptance-rate"], isolation="none",
                                allow_underpowered=True)
     assert allowed.exit_code == 0 and "underpowered, allowed" in allowed.summary
@@ -56,9 +57,9 @@ def test_a_budget_without_power_does_not_pass():
 
 def test_the_budget_that_the_fix_names_reaches_the_ceiling():
     report = specverify.audit("reference", budget=10, checks=["step-K1", "acceptance-rate"], isolation="none")
-    again = specverify.audit("reference", budget=report.shortfall.needed, checks=["step-K1", "acceptance-rate"],
+    again = specverify.audit("reference", budget=report.plan.shortfall.needed, checks=["step-K1", "acceptance-rate"],
                              isolation="none")
-    assert again.shortfall is None and again.exit_code == 0
+    assert again.plan.shortfall is None and again.exit_code == 0
     assert again.detectable_tv <= POWER_CEILING_TV["sampler"]
 
 
@@ -124,7 +125,7 @@ def bonus_report():
 
 def test_first_failure_runs_the_locating_checks_and_names_the_bonus(bonus_report):
     report = bonus_report
-    assert report.fail_fast and report.exit_code == 1 and report.stopped_early
+    assert report.settings.fail_fast and report.exit_code == 1 and report.stopped_early
     verdicts = {c.name: str(c.verdict) for c in report.checks}
     assert all(verdicts[name] != "skipped" for name in LOCATING_CHECKS["sampler"])
     assert "the bonus token (drawn when all k drafts are accepted) is wrong" in report.diagnosis.lower()
@@ -134,8 +135,8 @@ def test_first_failure_runs_the_locating_checks_and_names_the_bonus(bonus_report
 
 
 def test_the_minimal_case_fails_on_the_function_and_passes_on_the_reference(bonus_report):
-    case = bonus_report.minimal_case
-    assert case is not None and case.z >= 6, bonus_report.minimal_case_note
+    case = bonus_report.case_search.case
+    assert case is not None and case.z >= 6, bonus_report.case_search.note
     code = case.code()
     assert "import torch" in code and "manual_seed" in code and f"{list(case.draft_tokens)}" in code
     namespace: dict = {}
@@ -204,7 +205,7 @@ def test_checks_left_out_are_said_with_their_fix():
     stream = io.StringIO()
     report = specverify.audit(without_uniforms, budget="quick", isolation="none", progress=LineProgress(stream),
                               checks=["exact-step", "step-K1"])
-    assert [o.names for o in report.omitted] == [("exact-step",)]
+    assert [o.names for o in report.plan.omitted] == [("exact-step",)]
     assert "not run: exact-step" in stream.getvalue() and "uniforms=None" in stream.getvalue()
     assert report.exit_code == 0 and "not run: exact-step" in report.summary
     assert report_to_dict(report)["not_run"][0]["names"] == ["exact-step"]

@@ -91,8 +91,8 @@ def test_the_replay_line_carries_every_option_that_changes_the_audit():
     import shlex
     from dataclasses import fields
 
+    from specverify.auditing.audit_report import AuditReport, AuditSettings
     from specverify.auditing.checks import resolve_budget
-    from specverify.auditing.runner import AuditReport
     from specverify.cli import build_parser
     from specverify.cli.audit import CHOOSING_OPTIONS, OUTPUT_OPTIONS, audit_keywords
 
@@ -111,15 +111,15 @@ def test_the_replay_line_carries_every_option_that_changes_the_audit():
     assert not unset, f"set these options in the test (and say them in the replay line): {unset}"
 
     keywords = audit_keywords(given, int(given.seed))
-    level_options = {k: v for k, v in keywords.items() if k not in {f.name for f in fields(AuditReport)}
-                     and k not in ("budget", "checks", "isolation", "timeout_s")}
-    report = AuditReport(target=given.target, level=keywords["level"], budget=resolve_budget(keywords["budget"]),
-                         alpha=keywords["alpha"], alpha_share=None, correction="bonferroni", power=0.99,
-                         seed=keywords["seed"], device=keywords["device"], timeout_s=keywords["timeout_s"],
-                         checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT, summary="", detectable_tv=None,
-                         isolation={"mode": keywords["isolation"]}, selected=tuple(keywords["checks"]),
-                         fail_fast=keywords["fail_fast"], allow_underpowered=keywords["allow_underpowered"],
-                         level_options=level_options)
+    level_options = {k: v for k, v in keywords.items() if k not in {f.name for f in fields(AuditSettings)}
+                     and k not in ("checks", "isolation")}
+    settings_asked = AuditSettings(target=given.target, level=keywords["level"],
+                                   budget=resolve_budget(keywords["budget"]), alpha=keywords["alpha"],
+                                   seed=keywords["seed"], device=keywords["device"], timeout_s=keywords["timeout_s"],
+                                   selected=tuple(keywords["checks"]), fail_fast=keywords["fail_fast"],
+                                   allow_underpowered=keywords["allow_underpowered"], level_options=level_options)
+    report = AuditReport(settings_asked, checks=(), verdict=AuditVerdict.COULD_NOT_AUDIT, summary="",
+                         detectable_tv=None, isolation={"mode": keywords["isolation"]})
     for line in (report.replay_command, report.full_command):
         words = shlex.split(line)
         assert words[:2] == ["specverify", "audit"]

@@ -34,7 +34,7 @@ class Tty(io.StringIO):
 def test_budget_comes_from_the_environment_when_not_given(monkeypatch):
     monkeypatch.setenv("SPECVERIFY_BUDGET", "150")
     report = specverify.audit("reference", checks=["step-K1"])
-    assert report.budget.samples == 150 and report.checks[0].n == 150
+    assert report.settings.budget.samples == 150 and report.checks[0].n == 150
     assert specverify.audit("reference", checks=["step-K1"], budget=120).checks[0].n == 120  # the argument wins
 
 

@@ -65,7 +65,7 @@ def test_a_lossy_slow_sampler_gets_its_verdict_and_the_audit_ends_within_its_bud
     assert "not run" in steps["locating checks"]["outcome"]
     bounded = steps["minimal case"]["outcome"]
     assert bounded.startswith(("skipped:", "reproduced with", "the post-verdict deadline")), bounded
-    assert report.minimal_case is None or report.minimal_case.rows < MINIMAL_ROWS
+    assert report.case_search.case is None or report.case_search.case.rows < MINIMAL_ROWS
     text = format_report(report)
     assert "(after the verdict at" in text and "locating checks" in text and "minimal case" in text
     assert report_to_dict(report)["timings"]["post_verdict"] == post
@@ -103,7 +103,7 @@ def test_a_function_that_turns_very_slow_after_the_verdict_is_cut_off_at_the_bud
     assert steps["minimal case"]["cut_off"], steps
     assert steps["minimal case"]["outcome"].startswith("the post-verdict deadline came before a call"), steps
     assert "shutdown" not in steps  # the cutoff's kill left no worker to stop
-    assert report.minimal_case is None and report.minimal_case_note == steps["minimal case"]["outcome"]
+    assert report.case_search.case is None and report.case_search.note == steps["minimal case"]["outcome"]
     assert "minimal case" in format_report(report) and report_to_dict(report)["timings"]["post_verdict"] == post
 
 

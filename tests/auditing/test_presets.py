@@ -39,7 +39,7 @@ TREE_CHECKS = [
 def test_pre_commit_runs_its_checks_at_quick_and_states_the_tv_it_detects():
     report = audit("reference", preset="pre-commit", isolation="none")
     assert report.exit_code == 0, report.explain()
-    assert report.preset == "pre-commit" and report.budget == resolve_budget("quick")
+    assert report.settings.preset == "pre-commit" and report.settings.budget == resolve_budget("quick")
     assert [c.name for c in report.checks] == [
         "randomness-source",
         "exact-step",
@@ -53,9 +53,10 @@ def test_pre_commit_runs_its_checks_at_quick_and_states_the_tv_it_detects():
     statistical = [c for c in report.checks if c.n]
     assert statistical and all(c.detectable_tv <= 0.05 + 1e-9 for c in statistical)  # the budget's claim
     assert report.detectable_tv == pytest.approx(0.05, abs=1e-4)
-    assert "left out: exact-large-vocabulary, step-K1" in report.preset_note and "production-K16" in report.preset_note
-    assert "; 8 checks; " in report.preset_note
-    assert report.fail_fast
+    note = report.settings.preset_note
+    assert "left out: exact-large-vocabulary, step-K1" in note and "production-K16" in note
+    assert "; 8 checks; " in note
+    assert report.settings.fail_fast
 
 
 @pytest.mark.statistical
@@ -124,8 +125,9 @@ def test_the_plugins_preset_reaches_the_fixtures(tmp_path):
     (tmp_path / "test_gate.py").write_text(
         "def test_gate(lossless_audit):\n"
         "    report = lossless_audit('missing.py:verify')  # could not audit: the settings, nothing run\n"
-        "    assert report.preset == 'pre-commit' and report.budget.name == 'quick', report.explain()\n"
-        "    own = lossless_audit('missing.py:verify', budget='standard')\n"
+        "    settings = report.settings\n"
+        "    assert settings.preset == 'pre-commit' and settings.budget.name == 'quick', report.explain()\n"
+        "    own = lossless_audit('missing.py:verify', budget='standard').settings\n"
         "    assert own.preset is None and own.budget.name == 'standard'  # a test's own budget= replaces it\n"
     )
     completed = _pytest(tmp_path, "--specverify-preset", "pre-commit")

@@ -50,7 +50,7 @@ def test_fail_fast_is_the_default_for_quick_and_standard():
     report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none")
     skipped = [c for c in report.checks if c.verdict is Verdict.SKIPPED]
     first = report.checks.index(report.failed[0])
-    assert report.fail_fast and report.exit_code == 1 and report.failed[0].name == "exact-step"
+    assert report.settings.fail_fast and report.exit_code == 1 and report.failed[0].name == "exact-step"
     assert skipped and all(c.message.startswith(FAIL_FAST_SKIP) for c in skipped)
     ran_after = [c.name for c in report.checks[first + 1:] if c.verdict is not Verdict.SKIPPED]
     assert ran_after == ["bonus-position", "correction-position", "disjoint-supports"]  # LOCATING_CHECKS
@@ -62,7 +62,7 @@ def test_fail_fast_is_the_default_for_quick_and_standard():
 def test_no_fail_fast_runs_every_check_and_the_replay_says_so():
     report = specverify.audit("catalog:residual_is_target", budget="quick", isolation="none", fail_fast=False,
                               checks=["exact-step", "step-K1", "bonus-position", "correction-position"])
-    assert not report.fail_fast and not any(c.verdict is Verdict.SKIPPED for c in report.checks)
+    assert not report.settings.fail_fast and not any(c.verdict is Verdict.SKIPPED for c in report.checks)
     assert "the correction token drawn after a rejection is wrong" in report.diagnosis.lower()
     assert report.replay_command.endswith("--no-fail-fast")
 
@@ -71,7 +71,7 @@ def test_no_fail_fast_runs_every_check_and_the_replay_says_so():
                          [("quick", True), ("standard", True), ("thorough", False), (300, False)])
 def test_default_fail_fast_per_budget(budget, expected):
     report = specverify.audit("reference", budget=budget, checks=["inputs-unchanged"], isolation="none")
-    assert report.fail_fast is expected
+    assert report.settings.fail_fast is expected
 
 
 def test_fail_fast_must_be_a_bool():

@@ -104,7 +104,7 @@ def test_plugin_budget_reaches_the_fixtures_not_the_environment(tmp_path):
         "import os\n\n"
         "def test_direct(assert_lossless):\n"
         "    report = assert_lossless('reference', checks=['step-K1'], allow_underpowered=True)\n"
-        "    assert report.budget.samples == 123\n"
+        "    assert report.settings.budget.samples == 123\n"
         "    assert 'SPECVERIFY_BUDGET' not in os.environ\n")
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 "--specverify-budget", "123", str(tmp_path / "test_direct.py")],

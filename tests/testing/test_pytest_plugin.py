@@ -23,14 +23,14 @@ def test_assert_lossless_fixture_passes_and_fails_with_an_explanation(pytester, 
 
         def test_good(assert_lossless):
             report = assert_lossless(load_target({str(EXAMPLES / 'vectorized_verify.py') + ':verify'!r}), checks=CHECKS)
-            assert report.seed == 5 and report.alpha == 0.01 and report.budget.name == "2000"
+            assert report.settings.seed == 5 and report.settings.alpha == 0.01 and report.settings.budget.name == "2000"
 
         def test_bad(assert_lossless):
             assert_lossless({str(EXAMPLES / 'buggy_bonus.py') + ':verify'!r}, checks=CHECKS)
 
         def test_report_of_impl(lossless_audit):
             report = lossless_audit(checks=CHECKS)
-            assert report.target == "reference" and report.exit_code == 0
+            assert report.settings.target == "reference" and report.exit_code == 0
     """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark", "--specverify-seed", "5",
                                           "--specverify-alpha", "0.01", "--specverify-budget", "2000", "-vv")

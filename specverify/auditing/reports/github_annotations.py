@@ -1,4 +1,4 @@
-"""GitHub Actions workflow annotations for an :class:`~specverify.auditing.runner.AuditReport`.
+"""GitHub Actions workflow annotations for an :class:`~specverify.auditing.audit_report.AuditReport`.
 
 Printed by ``specverify audit`` when ``GITHUB_ACTIONS=true``: each failing or erroring finding
 as an ``::error``, an underpowered plan as an ``::error``, each check left out for this
@@ -10,8 +10,8 @@ property values.
 
 from __future__ import annotations
 
+from specverify.auditing.audit_report import AuditReport
 from specverify.auditing.findings import grouped_findings
-from specverify.auditing.runner import AuditReport
 
 
 def _message(text: str) -> str:
@@ -24,28 +24,29 @@ def _property(text: str) -> str:
 
 def annotations(report: AuditReport) -> list[str]:  # type: ignore[no-redef]  # the name `from __future__` binds
     """The workflow-command lines (see the module docstring)."""
+    settings, plan, case = report.settings, report.plan, report.case_search.case
     where = ""
-    path = report.target.rsplit(":", 1)[0] if ":" in report.target else ""
+    path = settings.target.rsplit(":", 1)[0] if ":" in settings.target else ""
     if path.endswith(".py"):
         where = f"file={_property(path)},"
     lines = []
     for finding in grouped_findings(report.checks):
-        title = _property(f"specverify {report.level}: {', '.join(finding.names)} [{finding.verdict}]")
+        title = _property(f"specverify {settings.level}: {', '.join(finding.names)} [{finding.verdict}]")
         body = finding.message
         if finding.verdict == "fail" and report.diagnosis:
             body += f"\ndiagnosis: {report.diagnosis}"
         lines.append(f"::error {where}title={title}::{_message(body)}")
-    if report.shortfall is not None and report.exit_code != 1:
-        kind = "warning" if report.allow_underpowered else "error"
+    if plan.shortfall is not None and report.exit_code != 1:
+        kind = "warning" if settings.allow_underpowered else "error"
         lines.append(f"::{kind} {where}title={_property('specverify: underpowered')}::"
-                     f"{_message('underpowered: ' + report.shortfall.sentence() + '; ' + report.shortfall.fix())}")
+                     f"{_message('underpowered: ' + plan.shortfall.sentence() + '; ' + plan.shortfall.fix())}")
     if report.exit_code != 0 and not report.checks:  # nothing ran: the summary is the one message
         lines.append(f"::error {where}title={_property('specverify: ' + report.verdict)}::{_message(report.summary)}")
-    for omission in report.omitted:
+    for omission in plan.omitted:
         lines.append(f"::warning {where}title={_property('specverify: not run')}::{_message(omission.line())}")
-    if report.minimal_case is not None:
+    if case is not None:
         lines.append(f"::error {where}title={_property('specverify: minimal failing case')}::"
-                     f"{_message(report.minimal_case.sentence() + chr(10) + report.minimal_case_code())}")
+                     f"{_message(case.sentence() + chr(10) + report.minimal_case_code())}")
     if report.exit_code == 0:
         lines.append(f"::notice title={_property('specverify: ' + report.verdict)}::{_message(report.summary)}")
     lines.append(f"::notice title={_property('specverify: replay')}::{_message(report.replay_command)}")

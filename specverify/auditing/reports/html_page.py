@@ -1,4 +1,4 @@
-"""A self-contained HTML page for an :class:`~specverify.auditing.runner.AuditReport`.
+"""A self-contained HTML page for an :class:`~specverify.auditing.audit_report.AuditReport`.
 
 One file, no external resources: inline CSS, and plots as base64 PNG data URIs drawn with
 matplotlib (the optional ``report`` extra; without it the page is written without plots and says
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from specverify.auditing.audit_report import AuditReport
 from specverify.auditing.checks import CheckResult
 from specverify.auditing.reports.tree_drawings import tree_sections
-from specverify.auditing.runner import AuditReport
 
 MAX_BARS = 40
 """Observed-vs-expected plots show at most this many cells (the largest deviations)."""
@@ -104,22 +104,24 @@ def counts_figure(check: CheckResult, tools: Any) -> str:
 
 
 def acceptance_figure(checks: list[CheckResult], tools: Any) -> str:
-    """P(draft i accepted) = P(A > i) by position: observed (markers) against theory (lines)."""
+    """P(draft i accepted) = P(A > i) by position: observed (markers) against theory (lines), one
+    colour for each of ``checks`` that counted acceptances."""
     figure_class, canvas_class = tools
     from matplotlib import colormaps
 
+    counted = [(check.name, check.acceptance) for check in checks if check.acceptance is not None]
     palette = colormaps["turbo"]  # one distinct colour per check, however many there are
     figure = figure_class(figsize=(8, 3.8))
     axes = figure.subplots()
-    for index, check in enumerate(checks):
-        observed = np.asarray(check.acceptance["observed"], dtype=float)
-        expected = np.asarray(check.acceptance["expected"], dtype=float)
+    for index, (name, acceptance) in enumerate(counted):
+        observed = np.asarray(acceptance["observed"], dtype=float)
+        expected = np.asarray(acceptance["expected"], dtype=float)
         observed_rate = (observed[::-1].cumsum()[::-1] / observed.sum())[1:]  # P(A ≥ i+1)
         expected_rate = expected[::-1].cumsum()[::-1][1:]
         positions = np.arange(len(observed_rate))
-        color, marker = palette(index / max(1, len(checks) - 1)), "osD^v"[index % 5]
+        color, marker = palette(index / max(1, len(counted) - 1)), "osD^v"[index % 5]
         axes.plot(positions, expected_rate, "-", color=color, alpha=0.7)
-        axes.plot(positions, observed_rate, marker, color=color, label=check.name)
+        axes.plot(positions, observed_rate, marker, color=color, label=name)
     axes.set_xlabel("draft position i")
     axes.set_ylabel("P(draft i accepted)")
     axes.set_ylim(-0.02, 1.02)
@@ -153,19 +155,20 @@ def _check_rows(report: AuditReport) -> str:
 
 def _diagnosis_section(report: AuditReport) -> str:
     parts = []
-    notes = ([report.preset_note] if report.preset_note else []) + [o.line() for o in report.omitted]
-    if report.shortfall is not None:
-        notes.insert(0, f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
+    plan, search = report.plan, report.case_search
+    notes = ([report.settings.preset_note] if report.settings.preset_note else []) + [o.line() for o in plan.omitted]
+    if plan.shortfall is not None:
+        notes.insert(0, f"underpowered: {plan.shortfall.sentence()}; {plan.shortfall.fix()}")
     if notes:
         items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
         parts.append(f"<h2>Power and checks not run</h2><ul>{items}</ul>")
     if report.diagnosis:
         parts.append(f"<h2>Diagnosis</h2><p>{html.escape(report.diagnosis)}</p>")
-    if report.minimal_case is not None:
-        parts.append(f"<h2>Minimal failing case</h2><p>{html.escape(report.minimal_case.sentence())}; as a "
+    if search.case is not None:
+        parts.append(f"<h2>Minimal failing case</h2><p>{html.escape(search.case.sentence())}; as a "
                      f"unit test:</p><pre>{html.escape(report.minimal_case_code())}</pre>")
-    elif report.minimal_case_note:
-        parts.append(f"<p class='note'>Minimal case: none: {html.escape(report.minimal_case_note)}.</p>")
+    elif search.note:
+        parts.append(f"<p class='note'>Minimal case: none: {html.escape(search.note)}.</p>")
     if report.warnings:
         items = "".join(f"<li><code>{html.escape(w)}</code></li>" for w in report.warnings)
         parts.append(f"<h2>Warnings from the code under audit</h2><ul>{items}</ul>")
@@ -196,18 +199,20 @@ def render_html(report: AuditReport) -> str:
     if not plotted and tools is not None:
         sections.insert(0, "<p>No check failed, so there are no observed-vs-expected plots.</p>")
     sections += tree_sections(report.checks)  # tree level: the drafted shapes of each failing check
-    budget = html.escape(report.budget.describe())
+    settings = report.settings
+    budget = html.escape(settings.budget.describe())
     timings = report.timings
     rate = f", {timings['rows_per_s']:,.0f} rows/s" if timings.get("rows_per_s") else ""
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>specverify audit: {html.escape(report.target)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>specverify audit: {html.escape(settings.target)}</title>
 <style>{_CSS}</style></head><body>
-<h1>specverify audit of <code>{html.escape(report.target)}</code></h1>
+<h1>specverify audit of <code>{html.escape(settings.target)}</code></h1>
 <p class="verdict {verdict_class}">{html.escape(report.verdict.upper())} (exit status {report.exit_code}):
 {html.escape(report.summary)}</p>
-<p>Level <b>{html.escape(report.level)}</b>; budget {budget}; family-wise α = {report.alpha:g} split by
-{html.escape(report.correction)} (α share {_cell(report.alpha_share, '.3g')} per statistical check); power
-{report.power:g}; seed {report.seed}; device {html.escape(report.device)}; per-call timeout {report.timeout_s:g} s.
+<p>Level <b>{html.escape(settings.level)}</b>; budget {budget}; family-wise α = {settings.alpha:g} split by
+{html.escape(settings.correction)} (α share {_cell(report.plan.alpha_share, '.3g')} per statistical check); power
+{settings.power:g}; seed {settings.seed}; device {html.escape(settings.device)};
+per-call timeout {settings.timeout_s:g} s.
 Wall time {timings.get('total_s', 0.0):.1f} s{rate}.</p>
 {_diagnosis_section(report)}
 <h2>How the audit works</h2><p>{_METHOD}</p>
@@ -218,7 +223,7 @@ Wall time {timings.get('total_s', 0.0):.1f} s{rate}.</p>
 </table>
 <p class="note">TV observed: the total-variation distance between the observed cell frequencies and the target
 law (sampling noise alone makes it positive); for the exact check, the exact TV of one step. TV detectable: the
-deviation the check detects with power {report.power:g} at its final look. Look: a statistical check is tested
+deviation the check detects with power {settings.power:g} at its final look. Look: a statistical check is tested
 at n/16, n/8, n/4, n/2 and n samples, each look at its share of the check's α (α-spending α·t³, Lan &amp; DeMets
 1983), and stops at the first look that rejects; "2/5" means the second look rejected.</p>
 <h2>Plots</h2>

@@ -1,4 +1,4 @@
-"""JSON rendering of an :class:`~specverify.auditing.runner.AuditReport`, schema ``specverify.audit/1``.
+"""JSON rendering of an :class:`~specverify.auditing.audit_report.AuditReport`, schema ``specverify.audit/1``.
 
 Stable and versioned: fields are only ever added within ``/1``.  Everything except the top-level
 ``timings`` object is a deterministic function of the implementation, the options and the seed,
@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from specverify import __version__
+from specverify.auditing.audit_report import AuditReport
 from specverify.auditing.checks import CheckResult
-from specverify.auditing.runner import AuditReport
+from specverify.auditing.power import PowerShortfall
 
 SCHEMA = "specverify.audit/1"
 
@@ -76,25 +77,25 @@ def check_to_dict(check: CheckResult) -> dict[str, Any]:
 
 def report_to_dict(report: AuditReport) -> dict[str, Any]:
     """The report as a JSON-ready dict (schema :data:`SCHEMA`)."""
+    settings, plan, budget = report.settings, report.plan, report.settings.budget
     return _clean({
-        "schema": SCHEMA, "specverify_version": __version__, "target": report.target, "level": report.level,
-        "verdict": report.verdict, "exit_code": report.exit_code, "summary": report.summary, "seed": report.seed,
-        "alpha": report.alpha, "alpha_share": report.alpha_share, "correction": report.correction,
-        "power": report.power, "detectable_tv": report.detectable_tv,
-        "budget": {"name": report.budget.name, "epsilon": report.budget.epsilon, "samples": report.budget.samples},
-        "device": report.device, "timeout_s": report.timeout_s,
+        "schema": SCHEMA, "specverify_version": __version__, "target": settings.target, "level": settings.level,
+        "verdict": report.verdict, "exit_code": report.exit_code, "summary": report.summary, "seed": settings.seed,
+        "alpha": settings.alpha, "alpha_share": plan.alpha_share, "correction": settings.correction,
+        "power": settings.power, "detectable_tv": report.detectable_tv,
+        "budget": {"name": budget.name, "epsilon": budget.epsilon, "samples": budget.samples},
+        "device": settings.device, "timeout_s": settings.timeout_s,
         "checks": [check_to_dict(c) for c in report.checks],
         "diagnosis": report.diagnosis, "replay": report.replay_command, "warnings": list(report.warnings),
-        "timings": report.timings, "isolation": report.isolation, "fail_fast": report.fail_fast,
-        "not_run": [{"names": o.names, "reason": o.reason, "fix": o.fix} for o in report.omitted],
-        "power_shortfall": _shortfall(report), "allow_underpowered": report.allow_underpowered,
-        "minimal_case": _minimal_case(report), "minimal_case_note": report.minimal_case_note,
-        "interrupted": report.interrupted, "preset": report.preset, "preset_note": report.preset_note,
+        "timings": report.timings, "isolation": report.isolation, "fail_fast": settings.fail_fast,
+        "not_run": [{"names": o.names, "reason": o.reason, "fix": o.fix} for o in plan.omitted],
+        "power_shortfall": _shortfall(plan.shortfall), "allow_underpowered": settings.allow_underpowered,
+        "minimal_case": _minimal_case(report), "minimal_case_note": report.case_search.note,
+        "interrupted": report.interrupted, "preset": settings.preset, "preset_note": settings.preset_note,
     })
 
 
-def _shortfall(report: AuditReport) -> dict[str, Any] | None:
-    shortfall = report.shortfall
+def _shortfall(shortfall: PowerShortfall | None) -> dict[str, Any] | None:
     if shortfall is None:
         return None
     return {"level": shortfall.level, "budget": shortfall.budget, "ceiling": shortfall.ceiling,
@@ -103,7 +104,7 @@ def _shortfall(report: AuditReport) -> dict[str, Any] | None:
 
 
 def _minimal_case(report: AuditReport) -> dict[str, Any] | None:
-    case = report.minimal_case
+    case = report.case_search.case
     if case is None:
         return None
     fields = {name: getattr(case, name) for name in ("check", "chain", "target_probs", "draft_probs", "draft_tokens",

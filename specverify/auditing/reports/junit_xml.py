@@ -1,4 +1,4 @@
-"""JUnit XML rendering of an :class:`~specverify.auditing.runner.AuditReport`, for CI systems
+"""JUnit XML rendering of an :class:`~specverify.auditing.audit_report.AuditReport`, for CI systems
 (GitLab, Jenkins, Azure, CircleCI and GitHub test-report actions read it).
 
 One ``<testsuite>`` per audit, one ``<testcase>`` per check (classname ``specverify.<level>``):
@@ -15,16 +15,17 @@ from __future__ import annotations
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from specverify.auditing.runner import AuditReport
+from specverify.auditing.audit_report import AuditReport
 
 
 def junit_tree(report: AuditReport) -> ElementTree.ElementTree:
     """The report as a JUnit XML element tree (see the module docstring)."""
-    classname = f"specverify.{report.level}"
-    suite = ElementTree.Element("testsuite", name=f"specverify audit {report.target}")
+    settings = report.settings
+    classname = f"specverify.{settings.level}"
+    suite = ElementTree.Element("testsuite", name=f"specverify audit {settings.target}")
     properties = ElementTree.SubElement(suite, "properties")
-    for name, value in (("target", report.target), ("level", report.level), ("budget", report.budget.name),
-                        ("alpha", f"{report.alpha:g}"), ("seed", str(report.seed)), ("verdict", report.verdict),
+    for name, value in (("target", settings.target), ("level", settings.level), ("budget", settings.budget.name),
+                        ("alpha", f"{settings.alpha:g}"), ("seed", str(settings.seed)), ("verdict", report.verdict),
                         ("exit_code", str(report.exit_code)), ("replay", report.replay_command)):
         ElementTree.SubElement(properties, "property", name=name, value=value)
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -41,7 +42,7 @@ def junit_tree(report: AuditReport) -> ElementTree.ElementTree:
         elif check.verdict == "skipped":
             ElementTree.SubElement(case, "skipped", message=check.message)
             counts["skipped"] += 1
-    for omission in report.omitted:
+    for omission in report.plan.omitted:
         for name in omission.names:
             case = ElementTree.SubElement(suite, "testcase", classname=classname, name=name, time="0")
             ElementTree.SubElement(case, "skipped", message=omission.line())
@@ -52,7 +53,7 @@ def junit_tree(report: AuditReport) -> ElementTree.ElementTree:
     counts["tests"] += 1
     text = f"{report.verdict.upper()} (exit {report.exit_code}): {report.summary}"
     details = "\n".join(part for part in (text, report.diagnosis and f"diagnosis: {report.diagnosis}",
-                                          report.minimal_case and report.minimal_case_code(),
+                                          report.minimal_case_code(),
                                           f"replay: {report.replay_command}") if part)
     if report.exit_code == 1:
         _outcome(verdict, "failure", text, details)
@@ -63,7 +64,7 @@ def junit_tree(report: AuditReport) -> ElementTree.ElementTree:
     for key, count in counts.items():
         suite.set(key, str(count))
     suite.set("time", f"{report.timings.get('total_s', 0.0):.3f}")
-    root = ElementTree.Element("testsuites", name="specverify", **{k: suite.attrib[k] for k in (*counts, "time")})
+    root = ElementTree.Element("testsuites", {"name": "specverify"} | {k: suite.attrib[k] for k in (*counts, "time")})
     root.append(suite)
     ElementTree.indent(root)
     return ElementTree.ElementTree(root)

@@ -1,11 +1,12 @@
-"""Plain-text rendering of an :class:`~specverify.auditing.runner.AuditReport`: a summary table and the verdict."""
+"""Plain-text rendering of an :class:`~specverify.auditing.audit_report.AuditReport`: a summary table and
+the verdict."""
 
 from __future__ import annotations
 
+from specverify.auditing.audit_report import AuditReport
 from specverify.auditing.checks import COVERAGE_TABLE
 from specverify.auditing.defaults import FAIL_FAST_SKIP, MALFORMED_SKIP
 from specverify.auditing.findings import grouped_findings, said_in_summary
-from specverify.auditing.runner import AuditReport
 
 _COLUMNS = ("check", "verdict", "n", "look", "cells", "p-value", "α share", "TV seen", "TV detect.", "time")
 
@@ -54,10 +55,11 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
     not repeated), the diagnosis and the minimal failing case, and the verdict line.  ``table=False``
     leaves the table out (the per-check lines of the progress already went to the same stream); so
     does an audit in which no check ran or every check that ran stopped with the same error."""
-    budget = report.budget.describe()
-    header = (f"specverify audit of {report.target} — level {report.level}, budget {budget}, "
-              f"α = {report.alpha:g} family-wise ({report.correction}), seed {report.seed}, device {report.device}"
-              + ("; stops at the first failing check (--no-fail-fast runs them all)" if report.fail_fast else ""))
+    settings, plan, search = report.settings, report.plan, report.case_search
+    header = (f"specverify audit of {settings.target} — level {settings.level}, budget {settings.budget.describe()}, "
+              f"α = {settings.alpha:g} family-wise ({settings.correction}), seed {settings.seed}, "
+              f"device {settings.device}"
+              + ("; stops at the first failing check (--no-fail-fast runs them all)" if settings.fail_fast else ""))
     parts = [header, ""]
     findings = grouped_findings(report.checks)
     if table and _table_says_something(report, findings):
@@ -70,19 +72,19 @@ def format_report(report: AuditReport, *, table: bool = True) -> str:
     parts += shown + ([""] if shown else [])
     coverage = [c.message for c in report.checks if COVERAGE_TABLE in c.parameters]
     parts += coverage + ([""] if coverage else [])
-    notes = [] if report.notes_said else ([report.preset_note] if report.preset_note else []) + [
-        omission.line() for omission in report.omitted]
-    if report.shortfall is not None and report.verdict != "underpowered" and not report.notes_said:
-        notes.append(f"underpowered: {report.shortfall.sentence()}; {report.shortfall.fix()}")
+    notes = [] if plan.notes_said else ([settings.preset_note] if settings.preset_note else []) + [
+        omission.line() for omission in plan.omitted]
+    if plan.shortfall is not None and report.verdict != "underpowered" and not plan.notes_said:
+        notes.append(f"underpowered: {plan.shortfall.sentence()}; {plan.shortfall.fix()}")
     parts += notes + ([""] if notes else [])
     parts += _isolation_lines(report)
     if report.diagnosis:
         parts += [f"Diagnosis: {report.diagnosis}" + "".join(f" {s}" for s in report.case_reading()), ""]
-    if report.minimal_case is not None:
-        parts += [report.minimal_case.sentence() + "; paste it into a test:", "",
+    if search.case is not None:
+        parts += [search.case.sentence() + "; paste it into a test:", "",
                   *["    " + line if line else "" for line in report.minimal_case_code().splitlines()], ""]
-    elif report.minimal_case_note:
-        parts += [f"Minimal case: none: {report.minimal_case_note}.", ""]
+    elif search.note:
+        parts += [f"Minimal case: none: {search.note}.", ""]
     parts.append(verdict_line(report))
     parts.append(footer(report))
     if post_verdict_line(report):
