@@ -202,9 +202,9 @@ def _run(args: argparse.Namespace) -> int:
     table = not (getattr(progress, "per_check", False) and same_destination(sys.stdout, sys.stderr))
     print(verdict_line(report) if args.quiet else format_report(report, table=table))
     if os.environ.get("GITHUB_ACTIONS") == "true":
-        from specverify.auditing.reports.github_annotations import annotations
+        from specverify.auditing.reports.github_annotations import workflow_commands
 
-        print("\n".join(annotations(report)))
+        print("\n".join(workflow_commands(report)))
     if args.junit_xml:
         from specverify.auditing.reports.junit_xml import write_junit
 

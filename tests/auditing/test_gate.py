@@ -22,7 +22,7 @@ from specverify.auditing.diagnosis import LOCATING_CHECKS
 from specverify.auditing.loading import load_target
 from specverify.auditing.power import power_shortfall
 from specverify.auditing.progress import LineProgress
-from specverify.auditing.reports.github_annotations import annotations
+from specverify.auditing.reports.github_annotations import workflow_commands
 from specverify.auditing.reports.json_file import report_to_dict
 from specverify.auditing.reports.junit_xml import junit_tree
 from specverify.auditing.reports.terminal import format_report
@@ -277,7 +277,7 @@ def test_junit_has_one_case_per_check_and_a_verdict(tmp_path):
 
 
 def test_github_annotations_escape_and_point_at_the_file(bonus_report):
-    lines = annotations(bonus_report)
+    lines = workflow_commands(bonus_report)
     assert any(line.startswith("::error file=") and "buggy_bonus.py" in line for line in lines)
     assert all("\n" not in line for line in lines)
 

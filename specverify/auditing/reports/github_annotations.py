@@ -22,8 +22,8 @@ def _property(text: str) -> str:
     return _message(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotations(report: AuditReport) -> list[str]:  # type: ignore[no-redef]  # the name `from __future__` binds
-    """The workflow-command lines (see the module docstring)."""
+def workflow_commands(report: AuditReport) -> list[str]:
+    """The workflow-command lines of the annotations (see the module docstring)."""
     settings, plan, case = report.settings, report.plan, report.case_search.case
     where = ""
     path = settings.target.rsplit(":", 1)[0] if ":" in settings.target else ""
