@@ -71,6 +71,7 @@ from specverify.auditing.isolation.faults import (
     seed_global_rng,
     validate_emitted,
 )
+from specverify.auditing.minimal_case import CaseSource, FailingStepSource, worst_cell_sources
 from specverify.auditing.omissions import Omission, sampler_omissions
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.core.rules import accepts_num_draft_tokens, accepts_uniforms
@@ -215,7 +216,7 @@ class SamplerSession(AuditSession):
 
 
 @dataclass
-class StepLawCheck(ChiSquareCheck):
+class StepLawCheck(ChiSquareCheck, FailingStepSource):
     """One verification step per row; the law of a window of the completed tokens, jointly.
 
     Cells: (chain of the row, cell of each window position); ``top_cells`` > 0 pools each
@@ -327,6 +328,9 @@ class StepLawCheck(ChiSquareCheck):
         return goodness_of_fit_result(self, plan, tally.counts["cells"], expected, labels,
                                       self._acceptance(tally.counts["accepted"]), level=level, look=look)
 
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        return worst_cell_sources(self.bank, self.num_draft, self.window, result)
+
 
 def prefix_cells(bank: ChainBank, length: int) -> tuple[np.ndarray, tuple[str, ...]]:
     """Cells of the first ``length`` tokens of a sequence jointly, per chain of a Markov ``bank``:
@@ -385,7 +389,7 @@ class DecodingLoopCheck(ChiSquareCheck):
 
 
 @dataclass
-class AcceptanceRateCheck(SequentialCheck):
+class AcceptanceRateCheck(SequentialCheck, FailingStepSource):
     """Single-draft steps: P(first emitted token == draft token) must not exceed Σ_x min(p(x), q(x)).
 
     Coupling inequality: if the output y ~ p and the draft x ~ q, then P(y = x) ≤ 1 − TV(p, q) =
@@ -427,9 +431,12 @@ class AcceptanceRateCheck(SequentialCheck):
             passing="acceptance {rate:.4f} within the bound Σ min(p, q) = {bound:.4f} (p-value {pvalue:.3g} > {where})",
             level=level, look=look)
 
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        return worst_cell_sources(self.bank, 1, (0, 0), result)
+
 
 @dataclass
-class ExactStepCheck(Check):
+class ExactStepCheck(Check, FailingStepSource):
     """Exact integration over the uniforms (specverify.core.exact) of one step on small chains; cannot
     flake.  Only for functions that take ``uniforms=`` (docs/ARCHITECTURE.md convention)."""
 
@@ -462,6 +469,9 @@ class ExactStepCheck(Check):
                  for label, bank, k in self.cases]
         arithmetic, declared = declared_arithmetic_of(session.function)
         return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
+
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        return [CaseSource(bank, 0, k) for _, bank, k in self.cases]
 
 
 @dataclass
