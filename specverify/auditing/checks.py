@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specverify.auditing.audited import AuditedFunction, AuditSession
+from specverify.auditing.cost import HARNESS_S_PER_ROW, SECONDS_PER_CHECK, SECONDS_UNSAMPLED, Cost
 from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
 from specverify.auditing.omissions import Omission
 from specverify.core import rounding, stats
@@ -292,6 +293,14 @@ class Check:
             n, detectable = sizing.n, sizing.detectable_tv
             looks, look_alphas = self.looks(n, share)
         return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None)
+
+    def cost(self, plan: Plan) -> Cost:
+        """The time model of ``plan`` (:mod:`specverify.auditing.cost`): by default the audit's own
+        work only, a fixed part and ``HARNESS_S_PER_ROW`` a sample; a check that hands the function
+        rows states their work (:func:`~specverify.auditing.cost.step_cost`, ``tree_cost``, ``call_cost``)."""
+        if not plan.n:
+            return Cost(0, SECONDS_UNSAMPLED)
+        return Cost(plan.n, SECONDS_PER_CHECK, HARNESS_S_PER_ROW)
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         raise NotImplementedError

@@ -64,6 +64,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     result_from_fault,
     skipped_result,
 )
+from specverify.auditing.cost import Cost, step_cost
 from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
@@ -317,6 +318,9 @@ class StepLawCheck(ChiSquareCheck, FailingStepSource):
     def tally(self, sample: StepSample, n: int) -> Tally:
         return Tally(n, {"cells": self.cell_counts(sample), "accepted": sample.accepted.numpy()})
 
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, self.num_draft, self.bank.vocab_size)
+
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_steps(session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n,
                               batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
@@ -372,6 +376,10 @@ class DecodingLoopCheck(ChiSquareCheck):
                            "chains": self.bank.num_chains, "L": self.length,
                            "K schedule": list(self.draft_schedule), "cells": self.num_cells}
 
+    def cost(self, plan: Plan) -> Cost:
+        mean_draft = sum(self.draft_schedule) / len(self.draft_schedule)
+        return step_cost(plan.n * self.length, mean_draft, self.bank.vocab_size)  # at most a row per token
+
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_runs(session.function, self.bank, length=self.length, draft_schedule=self.draft_schedule,
                              n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
@@ -415,6 +423,9 @@ class AcceptanceRateCheck(SequentialCheck, FailingStepSource):
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return binomial_detectable_rate(n, self.bound, alpha, power)
+
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, 1, self.bank.vocab_size)
 
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_steps(session.function, self.bank, num_draft=1, window=(0, 1), n=n,

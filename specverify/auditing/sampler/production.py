@@ -50,6 +50,7 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
+from specverify.auditing.cost import Cost, step_cost
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.sampler import production_laws as laws
 from specverify.core import identity, outputs, rounding
@@ -370,6 +371,9 @@ class ProductionStepCheck(SequentialCheck):
         per_chain = max(1, n // self.bank.num_chains)
         return max(identity.identity_detectable_tv(masses, per_chain, alpha=level, power=power)
                    for masses in self._mass_profiles())
+
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, self.num_draft, self.bank.vocab_size)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size

@@ -87,6 +87,7 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
+from specverify.auditing.cost import Cost, mean_nodes, tree_cost
 from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
@@ -253,6 +254,9 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
                     law[len(emitted) - 1] += prob
         return law / law.sum()
 
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size, self.length if self.loop else 1)
+
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sampler = sample_tree_runs if self.loop else functools.partial(sample_tree_steps, call_rows=self.call_rows,
                                                                        strided=self.strided)
@@ -314,6 +318,9 @@ class TreeTransitionCheck(ScaledTvCheck, ChiSquareCheck):
                            "chain": f"markov order {bank.order}", "V": bank.vocab_size, "chains": bank.num_chains,
                            "L": self.length, "blocks": bank.num_chains * reachable, "cells": self.num_cells,
                            "test": "transitions", **_scale_parameter(self.tv_scale)}
+
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size)
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.scheme,
@@ -445,6 +452,9 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return identity_detectable_tv(self.law, n * self.length, alpha=alpha, power=power)
 
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size)
+
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.schemes,
                                    length=self.length, n=n, batch_rows=min(session.batch_rows, LARGE_VOCAB_ROWS),
@@ -524,6 +534,9 @@ class TreeAcceptanceCheck(SequentialCheck):
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return binomial_detectable_rate(n, min(self.bound, 1 - 1e-9), alpha, power)
+
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, len(self.shape), self.bank.vocab_size)
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=(self.shape,), scheme=self.scheme, length=1,
