@@ -12,7 +12,7 @@ step of K drafts at vocabulary V, (2N + 1)·V for a tree of N nodes; 1 for a dec
 decoder call); ``own_s``: the audit's own work (building the inputs, the transport, the
 statistics).  Before the function has run, ``s`` is the check's ``prior_s``: the reference
 implementation's speed on this project's idle 2-core CPU (:data:`PRIOR_S_PER_ENTRY`: its fused
-C kernel; :data:`PRIOR_S_PER_DECODER_CALL`).
+C kernel, with :data:`PRIOR_S_PER_ROW` of overheads a row; :data:`PRIOR_S_PER_DECODER_CALL`).
 
 :class:`Speeds` re-times the rest of the plan after each check that called the function: the
 function's seconds per unit at that check's scale, on the function's own clock
@@ -20,9 +20,9 @@ function's seconds per unit at that check's scale, on the function's own clock
 scale not measured yet takes the speed measured at the nearest scale (in log scale) and, as its
 range, the slowest and the fastest speed measured at any scale (:class:`Estimate`: how far an
 unmeasured scale may be from the nearest), both among the scales of its regime: a row at a small
-vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The audit's own seconds are scaled by the ratio of
-its measured own time (wall time less the function's) to its planned own time on the checks done:
-a loaded machine slows both.  The estimate assumes every check runs to its final look; a check
+vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The
+audit's own seconds are scaled by the ratio of its measured own time (wall time less the
+function's) to its planned own time on the checks done: a loaded machine slows both.  The estimate assumes every check runs to its final look; a check
 that rejects early, or fail-fast, only ends the audit sooner.
 """
 
@@ -43,6 +43,9 @@ HARNESS_S_PER_ROW = 2e-6
 
 PRIOR_S_PER_ENTRY = 3e-9
 """The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
+
+PRIOR_S_PER_ROW = 4e-6
+"""The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised)."""
 
 PRIOR_S_PER_DECODER_CALL = 0.1
 """The reference decoder's seconds per call (a request of a few dozen tokens on the tiny models)."""
@@ -66,6 +69,8 @@ class Cost:
     work: float = 0.0
     prior_s: float = 0.0
     scale: float = 1.0
+    prior_row_s: float = 0.0
+    """The function's seconds of overheads per row before a measurement (with ``work`` · ``prior_s``)."""
 
     @property
     def own_s(self) -> float:
@@ -77,9 +82,14 @@ class Cost:
         """The function's planned units of work."""
         return self.rows * self.work
 
+    @property
+    def prior_per_row(self) -> float:
+        """The function's seconds per row before a measurement."""
+        return self.prior_row_s + self.work * self.prior_s
+
     def seconds(self) -> float:
         """The planned seconds at the prior speed."""
-        return self.own_s + self.units * self.prior_s
+        return self.own_s + self.rows * self.prior_per_row
 
 
 def step_cost(samples: int, num_draft: float, vocab_size: int) -> Cost:
@@ -87,7 +97,7 @@ def step_cost(samples: int, num_draft: float, vocab_size: int) -> Cost:
     if not samples:
         return Cost(0, SECONDS_UNSAMPLED)
     return Cost(samples, SECONDS_PER_CHECK, HARNESS_S_PER_ROW, (2 * num_draft + 1) * vocab_size, PRIOR_S_PER_ENTRY,
-                vocab_size)
+                vocab_size, PRIOR_S_PER_ROW)
 
 
 def tree_cost(samples: int, nodes: float, vocab_size: int, rows_per_sample: float = 1.0) -> Cost:
@@ -165,7 +175,7 @@ class Speeds:
         units = cost.work if bound else 1.0
         measured = {scale: speed for (regime, scale), speed in self.per_unit.items() if regime == bound}
         if not measured:
-            prior = cost.work * cost.prior_s
+            prior = cost.prior_per_row
             return prior, prior, prior
         if cost.scale in measured:
             speed = measured[cost.scale]

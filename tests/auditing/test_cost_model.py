@@ -11,7 +11,14 @@ import pytest
 
 from specverify.auditing.audited import CallCounts
 from specverify.auditing.checks import CheckKind, CheckResult, Verdict, resolve_budget
-from specverify.auditing.cost import HARNESS_S_PER_ROW, PRIOR_S_PER_ENTRY, SECONDS_PER_CHECK, Speeds, step_cost
+from specverify.auditing.cost import (
+    HARNESS_S_PER_ROW,
+    PRIOR_S_PER_ENTRY,
+    PRIOR_S_PER_ROW,
+    SECONDS_PER_CHECK,
+    Speeds,
+    step_cost,
+)
 from specverify.auditing.progress import LineProgress
 from tests.auditing.display_checks import StepCheck, plan_of
 
@@ -22,7 +29,7 @@ SLOWDOWN = 100.0
 def test_a_step_cost_is_its_entries_at_the_prior_speed():
     cost = step_cost(1_000, 4, 50_257)
     assert cost.work == 9 * 50_257 and cost.scale == 50_257
-    per_row = HARNESS_S_PER_ROW + 9 * 50_257 * PRIOR_S_PER_ENTRY
+    per_row = HARNESS_S_PER_ROW + PRIOR_S_PER_ROW + 9 * 50_257 * PRIOR_S_PER_ENTRY
     assert cost.seconds() == pytest.approx(SECONDS_PER_CHECK + 1_000 * per_row)
     assert step_cost(0, 4, 50_257).units == 0
 
@@ -36,7 +43,7 @@ def test_speeds_price_a_check_from_its_own_regime_at_the_nearest_measured_scale(
     gpt2 = step_cost(1_000, 1, 50_257)
     assert speeds.estimate([large]).seconds == pytest.approx(large.seconds())  # the prior before a measurement
     speeds.record(tiny, 1_000, function_s=1.0, wall_s=1.1)  # 1 ms a row: overheads, not entries
-    assert speeds.per_row(gpt2) == pytest.approx((gpt2.work * PRIOR_S_PER_ENTRY,) * 3)
+    assert speeds.per_row(gpt2) == pytest.approx((gpt2.prior_per_row,) * 3)
     speeds.record(deep, 1_000, function_s=deep.units * PRIOR_S_PER_ENTRY, wall_s=1.0)
     speeds.record(large, 1_000, function_s=large.units * PRIOR_S_PER_ENTRY * SLOWDOWN, wall_s=100.0)
     assert speeds.per_row(large)[0] == pytest.approx(large.work * SLOWDOWN * PRIOR_S_PER_ENTRY)
