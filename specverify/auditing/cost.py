@@ -22,8 +22,9 @@ range, the slowest and the fastest speed measured at any scale (:class:`Estimate
 unmeasured scale may be from the nearest), both among the scales of its regime: a row at a small
 vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The
 audit's own seconds are scaled by the ratio of its measured own time (wall time less the
-function's) to its planned own time on the checks done: a loaded machine slows both.  The estimate assumes every check runs to its final look; a check
-that rejects early, or fail-fast, only ends the audit sooner.
+function's) to its planned own time on the checks done: a loaded machine slows both.  The
+estimate assumes every check runs to its final look; a check that rejects early, or fail-fast,
+only ends the audit sooner.
 """
 
 from __future__ import annotations
