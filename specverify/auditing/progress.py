@@ -196,8 +196,8 @@ class _Tracker(AuditProgress):
         per_call = self.log.function_seconds / self.log.calls
         return (f"specverify: measured {_seconds(per_call)} per call of the function: the rest takes "
                 f"~{duration(rest.seconds)}{_range(rest)} at the speeds measured so far (planned "
-                f"~{duration(planned(self.costs[index + 1:]))}), {self.log.calls:,} calls so far"
-                + ("" if first else "; re-planned") + "\n")
+                f"~{duration(planned(self.costs[index + 1:]))}), the audit ~{duration(total)} in all, "
+                f"{self.log.calls:,} calls so far" + ("" if first else "; re-planned") + "\n")
 
     def write(self, text: str) -> None:
         self.stream.write(text)
