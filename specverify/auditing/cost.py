@@ -39,13 +39,13 @@ SECONDS_PER_CHECK = 0.05
 SECONDS_UNSAMPLED = 0.1
 """The seconds of a check that draws no samples (exact and contract checks)."""
 
-HARNESS_S_PER_ROW = 2e-6
+HARNESS_S_PER_ROW = 8e-6
 """The audit's own seconds per row of a sampled step (drawing the inputs, counting the outputs)."""
 
 PRIOR_S_PER_ENTRY = 3e-9
 """The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
 
-PRIOR_S_PER_ROW = 4e-6
+PRIOR_S_PER_ROW = 2e-6
 """The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised)."""
 
 PRIOR_S_PER_DECODER_CALL = 0.1
