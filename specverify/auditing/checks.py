@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from specverify.auditing.audited import AuditedFunction, AuditSession
+from specverify.auditing.cost import HARNESS_S_PER_ROW, SECONDS_PER_CHECK, SECONDS_UNSAMPLED, Cost
 from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
 from specverify.auditing.omissions import Omission
 from specverify.core import rounding, stats
@@ -116,6 +117,14 @@ def resolve_budget(budget: str | int | SampleBudget) -> SampleBudget:
         name = budget.strip().lower()
         return SampleBudget(name, epsilon=BUDGETS[name])
     raise ValueError(f"budget: expected quick, standard, thorough or a positive integer N, got {budget!r}")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A check's sample size for a target TV and the TV verified detectable at it (:meth:`Check.size`)."""
+
+    n: int
+    detectable_tv: float
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,14 @@ class Check:
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         raise NotImplementedError(f"{type(self).__name__} is not a statistical check")
 
+    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+        """The samples that detect TV ``epsilon`` with ``power`` at level ``alpha``, and the TV
+        verified at them: ``required_samples`` and ``detectable_tv`` there (≤ ε wherever the power
+        bound grows with n).  A check whose bound is not monotone in n verifies ε at the n it
+        returns and says ε (:class:`Sizing`)."""
+        n = self.required_samples(epsilon, alpha=alpha, power=power)
+        return Sizing(n, self.detectable_tv(n, alpha=alpha, power=power))
+
     def target_tv(self, budget: SampleBudget) -> float | None:
         """The TV this check is sized to detect under ``budget``: a named budget's ε; None under a
         fixed budget (N samples per check), where the check states the TV it then detects.  Checks
@@ -260,25 +277,30 @@ class Check:
     def plan(self, budget: SampleBudget, share: float | None, seed: int) -> Plan:
         """This check's :class:`Plan` under ``budget`` at α share ``share`` (None: no statistical check).
 
-        Named budgets: n = ``required_samples`` (target TV ε, the :meth:`sizing_level`, POWER);
-        fixed budgets: n = N.  The detectable TV is ``detectable_tv``'s search at n and the final
-        level; for a check that takes its own target TV literally (:attr:`sized_for_own_tv`), ε
-        itself when smaller, since n was sized to detect ε at a level no larger than the final one
-        (a power bound at ε holds for every TV ≥ ε: the plan promises ε whatever the shape of the
-        bound that ``detectable_tv`` inverts).  Other checks may size a TV of their own units from
-        ε inside ``required_samples`` (the endpoint's two-sample test: 2ε), so their search stands.
+        Named budgets: n and the detectable TV are :meth:`size` at the target TV ε (:meth:`target_tv`),
+        the :meth:`sizing_level` (the final look's level) and POWER; fixed budgets: n = N and the
+        detectable TV is ``detectable_tv`` at n and the final look's level.
         """
         if not self.statistical or share is None:
             return Plan(0, 0, None, None, seed)
         target = self.target_tv(budget)
-        n = int(budget.samples) if target is None else self.required_samples(
-            target, alpha=self.sizing_level(share), power=POWER)
-        looks, look_alphas = self.looks(n, share)
-        final_level = look_alphas[-1] if looks else share
-        detectable = self.detectable_tv(n, alpha=final_level, power=POWER)
-        if self.sized_for_own_tv and target is not None and final_level >= self.sizing_level(share):
-            detectable = min(detectable, target)
+        if target is None:
+            n = int(budget.samples)
+            looks, look_alphas = self.looks(n, share)
+            detectable = self.detectable_tv(n, alpha=look_alphas[-1] if looks else share, power=POWER)
+        else:
+            sizing = self.size(target, alpha=self.sizing_level(share), power=POWER)
+            n, detectable = sizing.n, sizing.detectable_tv
+            looks, look_alphas = self.looks(n, share)
         return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None)
+
+    def cost(self, plan: Plan) -> Cost:
+        """The time model of ``plan`` (:mod:`specverify.auditing.cost`): by default the audit's own
+        work only, a fixed part and ``HARNESS_S_PER_ROW`` a sample; a check that hands the function
+        rows states their work (:func:`~specverify.auditing.cost.step_cost`, ``tree_cost``, ``call_cost``)."""
+        if not plan.n:
+            return Cost(0, SECONDS_UNSAMPLED)
+        return Cost(plan.n, SECONDS_PER_CHECK, HARNESS_S_PER_ROW)
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         raise NotImplementedError

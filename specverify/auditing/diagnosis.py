@@ -26,6 +26,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from specverify.auditing.checks import CheckKind, CheckResult, Verdict
+
 ACCEPTANCE_Z = 6.0
 """A step check's acceptance rate at a draft position counts as off the optimal rule's when it
 deviates by more than this many binomial standard errors (descriptive, not a test)."""
@@ -43,7 +45,7 @@ the residual where (p − q)+ = p, the exact law of one row alone), each cheap: 
 runs them after the first failure."""
 
 
-def _shape(checks: Sequence[Any], name: str) -> str:
+def _shape(checks: Sequence[CheckResult], name: str) -> str:
     """"V=…, K=…, B=…, dtype, layout" of a production check's parameters (its cases for the exact one)."""
     check = next(c for c in checks if c.name == name)
     parameters = dict(check.parameters)
@@ -53,16 +55,16 @@ def _shape(checks: Sequence[Any], name: str) -> str:
                      for key in ("V", "K", "B", "dtype", "layout") if key in parameters)
 
 
-def _verdicts(checks: Sequence[Any]) -> dict[str, str]:
-    return {c.name: str(c.verdict) for c in checks}
+def _verdicts(checks: Sequence[CheckResult]) -> dict[str, Verdict]:
+    return {c.name: c.verdict for c in checks}
 
 
-def acceptance_deviations(checks: Sequence[Any]) -> list[str]:
+def acceptance_deviations(checks: Sequence[CheckResult]) -> list[str]:
     """Draft positions whose acceptance rate P(A > i) is off the optimal rule's by more than
     :data:`ACCEPTANCE_Z` standard errors, as ``"step-K4 position 2: 0.61 vs 0.48"``."""
     found = []
     for check in checks:
-        acceptance = getattr(check, "acceptance", None)
+        acceptance = check.acceptance
         if not acceptance:
             continue
         observed = [float(x) for x in acceptance["observed"]]
@@ -79,37 +81,37 @@ def acceptance_deviations(checks: Sequence[Any]) -> list[str]:
     return found
 
 
-def diagnose(checks: Sequence[Any], level: str = "sampler", *, stopped_early: bool = False) -> str:
+def diagnose(checks: Sequence[CheckResult], level: str = "sampler", *, stopped_early: bool = False) -> str:
     """One or two sentences on where the loss is, from the verdicts of ``checks`` (``""`` when no
     check failed).  Sampler level; other levels get a summary of the failing check kinds.
     ``stopped_early``: fail-fast skipped the checks after the first failure except the locating
     ones; the reading is made on what ran and says so (see the module docstring)."""
-    failed = [c for c in checks if str(c.verdict) == "fail"]
+    failed = [c for c in checks if c.verdict is Verdict.FAIL]
     if not failed:
         return ""
     reading = _reading(checks, failed, level, stopped_early)
     if not stopped_early:
         return reading
-    skipped = sum(str(c.verdict) == "skipped" for c in checks)
-    ran = [c.name for c in checks if c.name in LOCATING_CHECKS.get(level, ()) and str(c.verdict) != "skipped"
+    skipped = sum(c.verdict is Verdict.SKIPPED for c in checks)
+    ran = [c.name for c in checks if c.name in LOCATING_CHECKS.get(level, ()) and c.verdict is not Verdict.SKIPPED
            and c.name != failed[0].name]
     located = f" and the locating checks ({', '.join(ran)})" if ran else ""
     return (f"{reading} (Read from the first failure ({failed[0].name}){located}; fail-fast skipped the other "
             f"{skipped} checks: --no-fail-fast (fail_fast=False) runs them.)")
 
 
-def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_early: bool) -> str:
+def _reading(checks: Sequence[CheckResult], failed: Sequence[CheckResult], level: str, stopped_early: bool) -> str:
     verdict = _verdicts(checks)
-    contract = [c.name for c in failed if str(c.kind) == "contract"]
+    contract = [c.name for c in failed if c.kind is CheckKind.CONTRACT]
     sentences = []
     if "randomness-source" in contract:
         sentences.append("The randomness does not come from the generator alone (randomness-source failed), so "
                          "seeded runs are not reproducible or successive calls share random numbers.")
     if "inputs-unchanged" in contract:
         sentences.append("The function modifies the tensors it is given (inputs-unchanged failed).")
-    lossy = {c.name for c in failed if str(c.kind) != "contract"}
+    lossy = {c.name for c in failed if c.kind is not CheckKind.CONTRACT}
     if level != "sampler":
-        handling = sorted(c.name for c in failed if str(c.kind) == "request-handling")
+        handling = sorted(c.name for c in failed if c.kind is CheckKind.REQUEST_HANDLING)
         if handling:
             sentences.append(f"The server's stop / length handling is wrong ({', '.join(handling)}): it returns tokens "
                              "that the request's max_tokens, stop strings or end token rule out.")
@@ -121,7 +123,7 @@ def _reading(checks: Sequence[Any], failed: Sequence[Any], level: str, stopped_e
         return " ".join(sentences)
 
     def passed(name: str) -> bool:
-        return verdict.get(name) == "pass"
+        return verdict.get(name) is Verdict.PASS
 
     def fails(name: str) -> bool:
         return name in lossy

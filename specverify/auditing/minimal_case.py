@@ -34,12 +34,16 @@ import math
 import re
 import textwrap
 import time
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from specverify.auditing.checks import Check, CheckResult
+from specverify.core.chains import ChainBank
 
 MINIMAL_ROWS = 20_000
 """Copies of the step in the one call of a candidate (standard error ≤ 0.0036 per share)."""
@@ -161,7 +165,7 @@ def conditional_law(p: np.ndarray, q: np.ndarray, drafts: Sequence[int]) -> np.n
     return law
 
 
-def _path_laws(bank: Any, chain: int, drafts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _path_laws(bank: ChainBank, chain: int, drafts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The float32 ``p [K+1, V]`` and ``q [K, V]`` the harness passes for ``chain`` along ``drafts``."""
     from specverify.testing.harness import INPUT_DTYPE
 
@@ -177,7 +181,7 @@ def _path_laws(bank: Any, chain: int, drafts: Sequence[int]) -> tuple[torch.Tens
     return p, q
 
 
-def candidate_paths(bank: Any, chain: int, num_draft: int, preferred: dict[int, int],
+def candidate_paths(bank: ChainBank, chain: int, num_draft: int, preferred: Mapping[int, int],
                     limit: int) -> list[tuple[int, ...]]:
     """Draft paths to try: the one through ``preferred`` (position → token, the worst cell's
     tokens; the draft's most likely token elsewhere) first, then the ``limit`` most likely under
@@ -201,22 +205,36 @@ def candidate_paths(bank: Any, chain: int, num_draft: int, preferred: dict[int, 
     return unique[:limit]
 
 
-def _sources(check: Any, result: Any) -> list[tuple[Any, int, int, dict[int, int]]]:
-    """``(bank, chain, K, preferred tokens)`` of a failing check: the worst cell's chain first
-    for a step check; every case of an exact check."""
-    bank = getattr(check, "bank", None)
-    if bank is not None:
-        k = getattr(check, "num_draft", None) or getattr(bank, "num_draft", None)
-        if not isinstance(k, int) or hasattr(check, "draft_schedule"):
-            return []
-        chain, preferred = _worst_cell(check, result)
-        chains = [chain] + [c for c in range(bank.num_chains) if c != chain]
-        return [(bank, c, k, preferred if c == chain else {}) for c in chains]
-    cases = getattr(check, "cases", None) or ()
-    return [(case[1], 0, case[2], {}) for case in cases if len(case) == 3 and hasattr(case[1], "rows_in")]
+@dataclass(frozen=True)
+class CaseSource:
+    """A step the search may replay: chain ``chain`` of ``bank`` with ``num_draft`` drafts, the draft
+    tokens to try first by position (the worst cell's), if any."""
+
+    bank: ChainBank
+    chain: int
+    num_draft: int
+    preferred: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
 
-def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
+class FailingStepSource(ABC):
+    """A loss check whose failure the minimal-case search can narrow to single steps of its banks."""
+
+    @abstractmethod
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        """The steps to replay after ``result`` failed, the most suspect first."""
+
+
+def worst_cell_sources(bank: ChainBank, num_draft: int, window: tuple[int, int],
+                       result: CheckResult) -> list[CaseSource]:
+    """Every chain of ``bank``, the chain of the cell of ``result`` with the largest standardised
+    deviation first, with that cell's tokens (labelled ``chain C tokens (t, …)`` over the positions
+    of ``window`` = (start, length)) as its preferred draft tokens."""
+    chain, preferred = _worst_cell(window, result)
+    chains = [chain] + [c for c in range(bank.num_chains) if c != chain]
+    return [CaseSource(bank, c, num_draft, preferred if c == chain else {}) for c in chains]
+
+
+def _worst_cell(window: tuple[int, int], result: CheckResult) -> tuple[int, dict[int, int]]:
     """The chain and the draft-position tokens of the cell with the largest standardised deviation."""
     observed, expected, labels = result.observed, result.expected, result.cell_labels
     if not observed or not expected or not labels or len(observed) != len(expected):
@@ -230,7 +248,6 @@ def _worst_cell(check: Any, result: Any) -> tuple[int, dict[int, int]]:
     if match is None:
         return 0, {}
     chain = int(match.group(1))
-    window = getattr(check, "window", (0, 0))
     preferred = {}
     for offset, word in enumerate(match.group(2).split(",")):
         word = word.strip()
@@ -269,7 +286,7 @@ def case_rows(rows_per_s: float | None, seconds_left: float) -> int:
     return rows if rows >= MIN_ROWS else 0
 
 
-def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function: Any, seed: int, *,
+def find_minimal_case(target: str, failing: Sequence[tuple[Check, CheckResult]], function: Any, seed: int, *,
                       rows: int = MINIMAL_ROWS, rows_per_s: float | None = None,
                       deadline: float | None = None) -> CaseSearch:
     """The first reproducing case over the failing ``(check, result)`` pairs, calling the guarded
@@ -285,10 +302,12 @@ def find_minimal_case(target: str, failing: Sequence[tuple[Any, Any]], function:
     calls, stopped = 0, False
     best: tuple[MinimalCase, np.ndarray] | None = None  # the case furthest from the law, with its tokens
     for check, result in failing:
-        for bank, chain, k, preferred in _sources(check, result)[:2]:
+        sources = check.case_sources(result) if isinstance(check, FailingStepSource) else []
+        for source in sources[:2]:
+            bank, chain, k = source.bank, source.chain, source.num_draft
             if (2 * k + 1) * bank.vocab_size > MAX_PRINTED_ENTRIES or k < 1:
                 continue
-            for drafts in candidate_paths(bank, chain, k, preferred, limit=3):
+            for drafts in candidate_paths(bank, chain, k, source.preferred, limit=3):
                 if calls >= MAX_CANDIDATES or stopped:
                     break
                 expected_s = rows / rows_per_s if rows_per_s else 0.0

@@ -22,22 +22,17 @@ locating checks, a minimal failing case, the worker's shutdown, :mod:`specverify
 each announced by an ``after_verdict`` line with its bound), so ``audit finished in X`` is the report's
 ``total_s``, on the audit's clock from its start.
 
-The expected time (:func:`expected_seconds`) is a cost model of the harness driving the
-reference rule (its fused C kernel, :mod:`specverify.core.native_rules`) on this project's idle
-2-core CPU: ``0.05 s`` per statistical check (cells, exact laws, p-values), ``2e-6 s`` per sampled
-step plus ``3e-9 s`` per probability entry handed to the function (``(2K+1)·V`` per row),
-``5e-6 s`` per whole decoding loop, ``0.1 s`` per decoder-level call (the standard audit of
-``reference``: model 18.5 s, measured 19 s at load 1; 63 s at load 4; about 212 s without a C
-compiler, where the rules run on torch; ``tests/auditing/test_newuser_run.py`` checks the order
-of magnitude on a measured audit).  A slower function takes longer, so the plan is re-timed at
-the function's own speed as soon as it is measured (:func:`measured_estimate`: after the first
-finished check that called it, once 2 s have passed or 0.5 s of the plan are done; at the decoder
-level, its seconds per call times the calls left; elsewhere the rest of the plan scaled by the
-measured/expected ratio so far), and a line says so with the function's seconds per call; it is
-said again whenever the projected total moves by 2× or more.  Only the ETA and the deadlines
-follow the measured speed, never which rows go into which call.  The ETA assumes every
-check runs to its final look and no check fails: a sequential check that rejects early, or
-fail-fast, only makes the audit end sooner.  At the endpoint level the servers set the pace: the
+The expected time is the plan's cost (:mod:`specverify.auditing.cost`: each check states
+its own, :meth:`specverify.auditing.checks.Check.cost`) at the reference implementation's speed on
+a 2-core CPU.  A function of another speed is re-timed as soon as a check that called it has
+finished: every later check is priced at the function's seconds per unit of work measured at its
+scale (its vocabulary), or at the nearest scale measured, with the range the speeds measured at
+every scale allow, and the audit's own work at the pace measured so far; a line says so with the
+function's seconds per call and the range, and again whenever the projected total moves by 2×
+or more.  Inside a check the ETA follows the function's speed on that check's rows so far.  Only
+the ETA and the deadlines follow the measured speed, never which rows go into which call.  The
+ETA assumes every check runs to its final look and no check fails: a sequential check that
+rejects early, or fail-fast, only makes the audit end sooner.  At the endpoint level the servers set the pace: the
 ETA is the seconds per sample of the last finished statistical check times the samples still
 planned, and ``—`` until one has finished.
 """
@@ -51,12 +46,11 @@ from typing import Any, ClassVar, TextIO
 
 from specverify.auditing.audited import CallCounts
 from specverify.auditing.checks import Check, CheckResult, Plan
+from specverify.auditing.cost import MIN_OWN_SECONDS, Cost, Estimate, Speeds, planned
 
-SECONDS_PER_CHECK = 0.05
-SECONDS_PER_STEP = 2e-6
-SECONDS_PER_ENTRY = 3e-9
-SECONDS_PER_LOOP = 5e-6
-SECONDS_PER_DECODER_CALL = 0.1
+SETTLE_S = 2.0
+"""Seconds an audit runs before its re-timed plan is said (unless the plan's own seconds done reach
+:data:`specverify.auditing.cost.MIN_OWN_SECONDS` first)."""
 
 
 class AuditProgress:
@@ -118,23 +112,9 @@ def as_progress(progress: AuditProgress | Callable[[int, int, str], None] | None
                     f"got {type(progress).__name__}; subclass specverify.auditing.progress.AuditProgress")
 
 
-def expected_seconds_of(level: str, check: Check, plan: Plan) -> float:
-    """Expected seconds of one check under the cost model of the module docstring."""
-    n = plan.n
-    if not n:
-        return 0.1
-    if level == "decoder":
-        return SECONDS_PER_CHECK + n * SECONDS_PER_DECODER_CALL
-    parameters = check.parameters
-    if "L" in parameters:  # a whole decoding loop per sample
-        return SECONDS_PER_CHECK + n * SECONDS_PER_LOOP
-    k, v = int(parameters.get("K", 1)), int(parameters.get("V", 4))
-    return SECONDS_PER_CHECK + n * (SECONDS_PER_STEP + SECONDS_PER_ENTRY * (2 * k + 1) * v)
-
-
-def expected_seconds(level: str, checks: Sequence[Check], plans: Sequence[Plan]) -> float:
-    """Expected wall time of the whole plan (see the module docstring)."""
-    return sum(expected_seconds_of(level, c, p) for c, p in zip(checks, plans))
+def expected_seconds(checks: Sequence[Check], plans: Sequence[Plan]) -> float:
+    """The plan's seconds at the reference implementation's speed (:func:`specverify.auditing.cost.planned`)."""
+    return planned([check.cost(plan) for check, plan in zip(checks, plans)])
 
 
 def duration(seconds: float) -> str:
@@ -151,23 +131,6 @@ def eta_text(seconds: float | None) -> str:
     return "—" if seconds is None else duration(seconds)
 
 
-def measured_estimate(level: str, log: CallCounts, remaining_plans: Sequence[Plan], *, elapsed: float = 0.0,
-                      done_expected: float = 0.0, remaining_expected: float = 0.0) -> tuple[float, float] | None:
-    """Once the function has been called: its measured seconds per call and the expected seconds
-    of the rest of the plan at the measured speed (see the module docstring); None before there
-    is a measurement (and at the endpoint level, which has its own pace)."""
-    calls = log.calls
-    if level == "endpoint" or not calls:
-        return None
-    per_call = log.function_seconds / calls
-    if level == "decoder":
-        remaining = sum(p.n for p in remaining_plans)
-        return (per_call, per_call * remaining) if remaining else None
-    if done_expected <= 0 or (elapsed < 2.0 and done_expected < 0.5):
-        return None
-    return per_call, remaining_expected * elapsed / done_expected
-
-
 def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
            plans: Sequence[Plan]) -> str:
     """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``."""
@@ -180,7 +143,7 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
     faster = "" if budget.name == "quick" else "; `--budget quick` or SPECVERIFY_BUDGET=quick for a fast run"
     return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
             f"{len(checks)} checks, {samples:,} {unit} in all; "
-            f"expected ~{duration(expected_seconds(level, checks, plans))} "
+            f"expected ~{duration(expected_seconds(checks, plans))} "
             f"(at the reference implementation's speed on a 2-core CPU{faster})")
 
 
@@ -193,13 +156,14 @@ class _Tracker(AuditProgress):
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
               plans: Sequence[Plan], log: CallCounts) -> None:
         self.level, self.checks, self.plans, self.log = level, list(checks), list(plans), log
-        self.expected = [expected_seconds_of(level, c, p) for c, p in zip(checks, plans)]
+        self.costs: list[Cost] = [check.cost(plan) for check, plan in zip(checks, plans)]
+        self.speeds = Speeds()
         self.started = time.perf_counter()
-        self.done_expected = 0.0
         self.current = 0
         self.check_started_at = self.started
         self.rows_before = 0
-        self.ratio: float | None = None
+        self.function_s_before = 0.0
+        self.running: int | None = None
         self.said_total: float | None = None
         self.not_run: dict[str, int] = {}
         self.seconds_per_sample: float | None = None
@@ -214,30 +178,26 @@ class _Tracker(AuditProgress):
         self.write(f"specverify: {text}\n")
 
     def replanned(self, index: int) -> str | None:
-        """After check ``index`` finished: the re-timed plan at the function's measured speed
-        (:func:`measured_estimate`) as a line, when it is first known or the projected total has
-        moved by 2× since it was last said; None otherwise."""
-        if self.not_run:  # the audit is stopping (fail-fast, an interrupt): the rest of the plan will not run
-            return None
+        """After check ``index`` finished: the rest of the plan re-timed at the speeds measured so far
+        (:class:`specverify.auditing.cost.Speeds`) as a line, when the function's speed is first
+        known or the projected total has moved by 2× since it was last said; None otherwise (and at
+        the endpoint level, whose servers set the pace)."""
+        if self.not_run or self.level == "endpoint" or not self.speeds.measured or not self.log.calls:
+            return None  # the audit is stopping (fail-fast, an interrupt), or nothing is measured yet
         elapsed = time.perf_counter() - self.started
-        measured = measured_estimate(self.level, self.log, self.plans[index + 1:], elapsed=elapsed,
-                                     done_expected=self.done_expected,
-                                     remaining_expected=sum(self.expected[index + 1:]))
-        if measured is None:
-            return None
-        per_call, rest = measured
-        if self.level != "decoder":
-            self.ratio = elapsed / self.done_expected
-        total = elapsed + rest
+        if elapsed < SETTLE_S and self.speeds.own_planned < MIN_OWN_SECONDS:
+            return None  # too little has run to say anything the plan did not
+        rest = self.speeds.estimate(self.costs[index + 1:])
+        total = elapsed + rest.seconds
         if self.said_total is not None and self.said_total / 2 < total < self.said_total * 2:
             return None
         first = self.said_total is None
         self.said_total = total
-        planned = sum(self.expected[index + 1:])
-        pace = "" if self.level == "decoder" else f" at the pace so far (planned ~{duration(planned)})"
-        calls = self.log.calls
+        per_call = self.log.function_seconds / self.log.calls
         return (f"specverify: measured {_seconds(per_call)} per call of the function: the rest takes "
-                f"~{duration(rest)}{pace}, {calls:,} calls so far" + ("" if first else "; re-planned") + "\n")
+                f"~{duration(rest.seconds)}{_range(rest)} at the speeds measured so far (planned "
+                f"~{duration(planned(self.costs[index + 1:]))}), the audit ~{duration(total)} in all, "
+                f"{self.log.calls:,} calls so far" + ("" if first else "; re-planned") + "\n")
 
     def write(self, text: str) -> None:
         self.stream.write(text)
@@ -248,18 +208,31 @@ class _Tracker(AuditProgress):
 
     def eta(self) -> float | None:
         """Seconds left, or None where there is no estimate yet (an endpoint audit before its first
-        statistical check has finished: the servers set the pace)."""
+        statistical check has finished: the servers set the pace): the current check's rows left
+        at the function's speed on its rows so far (the measured or planned speed before its first
+        row), and the later checks at the speeds measured so far."""
         if self.level == "endpoint":
             return self._endpoint_eta()
-        elapsed = time.perf_counter() - self.started
-        ratio = self.ratio or (elapsed / self.done_expected if self.done_expected > 1.0 else 1.0)
-        remaining = sum(self.expected[self.current:])
-        return max(0.0, ratio * remaining - (time.perf_counter() - self.check_started_at))
+        if self.current >= len(self.costs):
+            return 0.0
+        return self._current_left() + self.speeds.estimate(self.costs[self.current + 1:]).seconds
+
+    def _current_left(self) -> float:
+        """Seconds left of the current check (:meth:`eta`)."""
+        cost = self.costs[self.current]
+        rows = self.rows_in_check()
+        function_s = self.log.function_seconds - self.function_s_before
+        if rows and function_s > 0 and cost.work and cost.rows:
+            left = max(0.0, 1.0 - rows / cost.rows)
+            return left * (self.speeds.own_ratio() * cost.own_s + cost.rows * function_s / rows)
+        return max(0.0, self.speeds.estimate([cost]).seconds - (time.perf_counter() - self.check_started_at))
 
     def check_started(self, index: int, check: Check, plan: Plan) -> None:
         self.current = index
         self.check_started_at = time.perf_counter()
         self.rows_before = self.log.rows
+        self.function_s_before = self.log.function_seconds
+        self.running = index
 
     def _endpoint_eta(self) -> float | None:
         """The servers' measured seconds per sample (of the last finished statistical check) times
@@ -273,7 +246,10 @@ class _Tracker(AuditProgress):
         return max(0.0, self.seconds_per_sample * planned[0] - in_check) + self.seconds_per_sample * sum(planned[1:])
 
     def _finished(self, index: int, result: CheckResult | None = None) -> None:
-        self.done_expected += self.expected[index]
+        if index == self.running:  # fail-fast and interrupts report checks that never started
+            self.running = None
+            self.speeds.record(self.costs[index], self.rows_in_check(), self.log.function_seconds
+                               - self.function_s_before, time.perf_counter() - self.check_started_at)
         self.current = index + 1
         if result is not None and result.n and result.seconds:
             self.seconds_per_sample = result.seconds / result.n
@@ -289,6 +265,13 @@ class _Tracker(AuditProgress):
 
     def not_run_lines(self) -> list[str]:
         return [f"specverify: {count} check(s) not run: {reason}\n" for reason, count in self.not_run.items()]
+
+
+def _range(estimate: Estimate) -> str:
+    """`` (40 s–3 min)`` where the speeds measured so far leave a range, else nothing."""
+    if duration(estimate.low) == duration(estimate.high):
+        return ""
+    return f" ({duration(estimate.low)}–{duration(estimate.high)})"
 
 
 def _seconds(seconds: float) -> str:

@@ -56,9 +56,9 @@ Calibration (rigorous; no Monte Carlo, no asymptotics).
 3. ``light-mass`` is an exact Poisson tail; ``light-ids`` and ``light-levels`` use step 2 on the
    block counts (sums of independent Poissons are Poisson).
 
-Planning (:func:`identity_power`, :func:`identity_sample_size`, :func:`identity_detectable_tv`)
-is a worst case over EVERY alternative q with TV(p, q) ≥ ε, from the ``tokens`` and ``zeros``
-parts alone (the light parts only add power); see :func:`identity_power` for the bound.
+Planning (:func:`identity_power`, :func:`identity_sample_size`, :func:`identity_joint_sample_size`,
+:func:`identity_detectable_tv`) is a worst case over EVERY alternative q with TV(p, q) ≥ ε, from
+the ``tokens`` and ``zeros`` parts alone (the light parts only add power); see :func:`identity_power` for the bound.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ __all__ = [
     "PooledChiSquareSize",
     "identity_design",
     "identity_detectable_tv",
+    "identity_joint_sample_size",
     "identity_power",
     "identity_sample_size",
     "identity_test",
@@ -959,8 +960,7 @@ def _cached_sample_size(digest: str, epsilon: float, alpha: float, power: float,
                                    block_min_expected=block_min_expected, shares=dict(share_key))
 
     def enough(m: int) -> bool:
-        design = identity_design(p, m, **options)
-        return _power_of_design(design, float(epsilon), float(alpha), goal=power) >= power
+        return _power_verified(p, m, epsilon, alpha, power, options)
 
     guess = _normal_sample_size(p, float(epsilon), float(alpha), float(power), options)
     low, high = max(1, guess // 2), guess
@@ -975,6 +975,53 @@ def _cached_sample_size(digest: str, epsilon: float, alpha: float, power: float,
         else:
             low = middle
     return high
+
+
+def _power_verified(p: np.ndarray, n: int, epsilon: float, alpha: float, power: float,
+                    options: Mapping[str, Any]) -> bool:
+    """Whether :func:`identity_power` (p, n, ε) ≥ ``power`` at level ``alpha``."""
+    design = identity_design(p, n, **options)
+    return _power_of_design(design, float(epsilon), float(alpha), goal=power) >= power
+
+
+def identity_joint_sample_size(
+    laws: Sequence[np.ndarray],
+    epsilon: float,
+    *,
+    alpha: float,
+    power: float,
+    step: int = 1,
+) -> int:
+    """The smallest n on a 1% ladder, a multiple of ``step``, at which :func:`identity_power`
+    (law, n, ε) ≥ ``power`` at level ``alpha`` holds for EVERY law of ``laws``, verified at that n.
+
+    The power bound is not monotone in n (the design's grid means and truncation move with n), so
+    the largest of the laws' :func:`identity_sample_size` is a start, not an answer: a law sized
+    for fewer samples is checked again at the common n, which then climbs by 1% (rounded up to
+    the step) until every law holds.  Tests that draw one n for several laws (chains tested at a
+    shared per-chain n; steps of ``step`` tokens) thereby detect TV ε at their n with no further
+    search.  Kept on disk (:mod:`specverify.core.plan_cache`)."""
+    _check_epsilon(epsilon)
+    _check_alpha(alpha)
+    _check_power(power, alpha)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step: expected a positive integer (samples per draw), got {step!r}")
+    arrays = [_probability_array(law, "laws") for law in laws]
+    if not arrays:
+        raise ValueError("laws: expected at least one law")
+    arguments = (tuple(_digest(p) for p in arrays), float(epsilon), float(alpha), float(power), step)
+
+    def search() -> int:
+        options = dict(flatten=1.0, id_block_count=64, block_min_expected=16.0, shares=None)
+        start = max(identity_sample_size(p, epsilon, alpha=alpha, power=power) for p in arrays)
+        n = -(-start // step) * step
+        while not all(_power_verified(p, n, epsilon, alpha, power, options) for p in arrays):
+            n = -(-math.ceil(n * 1.01) // step) * step
+            if n > 10**13:
+                raise ValueError(f"epsilon: TV {epsilon} needs more than 1e13 samples at this level and power")
+        return n
+
+    return plan_cache.remembered("identity_joint_sample_size", arguments, int, search)
 
 
 def _normal_sample_size(p: np.ndarray, epsilon: float, alpha: float, power: float, options: dict[str, Any]) -> int:

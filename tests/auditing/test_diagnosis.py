@@ -3,11 +3,10 @@ class is known (specverify.auditing.sampler.catalog), and stays silent for a los
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 import specverify
+from specverify.auditing.checks import CheckResult
 from specverify.auditing.diagnosis import acceptance_deviations, diagnose
 from specverify.auditing.sampler.catalog import CATALOG
 
@@ -35,9 +34,9 @@ def test_no_diagnosis_without_a_failure():
     assert specverify.audit("reference", budget=200, checks=["step-K1"]).diagnosis == ""
 
 
-def _result(name, verdict, kind="goodness-of-fit", acceptance=None):
-    return SimpleNamespace(name=name, verdict=verdict, kind=kind, acceptance=acceptance, parameters={},
-                           production_shape=False, sized_for_own_tv=False)
+def _result(name, verdict, kind="goodness-of-fit", acceptance=None, parameters=None, production_shape=False):
+    return CheckResult(name, "", kind, parameters or {}, verdict, "", acceptance=acceptance,
+                       production_shape=production_shape)
 
 
 def test_acceptance_rates_off_the_optimal_rule_are_named():
@@ -53,9 +52,9 @@ def test_contract_and_context_patterns():
     assert "generator" in diagnose(checks)
     loops = [_result("step-K1", "pass"), _result("step-K4", "pass"), _result("decoding-loop-order1", "fail")]
     assert "whole decoding loops" in diagnose(loops)
-    vocabulary = [_result("step-K1", "pass"), _result("production-qwen-K1", "fail")]
-    vocabulary[1].parameters = {"V": 151936, "K": 1, "B": 6, "dtype": "bfloat16", "layout": "strided"}
-    vocabulary[1].production_shape = True  # the check declares it (Check.production_shape)
+    shape = {"V": 151936, "K": 1, "B": 6, "dtype": "bfloat16", "layout": "strided"}
+    vocabulary = [_result("step-K1", "pass"),  # the production check declares its shape (Check.production_shape)
+                  _result("production-qwen-K1", "fail", parameters=shape, production_shape=True)]
     text = diagnose(vocabulary)
     assert "production shapes only" in text and "V=151936" in text
 

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 
 import specverify
-from specverify.auditing.audited import CallCounts
 from specverify.auditing.checks import CheckResult, Verdict, resolve_budget
 from specverify.auditing.defaults import POWER_CEILING_TV
 from specverify.auditing.diagnosis import LOCATING_CHECKS
@@ -298,29 +297,6 @@ def test_a_pipe_gets_the_table_once(tmp_path):
     assert completed.returncode == 0, completed.stdout
     assert completed.stdout.count("step-K1") == 1 or completed.stdout.count("[ 1/2] step-K1") == 1
     assert "check  " not in completed.stdout and "the results table is the per-check lines above" in completed.stdout
-
-
-# --------------------------------------------------------------------------------------------
-# The ETA at the function's speed
-# --------------------------------------------------------------------------------------------
-
-
-def test_the_plan_is_retimed_at_the_functions_measured_speed():
-    stream = io.StringIO()
-    progress = LineProgress(stream)
-    log = CallCounts()
-    checks = [SimpleNamespace(name=f"check-{i}", parameters={"K": 1, "V": 4}) for i in range(3)]
-    plans = [SimpleNamespace(n=1000) for _ in checks]
-    progress.begin(target="t", level="sampler", budget=resolve_budget("quick"), alpha=1e-3, checks=checks,
-                   plans=plans, log=log)
-    progress.started -= 50.0  # the first check took 50 s where the plan said a fraction of a second
-    log.calls, log.function_seconds = 10, 49.0
-    progress.check_started(0, checks[0], plans[0])
-    progress.check_finished(0, SimpleNamespace(name="check-0", verdict="pass", n=1000, pvalue=0.5, seconds=50.0,
-                                               look=None, empirical_tv=0.01, detectable_tv=0.05, message=""))
-    progress.end()
-    line = next(line for line in stream.getvalue().splitlines() if line.startswith("specverify: measured"))
-    assert "4.90 s per call of the function: the rest takes ~1.7 min" in line, line
 
 
 def test_properties_command_runs_the_packaged_suite(tmp_path):

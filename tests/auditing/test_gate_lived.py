@@ -273,13 +273,12 @@ def test_the_repro_runs_from_the_directory_the_audit_ran_in(short_message, monke
 
 
 def test_the_plan_suggests_the_quick_budget_only_when_it_is_not_already_quick():
-    from types import SimpleNamespace
-
     from specverify.auditing.checks import resolve_budget
     from specverify.auditing.progress import header
+    from tests.auditing.display_checks import StepCheck, plan_of
 
-    checks = [SimpleNamespace(name="step-K1", parameters={"K": 1, "V": 4})]
-    plans = [SimpleNamespace(n=1000)]
+    checks = [StepCheck("step-K1")]
+    plans = [plan_of(1000)]
     said = {name: header(target="t", level="sampler", budget=resolve_budget(name), alpha=1e-3, checks=checks,
                          plans=plans) for name in ("quick", "standard")}
     assert "--budget quick" not in said["quick"] and "--budget quick" in said["standard"]

@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,6 +20,7 @@ from specverify.auditing.findings import grouped_findings
 from specverify.auditing.loading import LoadError, load_target
 from specverify.auditing.progress import BarProgress, LineProgress, expected_seconds, progress_for
 from specverify.auditing.replay import target_name
+from tests.auditing.display_checks import StepCheck, plan_of
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(budget=200, checks=["step-K1", "bonus-position"], allow_underpowered=True)  # fast, not a full-power pass
@@ -67,8 +67,8 @@ def test_terminal_bar_moves_inside_a_check_with_the_rows_done():
     bar = progress_for(stream)
     assert isinstance(bar, BarProgress)
     log = CallCounts()
-    checks = [SimpleNamespace(name="production-qwen-K1", parameters={"K": 1, "V": 151936})]
-    plans = [SimpleNamespace(n=1000)]
+    checks = [StepCheck("production-qwen-K1", 1, 151936)]
+    plans = [plan_of(1000)]
     bar.begin(target="t", level="sampler", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
               checks=checks, plans=plans, log=log)
     bar.check_started(0, checks[0], plans[0])
@@ -89,8 +89,8 @@ def test_a_long_check_adds_a_still_running_line_per_heartbeat_to_a_log():
     stream = io.StringIO()
     lines = LineProgress(stream, heartbeat_s=0.2)
     log = CallCounts()
-    checks = [SimpleNamespace(name="pit-T1-top8", parameters={}), SimpleNamespace(name="quick-one", parameters={})]
-    plans = [SimpleNamespace(n=1000), SimpleNamespace(n=10)]
+    checks = [StepCheck("pit-T1-top8"), StepCheck("quick-one")]
+    plans = [plan_of(1000), plan_of(10)]
     lines.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
                 checks=checks, plans=plans, log=log)
     lines.check_started(0, checks[0], plans[0])
@@ -114,8 +114,8 @@ def test_endpoint_eta_comes_from_the_servers_measured_pace():
     stream = Tty()
     bar = BarProgress(stream, interval_s=3600)
     log = CallCounts()
-    checks = [SimpleNamespace(name=name, parameters={}) for name in ("greedy-identity", "pit-a", "pit-b")]
-    plans = [SimpleNamespace(n=0), SimpleNamespace(n=100), SimpleNamespace(n=300)]
+    checks = [StepCheck(name) for name in ("greedy-identity", "pit-a", "pit-b")]
+    plans = [plan_of(0), plan_of(100), plan_of(300)]
     bar.begin(target="t", level="endpoint", budget=specverify.auditing.checks.resolve_budget("quick"), alpha=1e-3,
               checks=checks, plans=plans, log=log)
     bar.check_started(0, checks[0], plans[0])
@@ -143,8 +143,8 @@ def test_expected_time_model_is_within_a_factor_of_the_measured_time():
     battery = load_battery("sampler")
     session = battery.open_session(specverify.auditing.loading.load_target("reference"), device="cpu", timeout_s=60)
     checks = [c for c in battery.checks(session) if c.name in ("step-K4", "decoding-loop-order1")]
-    plans = [SimpleNamespace(n=r.n) for r in report.checks]
-    expected = expected_seconds("sampler", checks, plans)
+    plans = [plan_of(r.n) for r in report.checks]
+    expected = expected_seconds(checks, plans)
     # The checks' own time: the worker's start (a process spawn and a torch import, ~1-2 s) is a
     # fixed cost outside the model.
     measured = sum(report.timings["checks_s"].values())

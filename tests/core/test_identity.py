@@ -18,6 +18,7 @@ from specverify.core import identity
 from specverify.core.identity import (
     identity_design,
     identity_detectable_tv,
+    identity_joint_sample_size,
     identity_power,
     identity_sample_size,
     identity_test,
@@ -329,6 +330,22 @@ def test_planner_inverse_and_comparison() -> None:
         identity_sample_size(p, 0.0, alpha=ALPHA, power=POWER)
     with pytest.raises(ValueError, match="power"):
         identity_sample_size(p, 0.1, alpha=ALPHA, power=1.0)
+
+
+def test_joint_planner_verifies_every_law_at_the_common_n() -> None:
+    """Laws tested at one shared n (chains at a common per-chain n, steps of L tokens): the joint
+    size is a multiple of the step, at least each law's own size, and the power bound at ε holds
+    for every law at exactly that n; one law alone in steps of 1 gives its own size."""
+    laws = [zipf(4_096), peaked(4_096), zipf(4_096, exponent=1.5)]
+    own = [identity_sample_size(p, 0.2, alpha=ALPHA, power=POWER) for p in laws]
+    n = identity_joint_sample_size(laws, 0.2, alpha=ALPHA, power=POWER, step=7)
+    assert n % 7 == 0 and n >= max(own)
+    assert all(identity_power(p, n, 0.2, alpha=ALPHA) >= POWER for p in laws)
+    assert identity_joint_sample_size(laws[:1], 0.2, alpha=ALPHA, power=POWER) == own[0]
+    with pytest.raises(ValueError, match="step"):
+        identity_joint_sample_size(laws, 0.2, alpha=ALPHA, power=POWER, step=0)
+    with pytest.raises(ValueError, match="laws"):
+        identity_joint_sample_size([], 0.2, alpha=ALPHA, power=POWER)
 
 
 @pytest.mark.parametrize("support", [1, 50, 2_000])

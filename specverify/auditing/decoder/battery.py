@@ -114,6 +114,7 @@ from specverify.auditing.checks import (
     look_fields,
     resolve_budget,
 )
+from specverify.auditing.cost import Cost, call_cost
 from specverify.auditing.endpoint.pit import token_pit_values
 from specverify.auditing.isolation.faults import (
     FaultKind,
@@ -512,6 +513,9 @@ class PositionLawCheck(SequentialCheck):
     def empty_counts(self) -> np.ndarray:
         """Zero counts ``[S, Λ, L, B, B + 1]`` (class docstring)."""
         return np.zeros((len(self.strata), len(self.lags), self.length, self.bins, self.bins + 1), dtype=np.int64)
+
+    def cost(self, plan: Plan) -> Cost:
+        return call_cost(plan.n)
 
     def draw(self, session: DecoderSession, plan: Plan, n: int, look: int) -> Tally:
         """``n`` calls, each on a stratum drawn uniformly; call ``i`` of the check (counted over

@@ -64,6 +64,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     result_from_fault,
     skipped_result,
 )
+from specverify.auditing.cost import Cost, step_cost
 from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
@@ -71,6 +72,7 @@ from specverify.auditing.isolation.faults import (
     seed_global_rng,
     validate_emitted,
 )
+from specverify.auditing.minimal_case import CaseSource, FailingStepSource, worst_cell_sources
 from specverify.auditing.omissions import Omission, sampler_omissions
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank
 from specverify.core.rules import accepts_num_draft_tokens, accepts_uniforms
@@ -215,7 +217,7 @@ class SamplerSession(AuditSession):
 
 
 @dataclass
-class StepLawCheck(ChiSquareCheck):
+class StepLawCheck(ChiSquareCheck, FailingStepSource):
     """One verification step per row; the law of a window of the completed tokens, jointly.
 
     Cells: (chain of the row, cell of each window position); ``top_cells`` > 0 pools each
@@ -316,6 +318,9 @@ class StepLawCheck(ChiSquareCheck):
     def tally(self, sample: StepSample, n: int) -> Tally:
         return Tally(n, {"cells": self.cell_counts(sample), "accepted": sample.accepted.numpy()})
 
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, self.num_draft, self.bank.vocab_size)
+
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_steps(session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n,
                               batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
@@ -326,6 +331,9 @@ class StepLawCheck(ChiSquareCheck):
         _, expected, labels = self.cells
         return goodness_of_fit_result(self, plan, tally.counts["cells"], expected, labels,
                                       self._acceptance(tally.counts["accepted"]), level=level, look=look)
+
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        return worst_cell_sources(self.bank, self.num_draft, self.window, result)
 
 
 def prefix_cells(bank: ChainBank, length: int) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -368,6 +376,10 @@ class DecodingLoopCheck(ChiSquareCheck):
                            "chains": self.bank.num_chains, "L": self.length,
                            "K schedule": list(self.draft_schedule), "cells": self.num_cells}
 
+    def cost(self, plan: Plan) -> Cost:
+        mean_draft = sum(self.draft_schedule) / len(self.draft_schedule)
+        return step_cost(plan.n * self.length, mean_draft, self.bank.vocab_size)  # at most a row per token
+
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_runs(session.function, self.bank, length=self.length, draft_schedule=self.draft_schedule,
                              n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
@@ -385,7 +397,7 @@ class DecodingLoopCheck(ChiSquareCheck):
 
 
 @dataclass
-class AcceptanceRateCheck(SequentialCheck):
+class AcceptanceRateCheck(SequentialCheck, FailingStepSource):
     """Single-draft steps: P(first emitted token == draft token) must not exceed Σ_x min(p(x), q(x)).
 
     Coupling inequality: if the output y ~ p and the draft x ~ q, then P(y = x) ≤ 1 − TV(p, q) =
@@ -412,6 +424,9 @@ class AcceptanceRateCheck(SequentialCheck):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return binomial_detectable_rate(n, self.bound, alpha, power)
 
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, 1, self.bank.vocab_size)
+
     def draw(self, session: SamplerSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_steps(session.function, self.bank, num_draft=1, window=(0, 1), n=n,
                               batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
@@ -427,9 +442,12 @@ class AcceptanceRateCheck(SequentialCheck):
             passing="acceptance {rate:.4f} within the bound Σ min(p, q) = {bound:.4f} (p-value {pvalue:.3g} > {where})",
             level=level, look=look)
 
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        return worst_cell_sources(self.bank, 1, (0, 0), result)
+
 
 @dataclass
-class ExactStepCheck(Check):
+class ExactStepCheck(Check, FailingStepSource):
     """Exact integration over the uniforms (specverify.core.exact) of one step on small chains; cannot
     flake.  Only for functions that take ``uniforms=`` (docs/ARCHITECTURE.md convention)."""
 
@@ -462,6 +480,9 @@ class ExactStepCheck(Check):
                  for label, bank, k in self.cases]
         arithmetic, declared = declared_arithmetic_of(session.function)
         return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
+
+    def case_sources(self, result: CheckResult) -> list[CaseSource]:
+        return [CaseSource(bank, 0, k) for _, bank, k in self.cases]
 
 
 @dataclass

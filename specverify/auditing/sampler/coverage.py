@@ -67,6 +67,7 @@ from specverify.auditing.checks import (
     exact_cases_result,
     goodness_of_fit_result,
 )
+from specverify.auditing.cost import Cost, step_cost
 from specverify.auditing.isolation.faults import Fault, FaultKind, validate_emitted
 from specverify.auditing.isolation.guarded import CallLog
 from specverify.auditing.sampler.battery import (
@@ -348,6 +349,9 @@ class RaggedStepCheck(ChiSquareCheck):
             code = torch.where(j <= sample.num_draft_tokens, code * vocab + sample.window[:, j], code)
         index = blocks[sample.chain, start_index, count_index] + code
         return torch.bincount(index, minlength=self.num_cells).numpy()
+
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, self.width, self.bank.vocab_size)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_ragged_steps(session.function, self.bank, width=self.width, draft_counts=self.draft_counts,

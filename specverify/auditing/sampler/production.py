@@ -42,6 +42,7 @@ from specverify.auditing.checks import (
     Plan,
     SampleBudget,
     SequentialCheck,
+    Sizing,
     Tally,
     Verdict,
     declared_arithmetic_of,
@@ -49,6 +50,7 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
+from specverify.auditing.cost import Cost, step_cost
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.sampler import production_laws as laws
 from specverify.core import identity, outputs, rounding
@@ -303,8 +305,8 @@ class ProductionStepCheck(SequentialCheck):
     (:func:`specverify.core.identity.identity_test`) at level ``level / m``, ``m`` = chains × (K+1)
     (Bonferroni within the check); the check fails when any one rejects.  Rows are spread evenly
     over the chains (:func:`balanced_chains`).  Sized so that a TV of ε in any one marginal is
-    detected with the stated power (:func:`specverify.core.identity.identity_sample_size` per
-    marginal, at ``n / chains`` rows each).
+    detected with the stated power at ``n / chains`` rows each, verified at that n for every
+    marginal (:func:`specverify.core.identity.identity_joint_sample_size`).
     """
 
     name: str
@@ -354,16 +356,24 @@ class ProductionStepCheck(SequentialCheck):
         return list(profiles.values())
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        level = alpha / self.num_tests
-        per_chain = max(identity.identity_sample_size(masses, epsilon, alpha=level, power=power)
-                        for masses in self._mass_profiles())
+        """Chains × the per-chain n at which every chain's law, at level α / (chains × positions),
+        is verified to detect ε (:func:`specverify.core.identity.identity_joint_sample_size`)."""
+        per_chain = identity.identity_joint_sample_size(self._mass_profiles(), epsilon, alpha=alpha / self.num_tests,
+                                                        power=power)
         return per_chain * self.bank.num_chains
+
+    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+        """:meth:`required_samples`, which verifies ε itself at the n it returns."""
+        return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         level = alpha / self.num_tests
         per_chain = max(1, n // self.bank.num_chains)
         return max(identity.identity_detectable_tv(masses, per_chain, alpha=level, power=power)
                    for masses in self._mass_profiles())
+
+    def cost(self, plan: Plan) -> Cost:
+        return step_cost(plan.n, self.num_draft, self.bank.vocab_size)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size

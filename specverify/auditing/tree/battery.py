@@ -55,7 +55,6 @@ The function runs in a worker process (:class:`specverify.auditing.isolation.gua
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -75,6 +74,7 @@ from specverify.auditing.checks import (
     Plan,
     SampleBudget,
     SequentialCheck,
+    Sizing,
     Tally,
     Verdict,
     binomial_detectable_rate,
@@ -87,6 +87,7 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
+from specverify.auditing.cost import Cost, mean_nodes, tree_cost
 from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
@@ -101,7 +102,7 @@ from specverify.auditing.sampler.coverage import contract_checks
 from specverify.auditing.tree.catalog import rows_at_a_time
 from specverify.core import tree_exact
 from specverify.core.chains import MarkovBank, random_markov_chain
-from specverify.core.identity import identity_detectable_tv, identity_sample_size, identity_test
+from specverify.core.identity import identity_detectable_tv, identity_joint_sample_size, identity_test
 from specverify.core.rules import accepts_uniforms
 from specverify.core.seeding import derive_seed
 from specverify.core.transitions import transition_goodness_of_fit
@@ -253,6 +254,9 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
                     law[len(emitted) - 1] += prob
         return law / law.sum()
 
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size, self.length if self.loop else 1)
+
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sampler = sample_tree_runs if self.loop else functools.partial(sample_tree_steps, call_rows=self.call_rows,
                                                                        strided=self.strided)
@@ -314,6 +318,9 @@ class TreeTransitionCheck(ScaledTvCheck, ChiSquareCheck):
                            "chain": f"markov order {bank.order}", "V": bank.vocab_size, "chains": bank.num_chains,
                            "L": self.length, "blocks": bank.num_chains * reachable, "cells": self.num_cells,
                            "test": "transitions", **_scale_parameter(self.tv_scale)}
+
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size)
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.scheme,
@@ -407,7 +414,7 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
     light tail by mass, by blocks of consecutive ids and by probability level; a token of
     probability 0 is a certain failure).  The TV it detects is that of the pooled token law (the
     average over positions of each position's law) from ``p``, planned by
-    :func:`specverify.core.identity.identity_sample_size` (a worst case over every alternative)."""
+    :func:`specverify.core.identity.identity_joint_sample_size` (a worst case over every alternative)."""
 
     name: str
     description: str
@@ -433,11 +440,20 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
                            **_scale_parameter(self.tv_scale)}
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        tokens = identity_sample_size(self.law, epsilon, alpha=alpha, power=power)
-        return math.ceil(tokens / self.length)
+        """Steps whose ``L`` tokens each are verified to detect ε
+        (:func:`specverify.core.identity.identity_joint_sample_size` in steps of ``L``)."""
+        tokens = identity_joint_sample_size([self.law], epsilon, alpha=alpha, power=power, step=self.length)
+        return tokens // self.length
+
+    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+        """:meth:`required_samples`, which verifies ε itself at the n it returns."""
+        return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return identity_detectable_tv(self.law, n * self.length, alpha=alpha, power=power)
+
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size)
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.schemes,
@@ -518,6 +534,9 @@ class TreeAcceptanceCheck(SequentialCheck):
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return binomial_detectable_rate(n, min(self.bound, 1 - 1e-9), alpha, power)
+
+    def cost(self, plan: Plan) -> Cost:
+        return tree_cost(plan.n, len(self.shape), self.bank.vocab_size)
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=(self.shape,), scheme=self.scheme, length=1,

@@ -1,0 +1,208 @@
+"""The expected time of an audit's plan, re-timed on the function's measured speed.
+
+Every check states the cost of its plan (:meth:`specverify.auditing.checks.Check.cost`), a
+:class:`Cost` whose seconds are
+
+    seconds = own_s + rows · work · s(scale),    own_s = fixed_s + rows · harness_s
+
+``rows``: the rows the plan hands the function (a step, a tree or a decoder call each); ``work``:
+the units of the function's own work per row (the probability entries it reads: (2K + 1)·V for a
+step of K drafts at vocabulary V, (2N + 1)·V for a tree of N nodes; 1 for a decoder call);
+``s(scale)``: the function's seconds per unit at the check's ``scale`` (its vocabulary; 1 for a
+decoder call); ``own_s``: the audit's own work (building the inputs, the transport, the
+statistics).  Before the function has run, ``s`` is the check's ``prior_s``: the reference
+implementation's speed on this project's idle 2-core CPU (:data:`PRIOR_S_PER_ENTRY`: its fused
+C kernel, with :data:`PRIOR_S_PER_ROW` of overheads a row; :data:`PRIOR_S_PER_DECODER_CALL`).
+
+:class:`Speeds` re-times the rest of the plan after each check that called the function: the
+function's seconds per unit at that check's scale, on the function's own clock
+(:class:`specverify.auditing.audited.CallCounts`), prices every later check at that scale; a
+scale not measured yet takes the speed measured at the nearest scale (in log scale) and, as its
+range, the slowest and the fastest speed measured at any scale (:class:`Estimate`: how far an
+unmeasured scale may be from the nearest), both among the scales of its regime: a row at a small
+vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The
+audit's own seconds are scaled by the ratio of its measured own time (wall time less the
+function's) to its planned own time on the checks done: a loaded machine slows both.  The
+estimate assumes every check runs to its final look; a check that rejects early, or fail-fast,
+only ends the audit sooner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SECONDS_PER_CHECK = 0.05
+"""The audit's own fixed seconds of a statistical check (its cells, exact laws and p-values)."""
+
+SECONDS_UNSAMPLED = 0.1
+"""The seconds of a check that draws no samples (exact and contract checks)."""
+
+HARNESS_S_PER_ROW = 8e-6
+"""The audit's own seconds per row of a sampled step (drawing the inputs, counting the outputs)."""
+
+PRIOR_S_PER_ENTRY = 3e-9
+"""The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
+
+PRIOR_S_PER_ROW = 2e-6
+"""The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised)."""
+
+PRIOR_S_PER_DECODER_CALL = 0.1
+"""The reference decoder's seconds per call (a request of a few dozen tokens on the tiny models)."""
+
+ENTRY_BOUND_S = 1e-5
+"""The reference's seconds per row above which a row's entries, not the function's per-row and
+per-call overheads, set its cost (:class:`Speeds`): ~3,300 entries, a step at V ≳ 1,000."""
+
+MIN_OWN_SECONDS = 0.5
+"""Planned own seconds done before the audit's own speed is measured (below it: the plan's)."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A check's time model (module docstring): ``fixed_s`` + ``rows`` · (``harness_s`` + ``work`` ·
+    s), s the function's seconds per unit at ``scale`` (``prior_s`` before a measurement)."""
+
+    rows: float
+    fixed_s: float
+    harness_s: float = 0.0
+    work: float = 0.0
+    prior_s: float = 0.0
+    scale: float = 1.0
+    prior_row_s: float = 0.0
+    """The function's seconds of overheads per row before a measurement (with ``work`` · ``prior_s``)."""
+
+    @property
+    def own_s(self) -> float:
+        """The audit's own planned seconds."""
+        return self.fixed_s + self.rows * self.harness_s
+
+    @property
+    def units(self) -> float:
+        """The function's planned units of work."""
+        return self.rows * self.work
+
+    @property
+    def prior_per_row(self) -> float:
+        """The function's seconds per row before a measurement."""
+        return self.prior_row_s + self.work * self.prior_s
+
+    def seconds(self) -> float:
+        """The planned seconds at the prior speed."""
+        return self.own_s + self.rows * self.prior_per_row
+
+
+def step_cost(samples: int, num_draft: float, vocab_size: int) -> Cost:
+    """One step of ``num_draft`` drafts at ``vocab_size`` per sample: (2K + 1)·V entries a row."""
+    if not samples:
+        return Cost(0, SECONDS_UNSAMPLED)
+    return Cost(samples, SECONDS_PER_CHECK, HARNESS_S_PER_ROW, (2 * num_draft + 1) * vocab_size, PRIOR_S_PER_ENTRY,
+                vocab_size, PRIOR_S_PER_ROW)
+
+
+def tree_cost(samples: int, nodes: float, vocab_size: int, rows_per_sample: float = 1.0) -> Cost:
+    """``rows_per_sample`` trees of ``nodes`` drafted nodes at ``vocab_size`` per sample: (2N + 1)·V
+    entries a row (the target's laws at the N nodes and the root, the drafts' at the N nodes)."""
+    return step_cost(int(math.ceil(samples * rows_per_sample)), nodes, vocab_size)
+
+
+def mean_nodes(shapes: Sequence[Sequence[int]]) -> float:
+    """The mean number of drafted nodes of the trees ``shapes`` (each a tuple of parent indices)."""
+    return sum(len(shape) for shape in shapes) / max(1, len(shapes))
+
+
+def call_cost(calls: int) -> Cost:
+    """``calls`` calls of a decoder, each one unit of work."""
+    if not calls:
+        return Cost(0, SECONDS_UNSAMPLED)
+    return Cost(calls, SECONDS_PER_CHECK, 0.0, 1.0, PRIOR_S_PER_DECODER_CALL, 1.0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Expected seconds, and the range the speeds measured so far allow (``low`` ≤ ``seconds`` ≤ ``high``)."""
+
+    seconds: float
+    low: float
+    high: float
+
+    def __add__(self, other: Estimate) -> Estimate:
+        return Estimate(self.seconds + other.seconds, self.low + other.low, self.high + other.high)
+
+
+ZERO = Estimate(0.0, 0.0, 0.0)
+
+
+class Speeds:
+    """The function's measured speed by scale, and the audit's measured own-time ratio (module
+    docstring); :meth:`estimate` prices costs with them.
+
+    A row the reference reads in under :data:`ENTRY_BOUND_S` (a small vocabulary) costs a function
+    its per-row and per-call overheads, whatever its entries; above it, its entries.  So a check is
+    priced from the measurements of its own regime only: an entry-bound one at the seconds per unit
+    measured at its scale (or the nearest entry-bound scale measured), an overhead-bound one at the
+    seconds per row measured at its scale (or the nearest overhead-bound scale measured)."""
+
+    def __init__(self) -> None:
+        self.per_unit: dict[tuple[bool, float], float] = {}
+        self.own_planned = 0.0
+        self.own_measured = 0.0
+
+    def record(self, cost: Cost, rows: int, function_s: float, wall_s: float) -> None:
+        """A finished check of ``cost`` whose function evaluated ``rows`` rows in ``function_s`` of its
+        own seconds, within ``wall_s`` of the check's wall time."""
+        if rows > 0 and function_s > 0 and cost.work > 0:
+            bound = entry_bound(cost)
+            self.per_unit[bound, cost.scale] = function_s / (rows * (cost.work if bound else 1.0))
+        done = min(1.0, rows / cost.rows) if cost.rows else 1.0
+        self.own_planned += cost.fixed_s + done * cost.rows * cost.harness_s
+        self.own_measured += max(0.0, wall_s - function_s)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the function's speed has been measured at some scale."""
+        return bool(self.per_unit)
+
+    def own_ratio(self) -> float:
+        """Measured over planned own seconds on the checks done (1 before :data:`MIN_OWN_SECONDS` are planned)."""
+        return self.own_measured / self.own_planned if self.own_planned >= MIN_OWN_SECONDS else 1.0
+
+    def per_row(self, cost: Cost) -> tuple[float, float, float]:
+        """(expected, lowest, highest) seconds of the function per row of ``cost``: measured at its
+        scale in its regime; else the nearest measured scale's of that regime (in log scale), within
+        the slowest and fastest measured there; the prior before any measurement of the regime."""
+        bound = entry_bound(cost)
+        units = cost.work if bound else 1.0
+        measured = {scale: speed for (regime, scale), speed in self.per_unit.items() if regime == bound}
+        if not measured:
+            prior = cost.prior_per_row
+            return prior, prior, prior
+        if cost.scale in measured:
+            speed = measured[cost.scale]
+            return units * speed, units * speed, units * speed
+        nearest = min(measured, key=lambda s: abs(math.log(max(s, 1.0)) - math.log(max(cost.scale, 1.0))))
+        return units * measured[nearest], units * min(measured.values()), units * max(measured.values())
+
+    def estimate(self, costs: Sequence[Cost]) -> Estimate:
+        """The seconds of ``costs`` at the speeds measured so far."""
+        ratio = self.own_ratio()
+        total = ZERO
+        for cost in costs:
+            own = ratio * cost.own_s
+            if not cost.work:
+                total += Estimate(own, own, own)
+                continue
+            row, low, high = self.per_row(cost)
+            total += Estimate(own + cost.rows * row, own + cost.rows * low, own + cost.rows * high)
+        return total
+
+
+def entry_bound(cost: Cost) -> bool:
+    """Whether a row of ``cost`` is priced by its entries (:class:`Speeds`)."""
+    return cost.work * cost.prior_s >= ENTRY_BOUND_S
+
+
+def planned(costs: Sequence[Cost]) -> float:
+    """The seconds of ``costs`` at the prior speed."""
+    return sum(cost.seconds() for cost in costs)

@@ -1,0 +1,103 @@
+"""The plan's time model (:mod:`specverify.auditing.cost`) and how the display re-times it on the
+function's measured speed, on a function 100× slower per entry at a large vocabulary than at a
+small one (the clock of the function is the call log's, set by hand: no sleeping)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+from specverify.auditing.audited import CallCounts
+from specverify.auditing.checks import CheckKind, CheckResult, Verdict, resolve_budget
+from specverify.auditing.cost import (
+    HARNESS_S_PER_ROW,
+    PRIOR_S_PER_ENTRY,
+    PRIOR_S_PER_ROW,
+    SECONDS_PER_CHECK,
+    Speeds,
+    step_cost,
+)
+from specverify.auditing.progress import LineProgress
+from tests.auditing.display_checks import StepCheck, plan_of
+
+LARGE_V = 151_936
+SLOWDOWN = 100.0
+
+
+def test_a_step_cost_is_its_entries_at_the_prior_speed():
+    cost = step_cost(1_000, 4, 50_257)
+    assert cost.work == 9 * 50_257 and cost.scale == 50_257
+    per_row = HARNESS_S_PER_ROW + PRIOR_S_PER_ROW + 9 * 50_257 * PRIOR_S_PER_ENTRY
+    assert cost.seconds() == pytest.approx(SECONDS_PER_CHECK + 1_000 * per_row)
+    assert step_cost(0, 4, 50_257).units == 0
+
+
+def test_speeds_price_a_check_from_its_own_regime_at_the_nearest_measured_scale():
+    """Entry-bound scales (V = 4,099 at the reference's speed, V = 151,936 at 100×) price an unmeasured
+    large vocabulary at the nearest one's seconds per entry, within the range of both; a small
+    vocabulary's per-row overheads never price a large one's entries."""
+    speeds = Speeds()
+    tiny, deep, large = step_cost(1_000, 1, 4), step_cost(1_000, 16, 4_099), step_cost(1_000, 1, LARGE_V)
+    gpt2 = step_cost(1_000, 1, 50_257)
+    assert speeds.estimate([large]).seconds == pytest.approx(large.seconds())  # the prior before a measurement
+    speeds.record(tiny, 1_000, function_s=1.0, wall_s=1.1)  # 1 ms a row: overheads, not entries
+    assert speeds.per_row(gpt2) == pytest.approx((gpt2.prior_per_row,) * 3)
+    speeds.record(deep, 1_000, function_s=deep.units * PRIOR_S_PER_ENTRY, wall_s=1.0)
+    speeds.record(large, 1_000, function_s=large.units * PRIOR_S_PER_ENTRY * SLOWDOWN, wall_s=100.0)
+    assert speeds.per_row(large)[0] == pytest.approx(large.work * SLOWDOWN * PRIOR_S_PER_ENTRY)
+    expected, low, high = speeds.per_row(gpt2)  # nearer 151,936 than 4,099 in log scale
+    assert expected == pytest.approx(gpt2.work * SLOWDOWN * PRIOR_S_PER_ENTRY) and expected == pytest.approx(high)
+    assert low == pytest.approx(gpt2.work * PRIOR_S_PER_ENTRY)
+    assert speeds.per_row(step_cost(1_000, 2, 6))[0] == pytest.approx(1e-3)  # the tiny scale's per-row time
+
+
+def _result(name: str, n: int, seconds: float) -> CheckResult:
+    return CheckResult(name, "", CheckKind.GOODNESS_OF_FIT, {}, Verdict.PASS, "", n=n, pvalue=0.5, seconds=seconds)
+
+
+def test_a_function_100x_slower_at_large_vocabularies_is_retimed_after_its_first_large_check():
+    """Checks at V = 4 and 4,099, then two at V = 151,936 and one at V = 50,257: the plan prices all at
+    the reference's speed; after the first large check ran 100× slower per entry, the large one left
+    is priced at that speed and the V = 50,257 one at its nearest measured scale's, with the range of
+    the measured speeds; the ETA inside a large check follows its rows so far instead of falling to 0."""
+    stream = io.StringIO()
+    display = LineProgress(stream, per_check=True, heartbeat_s=3600)
+    log = CallCounts()
+    checks = [StepCheck("small", 1, 4), StepCheck("deep", 16, 4_099), StepCheck("large-0", 1, LARGE_V),
+              StepCheck("large-1", 1, LARGE_V), StepCheck("gpt2", 1, 50_257)]
+    plans = [plan_of(20_000), plan_of(2_000), plan_of(2_000), plan_of(2_000), plan_of(2_000)]
+    display.begin(target="t", level="sampler", budget=resolve_budget("quick"), alpha=1e-3, checks=checks,
+                  plans=plans, log=log)
+    planned_large = checks[2].cost(plans[2]).seconds()
+
+    def run(index: int, seconds_per_entry: float) -> None:
+        cost = display.costs[index]
+        display.check_started(index, checks[index], plans[index])
+        log.calls += 10
+        log.rows += plans[index].n
+        log.function_seconds += cost.units * seconds_per_entry
+        display.check_finished(index, _result(checks[index].name, plans[index].n, 0.0))
+
+    display.started -= 10.0  # the audit has run long enough to re-time
+    run(0, PRIOR_S_PER_ENTRY)
+    run(1, PRIOR_S_PER_ENTRY)
+    run(2, PRIOR_S_PER_ENTRY * SLOWDOWN)
+    rest = display.speeds.estimate(display.costs[3:])
+    slow_large = display.costs[3].units * PRIOR_S_PER_ENTRY * SLOWDOWN
+    gpt2_units = display.costs[4].units
+    assert planned_large < slow_large / 50  # the plan before any measurement
+    assert rest.seconds == pytest.approx(slow_large + gpt2_units * PRIOR_S_PER_ENTRY * SLOWDOWN, rel=0.05)
+    assert rest.low == pytest.approx(slow_large + gpt2_units * PRIOR_S_PER_ENTRY, rel=0.05)
+    assert rest.high == pytest.approx(rest.seconds)
+    lines = [line for line in stream.getvalue().splitlines() if line.startswith("specverify: measured")]
+    assert lines and "re-planned" in lines[-1], stream.getvalue()
+
+    display.check_started(3, checks[3], plans[3])  # halfway through the next large check
+    display.check_started_at -= slow_large / 2
+    log.rows += plans[3].n // 2
+    log.function_seconds += slow_large / 2
+    eta = display.eta()
+    assert eta == pytest.approx(slow_large / 2 + gpt2_units * PRIOR_S_PER_ENTRY * SLOWDOWN, rel=0.05)
+    display.end(total_s=time.perf_counter() - display.started)
