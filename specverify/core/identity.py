@@ -72,8 +72,7 @@ from typing import Any
 
 import numpy as np
 from scipy import optimize
-from scipy import stats as sps
-from scipy.special import gammaln, pdtrc
+from scipy.special import gammaln, ndtri, pdtr, pdtrc
 
 from specverify.core import plan_cache
 from specverify.core.stats import _counts_array, _probability_array, pool_cells, sample_size_for_tv
@@ -574,7 +573,8 @@ def _block_part(name: str, labels: np.ndarray, bound: ChernoffBound | None, coun
 
 def _light_mass_part(count: int, mean: float, share: float, cells: int) -> IdentityPart:
     """Two-sided exact Poisson test: p = min(1, 2 min(P(X ≤ x), P(X ≥ x)))."""
-    pvalue = min(1.0, 2.0 * min(float(sps.poisson.cdf(count, mean)), float(sps.poisson.sf(count - 1, mean))))
+    upper = float(pdtrc(count - 1, mean)) if count > 0 else 1.0  # P(N ≥ count)
+    pvalue = min(1.0, 2.0 * min(float(pdtr(count, mean)), upper))
     return IdentityPart("light-mass", float(count - mean), pvalue, share, cells, mean, count, "exact Poisson tail")
 
 
@@ -1028,7 +1028,7 @@ def _normal_sample_size(p: np.ndarray, epsilon: float, alpha: float, power: floa
     """A starting guess for the bisection (not a guarantee): the n at which the normal
     approximation, E_min − t ≥ z_β √(σ₀² + 4E_min), holds, found on a factor-2 ladder and refined
     once at the guess's design."""
-    z_beta = float(sps.norm.isf(1.0 - power))
+    z_beta = float(-ndtri(1.0 - power))
     n = max(64, int(math.sqrt(np.count_nonzero(p)) / epsilon**2))
     for _ in range(60):
         design = identity_design(p, n, **options)

@@ -60,7 +60,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scipy import stats as sps
+from scipy.special import ndtr, ndtri
 
 from specverify.core.stats import sample_size_for_tv
 
@@ -78,8 +78,8 @@ def spending_function(spending: Spending, alpha: float) -> Callable[[float], flo
     at overall level ``alpha``; see the module docstring for the formulas and references."""
     _check_alpha(alpha)
     if spending == "obrien-fleming":
-        z = sps.norm.isf(alpha / 2)
-        return lambda t: float(2.0 * sps.norm.sf(z / math.sqrt(t))) if t > 0 else 0.0
+        z = -ndtri(alpha / 2)
+        return lambda t: float(2.0 * ndtr(-z / math.sqrt(t))) if t > 0 else 0.0
     if spending == "pocock":
         return lambda t: alpha * math.log1p((math.e - 1.0) * t)
     if isinstance(spending, (int, float)) and not isinstance(spending, bool) and spending > 0:

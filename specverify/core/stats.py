@@ -28,8 +28,7 @@ from itertools import combinations
 from typing import Any, Literal
 
 import numpy as np
-from scipy import optimize
-from scipy import stats as sps
+from scipy import optimize, special
 from scipy.special import gammaln, xlogy
 
 __all__ = [
@@ -491,7 +490,7 @@ def goodness_of_fit(
         pooled_expected = n * _sum_groups(cell_probs, groups)
         value = float(_power_divergence(pooled_counts, pooled_expected, lam))
         dof = len(groups) - 1
-        pvalue, method, confirmed_by = float(sps.chi2.sf(value, dof)), "asymptotic", ""
+        pvalue, method, confirmed_by = float(special.chdtrc(dof, value)), "asymptotic", ""
         if confirm_below is not None and pvalue <= confirm_below:
             pooled_probs = pooled_expected / n
             if relative_entropy_tail_bound(pooled_counts, pooled_probs) <= confirm_below * BOUND_SHARE:
@@ -591,7 +590,7 @@ def two_sample_test(
         value = float(_homogeneity_statistic(pooled_a, pooled_totals, n_a, n_b))
         dof = len(groups) - 1
         return Homogeneity(
-            statistic=value, pvalue=float(sps.chi2.sf(value, dof)), dof=dof, method="asymptotic",
+            statistic=value, pvalue=float(special.chdtrc(dof, value)), dof=dof, method="asymptotic",
             pooled_cells=_merged_groups(groups, cell_labels), **common,
         )
     value = float(_homogeneity_statistic(a, column_totals, n_a, n_b))
@@ -631,8 +630,8 @@ def _check_epsilon(epsilon: float, name: str = "epsilon") -> None:
 
 def _chi2_power(noncentrality: float, alpha: float, dof: int) -> float:
     """P(χ'²_dof(λ) > χ²_{dof, 1−α}): power of the level-α χ² test at noncentrality λ."""
-    critical = sps.chi2.isf(alpha, dof)
-    return float(sps.ncx2.sf(critical, dof, noncentrality)) if noncentrality > 0 else float(alpha)
+    critical = special.chdtri(dof, alpha)
+    return float(1.0 - special.chndtr(critical, dof, noncentrality)) if noncentrality > 0 else float(alpha)
 
 
 def _smallest_n(power_of_n: Any, power: float) -> int:
@@ -738,12 +737,23 @@ def _check_rate_alternative(delta: float, p0: float, alpha: float, power: float 
 
 def _binomial_critical_count(n: int, p0: float, alpha: float) -> int:
     """Smallest c with P_{p0}(X ≥ c) ≤ α for X ~ Binomial(n, p0): the one-sided test rejects iff X ≥ c."""
-    c = int(sps.binom.isf(alpha, n, p0)) + 1 if p0 > 0 else 1
-    while c > 0 and sps.binom.sf(c - 2, n, p0) <= alpha:  # P(X ≥ c − 1) ≤ α: c − 1 already suffices
+    if p0 <= 0:
+        return 1
+    c = min(n + 1, max(1, int(n * p0 + 3.0 * math.sqrt(n * p0 * (1.0 - p0))) + 1))  # near the tail's start
+    while c > 0 and binomial_sf(c - 2, n, p0) <= alpha:  # P(X ≥ c − 1) ≤ α: c − 1 already suffices
         c -= 1
-    while c <= n and sps.binom.sf(c - 1, n, p0) > alpha:
+    while c <= n and binomial_sf(c - 1, n, p0) > alpha:
         c += 1
     return c
+
+
+def binomial_sf(k: int, n: int, p: float) -> float:
+    """P(X > k) for X ~ Binomial(n, p) (1 for k < 0, 0 for k ≥ n)."""
+    if k < 0:
+        return 1.0
+    if k >= n:
+        return 0.0
+    return float(special.bdtrc(k, n, p))
 
 
 def binomial_power(n: int, delta: float, *, p0: float, alpha: float) -> float:
@@ -755,7 +765,7 @@ def binomial_power(n: int, delta: float, *, p0: float, alpha: float) -> float:
     _check_positive_int(n, "n")
     _check_rate_alternative(delta, p0, alpha, None)
     c = _binomial_critical_count(int(n), p0, alpha)
-    return float(sps.binom.sf(c - 1, int(n), p0 + delta))
+    return binomial_sf(c - 1, int(n), p0 + delta)
 
 
 def binomial_sample_size(delta: float, *, p0: float, alpha: float, power: float) -> int:
@@ -787,7 +797,8 @@ def binomial_test(
     *,
     confidence_level: float = 0.95,
 ) -> BinomialResult:
-    """Exact binomial test of H0: rate = p (scipy.stats.binomtest), with estimate k/n and the
+    """Exact binomial test of H0: rate = p (one-sided tails from ``scipy.special``, the two-sided test
+    from ``scipy.stats.binomtest``), with estimate k/n and the
     Clopper–Pearson interval at ``confidence_level`` (one-sided for one-sided alternatives:
     [low, 1] for ``"greater"``, [0, high] for ``"less"``).
     """
@@ -804,12 +815,24 @@ def binomial_test(
         raise ValueError(f"alternative: expected 'greater', 'less' or 'two-sided', got {alternative!r}")
     if not 0 < confidence_level < 1:
         raise ValueError(f"confidence_level: expected a value in (0, 1), got {confidence_level!r}")
-    result = sps.binomtest(int(successes), int(trials), float(p), alternative=alternative)
-    interval = result.proportion_ci(confidence_level=confidence_level, method="exact")
+    k, n = int(successes), int(trials)
+    if alternative == "two-sided":
+        from scipy import stats as sps  # the two-sided p-value's likelihood ordering (imported when used)
+
+        result = sps.binomtest(k, n, float(p), alternative=alternative)
+        interval = result.proportion_ci(confidence_level=confidence_level, method="exact")
+        pvalue, low, high = float(result.pvalue), float(interval.low), float(interval.high)
+    elif alternative == "greater":  # P(X ≥ k); Clopper–Pearson [Beta⁻¹(1 − c; k, n − k + 1), 1]
+        pvalue = binomial_sf(k - 1, n, float(p))
+        low = float(special.betaincinv(k, n - k + 1, 1.0 - confidence_level)) if k > 0 else 0.0
+        high = 1.0
+    else:  # P(X ≤ k); [0, Beta⁻¹(c; k + 1, n − k)]
+        pvalue = float(special.bdtr(k, n, float(p))) if k < n else 1.0
+        low = 0.0
+        high = float(special.betaincinv(k + 1, n - k, confidence_level)) if k < n else 1.0
     return BinomialResult(
-        successes=int(successes), trials=int(trials), null_p=float(p), alternative=alternative,
-        pvalue=float(result.pvalue), estimate=successes / trials, ci_low=float(interval.low),
-        ci_high=float(interval.high), confidence_level=float(confidence_level),
+        successes=k, trials=n, null_p=float(p), alternative=alternative, pvalue=min(1.0, max(0.0, pvalue)),
+        estimate=successes / trials, ci_low=low, ci_high=high, confidence_level=float(confidence_level),
     )
 
 

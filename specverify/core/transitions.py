@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+from scipy.special import chdtrc
 
 from specverify.core.stats import pool_cells
 
@@ -117,5 +117,5 @@ def transition_goodness_of_fit(counts: np.ndarray, probs: np.ndarray, *, min_exp
         return TransitionFit(statistic=float("inf"), pvalue=0.0, dof=dof, method="impossible-cell", **common)
     if dof == 0:
         return TransitionFit(statistic=0.0, pvalue=1.0, dof=0, method="no-test", **common)
-    return TransitionFit(statistic=statistic, pvalue=float(sps.chi2.sf(statistic, dof)), dof=dof,
+    return TransitionFit(statistic=statistic, pvalue=float(chdtrc(dof, statistic)), dof=dof,
                          method="asymptotic", **common)

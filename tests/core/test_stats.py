@@ -442,6 +442,18 @@ def test_binomial_test_matches_scipy_and_reports_clopper_pearson() -> None:
     assert "Clopper–Pearson" in str(greater)
 
 
+@pytest.mark.parametrize("alternative", ["greater", "less"])
+@pytest.mark.parametrize(("k", "n", "p"), [(0, 10, 0.3), (10, 10, 0.3), (3, 10, 0.3), (61, 100, 0.5),
+                                           (2, 1_000, 1e-4), (990, 1_000, 0.999), (5, 7, 0.0), (5, 7, 1.0)])
+def test_one_sided_binomial_test_equals_scipys(k: int, n: int, p: float, alternative: str) -> None:
+    """The one-sided tails and Clopper–Pearson bounds (scipy.special) against scipy.stats.binomtest."""
+    result = binomial_test(k, n, p, alternative, confidence_level=0.9)
+    reference = sps.binomtest(k, n, p, alternative=alternative)
+    interval = reference.proportion_ci(confidence_level=0.9, method="exact")
+    assert result.pvalue == pytest.approx(reference.pvalue, rel=1e-9, abs=1e-300)
+    assert (result.ci_low, result.ci_high) == pytest.approx((interval.low, interval.high), rel=1e-9, abs=1e-15)
+
+
 @pytest.mark.parametrize(
     ("args", "argument"),
     [
