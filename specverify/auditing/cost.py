@@ -22,7 +22,8 @@ range, the slowest and the fastest speed measured at any scale (:class:`Estimate
 unmeasured scale may be from the nearest), both among the scales of its regime: a row at a small
 vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The
 audit's own seconds are scaled by the ratio of its measured own time (wall time less the
-function's) to its planned own time on the checks done: a loaded machine slows both.  The
+function's) to its planned own time on the checks done in the same regime: a loaded machine
+slows both.  The
 estimate assumes every check runs to its final look; a check that rejects early, or fail-fast,
 only ends the audit sooner.
 """
@@ -42,7 +43,11 @@ SECONDS_UNSAMPLED = 0.1
 HARNESS_S_PER_ROW = 8e-6
 """The audit's own seconds per row of a sampled step (drawing the inputs, counting the outputs)."""
 
-PRIOR_S_PER_ENTRY = 3e-9
+HARNESS_S_PER_ENTRY = 1.5e-9
+"""The audit's own seconds per probability entry of a row (building the laws, presenting them to
+the function and checking them unchanged after the call, the token-level tests)."""
+
+PRIOR_S_PER_ENTRY = 1e-9
 """The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
 
 PRIOR_S_PER_ROW = 2e-6
@@ -53,7 +58,8 @@ PRIOR_S_PER_DECODER_CALL = 0.1
 
 ENTRY_BOUND_S = 1e-5
 """The reference's seconds per row above which a row's entries, not the function's per-row and
-per-call overheads, set its cost (:class:`Speeds`): ~3,300 entries, a step at V ≳ 1,000."""
+per-call overheads, set its cost (:class:`Speeds`): 10,000 entries, a step of K drafts at
+V ≳ 10,000 / (2K + 1)."""
 
 MIN_OWN_SECONDS = 0.5
 """Planned own seconds done before the audit's own speed is measured (below it: the plan's)."""
@@ -97,8 +103,9 @@ def step_cost(samples: int, num_draft: float, vocab_size: int) -> Cost:
     """One step of ``num_draft`` drafts at ``vocab_size`` per sample: (2K + 1)·V entries a row."""
     if not samples:
         return Cost(0, SECONDS_UNSAMPLED)
-    return Cost(samples, SECONDS_PER_CHECK, HARNESS_S_PER_ROW, (2 * num_draft + 1) * vocab_size, PRIOR_S_PER_ENTRY,
-                vocab_size, PRIOR_S_PER_ROW)
+    entries = (2 * num_draft + 1) * vocab_size
+    return Cost(samples, SECONDS_PER_CHECK, HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY, entries,
+                PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW)
 
 
 def tree_cost(samples: int, nodes: float, vocab_size: int, rows_per_sample: float = 1.0) -> Cost:
@@ -146,27 +153,36 @@ class Speeds:
 
     def __init__(self) -> None:
         self.per_unit: dict[tuple[bool, float], float] = {}
-        self.own_planned = 0.0
-        self.own_measured = 0.0
+        self.own_planned = {False: 0.0, True: 0.0}
+        self.own_measured = {False: 0.0, True: 0.0}
 
     def record(self, cost: Cost, rows: int, function_s: float, wall_s: float) -> None:
         """A finished check of ``cost`` whose function evaluated ``rows`` rows in ``function_s`` of its
         own seconds, within ``wall_s`` of the check's wall time."""
+        bound = entry_bound(cost)
         if rows > 0 and function_s > 0 and cost.work > 0:
-            bound = entry_bound(cost)
             self.per_unit[bound, cost.scale] = function_s / (rows * (cost.work if bound else 1.0))
         done = min(1.0, rows / cost.rows) if cost.rows else 1.0
-        self.own_planned += cost.fixed_s + done * cost.rows * cost.harness_s
-        self.own_measured += max(0.0, wall_s - function_s)
+        self.own_planned[bound] += cost.fixed_s + done * cost.rows * cost.harness_s
+        self.own_measured[bound] += max(0.0, wall_s - function_s)
 
     @property
     def measured(self) -> bool:
         """Whether the function's speed has been measured at some scale."""
         return bool(self.per_unit)
 
-    def own_ratio(self) -> float:
-        """Measured over planned own seconds on the checks done (1 before :data:`MIN_OWN_SECONDS` are planned)."""
-        return self.own_measured / self.own_planned if self.own_planned >= MIN_OWN_SECONDS else 1.0
+    @property
+    def own_planned_s(self) -> float:
+        """The planned own seconds of the checks done."""
+        return sum(self.own_planned.values())
+
+    def own_ratio(self, cost: Cost) -> float:
+        """Measured over planned own seconds on the checks done in ``cost``'s regime (an entry-bound
+        check's own work is its entries', an overhead-bound one's its rows'), 1 before
+        :data:`MIN_OWN_SECONDS` of them are planned."""
+        bound = entry_bound(cost)
+        planned = self.own_planned[bound]
+        return self.own_measured[bound] / planned if planned >= MIN_OWN_SECONDS else 1.0
 
     def per_row(self, cost: Cost) -> tuple[float, float, float]:
         """(expected, lowest, highest) seconds of the function per row of ``cost``: measured at its
@@ -186,10 +202,9 @@ class Speeds:
 
     def estimate(self, costs: Sequence[Cost]) -> Estimate:
         """The seconds of ``costs`` at the speeds measured so far."""
-        ratio = self.own_ratio()
         total = ZERO
         for cost in costs:
-            own = ratio * cost.own_s
+            own = self.own_ratio(cost) * cost.own_s
             if not cost.work:
                 total += Estimate(own, own, own)
                 continue

@@ -185,7 +185,7 @@ class _Tracker(AuditProgress):
         if self.not_run or self.level == "endpoint" or not self.speeds.measured or not self.log.calls:
             return None  # the audit is stopping (fail-fast, an interrupt), or nothing is measured yet
         elapsed = time.perf_counter() - self.started
-        if elapsed < SETTLE_S and self.speeds.own_planned < MIN_OWN_SECONDS:
+        if elapsed < SETTLE_S and self.speeds.own_planned_s < MIN_OWN_SECONDS:
             return None  # too little has run to say anything the plan did not
         rest = self.speeds.estimate(self.costs[index + 1:])
         total = elapsed + rest.seconds
@@ -224,7 +224,7 @@ class _Tracker(AuditProgress):
         function_s = self.log.function_seconds - self.function_s_before
         if rows and function_s > 0 and cost.work and cost.rows:
             left = max(0.0, 1.0 - rows / cost.rows)
-            return left * (self.speeds.own_ratio() * cost.own_s + cost.rows * function_s / rows)
+            return left * (self.speeds.own_ratio(cost) * cost.own_s + cost.rows * function_s / rows)
         return max(0.0, self.speeds.estimate([cost]).seconds - (time.perf_counter() - self.check_started_at))
 
     def check_started(self, index: int, check: Check, plan: Plan) -> None:
