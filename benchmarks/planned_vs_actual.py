@@ -5,9 +5,10 @@
 Each audit runs in its own process (``specverify audit``, a log display), on the checks of
 :data:`CHECKS` (small and large vocabularies, so that a function whose speed depends on V is
 re-timed from its own measurements).  From the log it reads the plan's expected time (the header,
-at the reference's speed), the first re-timed projection (``measured … ~T in all``: the time so
-far plus the rest at the speeds measured, with their range) and the audit's actual time (``audit
-finished in``), and prints them side by side.  Durations in the log are rounded as the display rounds them.
+at the reference's speed), the first and the last re-timed projections (``measured … ~T in all``:
+the time so far plus the rest at the speeds measured, with their range; a line is said again when
+the projection moves by 2×) and the audit's actual time (``audit finished in``), side by side.
+Durations in the log are rounded as the display rounds them.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ def run(label: str, target: str, env: dict[str, str], budget: str) -> dict[str, 
     wall = time.perf_counter() - started
     log = completed.stderr
     planned = re.search(rf"expected ~({DURATION})", log)
-    measured = re.search(r"measured .*? in all", log)
+    retimed = re.findall(r"measured .*? in all", log)
     finished = re.search(rf"audit finished in ({DURATION})", log)
     return {"function": label, "exit": completed.returncode,
             "planned_s": seconds_of(planned.group(1)) if planned else None,
-            "retimed": measured.group(0) if measured else None,
+            "first": retimed[0] if retimed else None, "last": retimed[-1] if len(retimed) > 1 else None,
             "actual_s": seconds_of(finished.group(1)) if finished else None, "process_s": wall}
 
 
@@ -66,11 +67,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     lines = [f"budget {args.budget}, checks {CHECKS}; load average {os.getloadavg()[0]:.1f}",
-             "| function | planned | first re-timed line | actual (report) | process |", "|---|---|---|---|---|"]
+             "| function | planned | first re-timed line | last re-timed line | actual (report) | process |",
+             "|---|---|---|---|---|---|"]
     for label, target, env in FUNCTIONS:
         row = run(label, target, env, args.budget)
-        lines.append(f"| {row['function']} | {row['planned_s']} s | {row['retimed']} | {row['actual_s']} s "
-                     f"| {row['process_s']:.1f} s (exit {row['exit']}) |")
+        lines.append(f"| {row['function']} | {row['planned_s']} s | {row['first']} | {row['last'] or '—'} "
+                     f"| {row['actual_s']} s | {row['process_s']:.1f} s (exit {row['exit']}) |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

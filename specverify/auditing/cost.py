@@ -153,6 +153,7 @@ class Speeds:
 
     def __init__(self) -> None:
         self.per_unit: dict[tuple[bool, float], float] = {}
+        self.slowdown: dict[bool, list[float]] = {False: [], True: []}
         self.own_planned = {False: 0.0, True: 0.0}
         self.own_measured = {False: 0.0, True: 0.0}
 
@@ -162,6 +163,8 @@ class Speeds:
         bound = entry_bound(cost)
         if rows > 0 and function_s > 0 and cost.work > 0:
             self.per_unit[bound, cost.scale] = function_s / (rows * (cost.work if bound else 1.0))
+            if cost.prior_per_row > 0:
+                self.slowdown[bound].append(function_s / rows / cost.prior_per_row)
         done = min(1.0, rows / cost.rows) if cost.rows else 1.0
         self.own_planned[bound] += cost.fixed_s + done * cost.rows * cost.harness_s
         self.own_measured[bound] += max(0.0, wall_s - function_s)
@@ -187,13 +190,16 @@ class Speeds:
     def per_row(self, cost: Cost) -> tuple[float, float, float]:
         """(expected, lowest, highest) seconds of the function per row of ``cost``: measured at its
         scale in its regime; else the nearest measured scale's of that regime (in log scale), within
-        the slowest and fastest measured there; the prior before any measurement of the regime."""
+        the slowest and fastest measured there; before any measurement of the regime, the prior,
+        within the prior times the slowest and the fastest slowdown against the prior measured in
+        the other regime (a function 6× slower than the reference on small vocabularies may be so
+        on large ones too: the range says it, the estimate waits for a measurement)."""
         bound = entry_bound(cost)
         units = cost.work if bound else 1.0
         measured = {scale: speed for (regime, scale), speed in self.per_unit.items() if regime == bound}
-        if not measured:
-            prior = cost.prior_per_row
-            return prior, prior, prior
+        if not measured:  # the prior; its range: the slowdown against the prior measured in the other regime
+            prior, other = cost.prior_per_row, self.slowdown[not bound]
+            return prior, prior * min([1.0, *other]), prior * max([1.0, *other])
         if cost.scale in measured:
             speed = measured[cost.scale]
             return units * speed, units * speed, units * speed

@@ -38,13 +38,16 @@ def test_a_step_cost_is_its_entries_at_the_prior_speed():
 def test_speeds_price_a_check_from_its_own_regime_at_the_nearest_measured_scale():
     """Entry-bound scales (V = 4,099 at the reference's speed, V = 151,936 at 100×) price an unmeasured
     large vocabulary at the nearest one's seconds per entry, within the range of both; a small
-    vocabulary's per-row overheads never price a large one's entries."""
+    vocabulary's per-row overheads never price a large one's entries (before any large one is
+    measured they widen its range only)."""
     speeds = Speeds()
     tiny, deep, large = step_cost(1_000, 1, 4), step_cost(1_000, 16, 4_099), step_cost(1_000, 1, LARGE_V)
     gpt2 = step_cost(1_000, 1, 50_257)
     assert speeds.estimate([large]).seconds == pytest.approx(large.seconds())  # the prior before a measurement
     speeds.record(tiny, 1_000, function_s=1.0, wall_s=1.1)  # 1 ms a row: overheads, not entries
-    assert speeds.per_row(gpt2) == pytest.approx((gpt2.prior_per_row,) * 3)
+    slowdown = 1e-3 / tiny.prior_per_row  # its range: the slowdown measured on the small vocabulary
+    assert speeds.per_row(gpt2) == pytest.approx((gpt2.prior_per_row, gpt2.prior_per_row,
+                                                  gpt2.prior_per_row * slowdown))
     speeds.record(deep, 1_000, function_s=deep.units * PRIOR_S_PER_ENTRY, wall_s=1.0)
     speeds.record(large, 1_000, function_s=large.units * PRIOR_S_PER_ENTRY * SLOWDOWN, wall_s=100.0)
     assert speeds.per_row(large)[0] == pytest.approx(large.work * SLOWDOWN * PRIOR_S_PER_ENTRY)
