@@ -103,12 +103,15 @@ def selects_only_gpu(markexpr: str) -> bool:
     if "gpu" not in words or len(names) > 10:
         return False
     for values in product((False, True), repeat=len(names)):
-        truth = dict(zip(names, values), gpu=False)
-        python = re.sub(r"[^\s()]+", lambda m, truth=truth: m.group(0) if m.group(0) in ("and", "or", "not")
-                        else str(truth[m.group(0)]), markexpr)
-        if eval(python, {"__builtins__": {}}):
+        if eval(_with_truth_values(markexpr, dict(zip(names, values), gpu=False)), {"__builtins__": {}}):
             return False
     return True
+
+
+def _with_truth_values(markexpr: str, truth: dict[str, bool]) -> str:
+    """``markexpr`` with each marker name replaced by its value in ``truth`` (a Python expression)."""
+    return re.sub(r"[^\s()]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not") else str(truth[m.group(0)]),
+                  markexpr)
 
 
 def pytest_configure(config: pytest.Config) -> None:
