@@ -68,7 +68,7 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -90,6 +90,9 @@ from specverify.core.processing import SamplingParams
 from specverify.core.rules import VerifyResult, greedy_verify, point_mass_verify, rejection_sample
 from specverify.core.seeding import derive_seed
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 DEFAULT_GAMMA = 4
 
 
@@ -110,7 +113,7 @@ class Generation(NamedTuple):
 
 @torch.no_grad()
 def speculative_generate(
-    target: torch.nn.Module,
+    target: PreTrainedModel,
     drafter: Drafter,
     prompts: torch.Tensor | Sequence[torch.Tensor],
     *,
@@ -155,7 +158,8 @@ def speculative_generate(
             result = verify(target_probs, draft, params, generators)
         target_kv.forget(draft.num_draft - result.num_accepted)  # 4. roll back: keep the fed context + accepted drafts
         drafter.accepted(result.num_accepted)
-        if reads_hidden:  # the same pass's hidden states at the tokens the target's cache kept
+        if isinstance(drafter, HiddenStateDrafter):  # the same pass's hidden states at the tokens the target kept
+            assert target_kv.hidden is not None, "a cache made with keep_hidden keeps each block's hidden states"
             drafter.target_hidden(target_kv.hidden, target_kv.lengths - seen)
         sequences.append(result.emitted, result.num_accepted + 1)
         recorder.record_pass(~finished, draft.num_draft, result.num_accepted, draft_clock.seconds, target_clock.seconds)
@@ -173,9 +177,9 @@ def request_seed(seed: int, row: int) -> int:
 
 def request_seeds(seed: int | Sequence[int], batch_size: int) -> list[int]:
     """One seed per row: ``seed`` itself if it is a sequence, else ``request_seed(seed, b)`` for row b."""
-    if is_integer(seed):
-        return [request_seed(seed, row) for row in range(batch_size)]
-    return [int(s) for s in seed]
+    if isinstance(seed, Sequence):
+        return [int(s) for s in seed]
+    return [request_seed(seed, row) for row in range(batch_size)]
 
 
 def draft_lengths(sequences: TokenSequences, finished: torch.Tensor, gamma: int, max_new_tokens: int) -> torch.Tensor:
@@ -294,7 +298,7 @@ class Stopwatch:
 
 
 def check_inputs(
-    target: torch.nn.Module,
+    target: PreTrainedModel,
     drafter: Drafter,
     prompts: list[torch.Tensor],
     *,
@@ -323,7 +327,7 @@ def check_inputs(
         raise ValueError(f"eos_token_id: expected None or an id in [0, {vocabulary}), got {eos_token_id!r}")
     if not prompts:
         raise ValueError("prompts: expected at least one prompt")
-    if not is_integer(seed) and len(seed) != len(prompts):
+    if isinstance(seed, (list, tuple)) and len(seed) != len(prompts):
         raise ValueError(f"seed: got {len(seed)} seeds for {len(prompts)} prompts; pass one per prompt, or one int")
     for row, prompt in enumerate(prompts):
         if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.int64 or prompt.dim() != 1:
@@ -344,8 +348,8 @@ def is_integer(value: object) -> bool:
 
 
 def generate(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | Drafter | None,
+    target: PreTrainedModel,
+    draft: PreTrainedModel | Drafter | None,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
@@ -385,8 +389,8 @@ MTP_HEAD_SEED = 0
 
 
 def generate_mtp(
-    target: torch.nn.Module,
-    draft: torch.nn.Module | None,
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,

@@ -42,7 +42,7 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -51,6 +51,9 @@ from reference.kv import RaggedCache
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
 from specverify.core.sampling import sample as sample_from
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class Draft:
 class Drafter(Protocol):
     """The interface the decoder drives (see the module docstring)."""
 
-    def check_target(self, target: torch.nn.Module) -> None: ...
+    def check_target(self, target: PreTrainedModel) -> None: ...
 
     def start(self, sequences: TokenSequences) -> None: ...
 
@@ -99,9 +102,11 @@ class HiddenStateDrafter(abc.ABC):
         (the input of its output head) at the tokens its cache took this step, in order."""
 
 
-def vocab_size(model: torch.nn.Module) -> int:
+def vocab_size(model: PreTrainedModel | MTPHead) -> int:
     """Rows of the model's output head: the ids its distributions range over."""
-    return int(model.get_output_embeddings().weight.shape[0])
+    weight = model.get_output_embeddings().weight
+    assert isinstance(weight, torch.Tensor), "an output head's weight is a tensor [V, H]"
+    return int(weight.shape[0])
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -146,12 +151,12 @@ class ModelDrafter:
     when no candidate is needed).  ``accepted`` forgets the fed drafts that the target rejected.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.kv: RaggedCache | None = None
         self.fed_drafts: torch.Tensor | None = None  # per row: drafts fed to the draft model this step
 
-    def check_target(self, target: torch.nn.Module) -> None:
+    def check_target(self, target: PreTrainedModel) -> None:
         if vocab_size(self.model) != vocab_size(target):
             raise ValueError(
                 f"draft: its vocabulary has {vocab_size(self.model)} ids but the target's has "
@@ -172,6 +177,7 @@ class ModelDrafter:
         self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
         generators: Sequence[torch.Generator],
     ) -> Draft:
+        assert self.kv is not None, "start() makes the cache"
         passes = int(gammas.max())
         self.fed_drafts = (gammas - 1).clamp(min=0)
         if passes == 0:  # nothing to draft: the draft model does not run
@@ -189,10 +195,11 @@ class ModelDrafter:
         return Draft(torch.stack(tokens, 1), torch.stack(probs, 1), gammas.clone())
 
     def accepted(self, num_accepted: torch.Tensor) -> None:
+        assert self.kv is not None and self.fed_drafts is not None, "start() and propose() set them"
         self.kv.forget(self.fed_drafts - torch.minimum(num_accepted, self.fed_drafts))
 
 
-def truncated_view(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
+def truncated_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     """A causal LM that runs the first ``num_layers`` decoder layers of ``model``, then its final norm
     and LM head, sharing every weight with ``model`` (shallow module copies: no tensor is copied).
 
@@ -237,11 +244,11 @@ class EarlyExitDrafter(ModelDrafter):
     same tokens, but sharing them would couple the two caches' rollbacks, so they are recomputed.
     """
 
-    def __init__(self, target: torch.nn.Module, num_layers: int) -> None:
+    def __init__(self, target: PreTrainedModel, num_layers: int) -> None:
         super().__init__(truncated_view(target, num_layers))
         self.target = target
 
-    def check_target(self, target: torch.nn.Module) -> None:
+    def check_target(self, target: PreTrainedModel) -> None:
         if target is not self.target:
             raise ValueError("target: this EarlyExitDrafter was built from a different model; build it from the target")
 
@@ -267,7 +274,7 @@ class MTPHead(torch.nn.Module):
     weight ``N(0, 1/fan_in)``.  Losslessness does not depend on them; acceptance does.
     """
 
-    def __init__(self, target: torch.nn.Module, *, seed: int = 0) -> None:
+    def __init__(self, target: PreTrainedModel, *, seed: int = 0) -> None:
         super().__init__()
         config = copy.deepcopy(target.config)
         config.num_hidden_layers = 1
@@ -354,7 +361,7 @@ class MTPDrafter(HiddenStateDrafter):
         self.new_hidden: torch.Tensor | None = None  # the target's hidden states not yet fed to the head
         self.fed_drafts: torch.Tensor | None = None  # per row: draft entries fed this step
 
-    def check_target(self, target: torch.nn.Module) -> None:
+    def check_target(self, target: PreTrainedModel) -> None:
         if target.get_output_embeddings() is not self.head.lm_head:
             raise ValueError("target: this MTPHead was built on a different model; build it with MTPHead(target)")
 
@@ -370,14 +377,17 @@ class MTPDrafter(HiddenStateDrafter):
         self, sequences: TokenSequences, gammas: torch.Tensor, params: SamplingParams,
         generators: Sequence[torch.Generator],
     ) -> Draft:
+        kv = self.kv
+        assert kv is not None, "start() makes the cache"
         self.fed_drafts = torch.zeros_like(gammas)
         if self.new_hidden is None:  # the first step: no hidden state of the target yet
             return empty_draft(gammas, vocab_size(self.head))
-        next_tokens, counts = sequences.tail(self.kv.lengths + 1)  # x_{j+1} of each new entry j
+        next_tokens, counts = sequences.tail(kv.lengths + 1)  # x_{j+1} of each new entry j
         hidden, self.new_hidden = self.new_hidden, None
         rows = torch.arange(gammas.shape[0], device=gammas.device)
-        next_logits = self.kv.extend(next_tokens, counts, read_from=counts - 1, previous_hidden=hidden)[:, 0]
-        head_hidden = self.kv.hidden[rows, counts - 1]
+        next_logits = kv.extend(next_tokens, counts, read_from=counts - 1, previous_hidden=hidden)[:, 0]
+        assert kv.hidden is not None, "a cache made with keep_hidden keeps each block's hidden states"
+        head_hidden = kv.hidden[rows, counts - 1]
         passes = int(gammas.max())
         if passes == 0:
             return empty_draft(gammas, vocab_size(self.head))
@@ -390,11 +400,12 @@ class MTPDrafter(HiddenStateDrafter):
             probs.append(q)
             if position + 1 < passes:  # feed the drafts of the rows that draft again, with the head's state
                 feeding = (position + 1 < gammas).to(torch.int64)
-                next_logits = self.kv.extend(token[:, None], feeding, previous_hidden=head_hidden[:, None])[:, 0]
-                head_hidden = self.kv.hidden[:, 0]
+                next_logits = kv.extend(token[:, None], feeding, previous_hidden=head_hidden[:, None])[:, 0]
+                head_hidden = kv.hidden[:, 0]
         return Draft(torch.stack(tokens, 1), torch.stack(probs, 1), gammas.clone())
 
     def accepted(self, num_accepted: torch.Tensor) -> None:
+        assert self.kv is not None and self.fed_drafts is not None, "start() and propose() set them"
         self.kv.forget(self.fed_drafts)
 
 
@@ -440,7 +451,7 @@ class PromptLookupDrafter:
         self.min_ngram = min_ngram
         self.match = match
 
-    def check_target(self, target: torch.nn.Module) -> None:
+    def check_target(self, target: PreTrainedModel) -> None:
         """Any target: the drafts are ids copied from the context, which is in the target's vocabulary."""
 
     def start(self, sequences: TokenSequences) -> None:

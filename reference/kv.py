@@ -32,16 +32,22 @@ sliding-window layer would count holes as positions.
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from reference.drafters import MTPHead  # reference.drafters imports this module
 
 
 class RaggedCache:
     """One model's KV cache for ``batch_size`` rows of different lengths (see the module docstring)."""
 
     def __init__(
-        self, model: torch.nn.Module, batch_size: int, device: torch.device, *, keep_hidden: bool = False
+        self, model: PreTrainedModel | MTPHead, batch_size: int, device: torch.device, *, keep_hidden: bool = False
     ) -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)

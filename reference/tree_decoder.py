@@ -38,10 +38,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DummyLayer
 
 from reference.drafters import model_device, vocab_size
 from specverify.core.processing import SamplingParams
@@ -52,6 +53,9 @@ from specverify.core.tree_rules import (
     point_mass_tree_verify,
     tree_rejection_sample,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TREE_SCHEMES = ("deterministic", "independent")
 """How the draft fills a node's children: its top-k tokens (one-hot ``q``) or independent samples of ``q``."""
@@ -120,7 +124,7 @@ def tree_attention_mask(ancestors: torch.Tensor, context_length: int) -> torch.T
     return torch.cat([context, ancestors], dim=1)[None, None]
 
 
-def run_block(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor, ancestors: torch.Tensor,
+def run_block(model: PreTrainedModel, cache: DynamicCache, tokens: torch.Tensor, ancestors: torch.Tensor,
               positions: torch.Tensor) -> torch.Tensor:
     """Append a block ``tokens [m]`` to ``cache`` under the block mask ``ancestors [m, m]`` at position ids
     ``positions [m]``; return its logits ``[m, V]``."""
@@ -133,7 +137,12 @@ def run_block(model: torch.nn.Module, cache: DynamicCache, tokens: torch.Tensor,
 def keep_columns(cache: DynamicCache, columns: torch.Tensor) -> None:
     """Keep only the cache columns ``columns`` (increasing), in every layer: the accepted path's KV entries."""
     for layer in cache.layers:
-        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+        if isinstance(layer, DummyLayer):  # a layer without keys and values of its own
+            continue
+        if not isinstance(layer, CacheLayerMixin):
+            raise ValueError(f"target: its {type(layer).__name__} cache layers hold states, not columns to keep; "
+                             "the tree decoder needs attention layers")
+        if layer.is_initialized and layer.keys is not None and layer.values is not None and layer.keys.numel():
             layer.keys = layer.keys.index_select(-2, columns.to(layer.keys.device))
             layer.values = layer.values.index_select(-2, columns.to(layer.values.device))
 
@@ -167,7 +176,7 @@ class ModelTreeDrafter:
     then the cache is cropped back to the committed tokens.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
 
     def start(self) -> None:
@@ -189,7 +198,7 @@ class ModelTreeDrafter:
         tokens = torch.full((shape.num_nodes,), -1, dtype=torch.int64, device=device)
         probs = torch.zeros(shape.num_nodes, root_logits.shape[-1], device=device)
         self._fill_children(-1, logits_at, tokens, probs, shape, scheme, params, generator)
-        column = {}  # node -> its column in the draft's cache
+        column: dict[int, int] = {}  # node -> its column in the draft's cache
         for level in shape.expanded_levels():
             nodes = torch.tensor(level, device=device)
             block_mask = torch.zeros(len(level), self.cache.get_seq_length() - self.cached + len(level),
@@ -274,7 +283,7 @@ class TargetTreeCache:
     """The target's KV cache: the committed tokens but the last (the root of the next tree)."""
 
     @torch.no_grad()
-    def __init__(self, target: torch.nn.Module, prompt: torch.Tensor) -> None:
+    def __init__(self, target: PreTrainedModel, prompt: torch.Tensor) -> None:
         self.target = target
         self.cache = DynamicCache(config=target.config)
         if len(prompt) > 1:
@@ -293,7 +302,7 @@ class TargetTreeCache:
         """Keep the committed context, the root slot and the accepted nodes' entries; drop the other nodes."""
         context = self.cache.get_seq_length() - (shape.num_nodes + 1)
         slots = [0] + [node + 1 for node in shape.path_to(last_node)]
-        device = self.cache.layers[0].keys.device
+        device = model_device(self.target)
         columns = torch.cat([torch.arange(context, device=device), context + torch.tensor(slots, device=device)])
         keep_columns(self.cache, columns)
 
@@ -352,7 +361,7 @@ class TreeGeneration(NamedTuple):
 
 @torch.no_grad()
 def tree_speculative_generate(
-    target: torch.nn.Module,
+    target: PreTrainedModel,
     drafter: ModelTreeDrafter | PromptLookupTreeDrafter,
     prompt: torch.Tensor,
     *,
@@ -396,7 +405,10 @@ def tree_speculative_generate(
     return TreeGeneration(sequence[len(prompt):len(prompt) + max_new_tokens], stats)
 
 
-def check_tree_inputs(target, prompt, scheme, max_new_tokens, temperature, top_k, top_p, min_p) -> SamplingParams:
+def check_tree_inputs(
+    target: PreTrainedModel, prompt: torch.Tensor, scheme: str, max_new_tokens: int, temperature: float,
+    top_k: int | None, top_p: float | None, min_p: float | None,
+) -> SamplingParams:
     """Raise ``ValueError`` naming the argument for invalid input; return the sampling parameters."""
     if not isinstance(target, torch.nn.Module) or target.training:
         raise ValueError("target: expected a Hugging Face causal LM in eval mode")
@@ -412,8 +424,8 @@ def check_tree_inputs(target, prompt, scheme, max_new_tokens, temperature, top_k
 
 
 def generate(
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,

@@ -285,6 +285,7 @@ class Check:
             return Plan(0, 0, None, None, seed)
         target = self.target_tv(budget)
         if target is None:
+            assert budget.samples is not None, "a budget without a TV to detect fixes the samples per check"
             n = int(budget.samples)
             looks, look_alphas = self.looks(n, share)
             detectable = self.detectable_tv(n, alpha=look_alphas[-1] if looks else share, power=POWER)
@@ -305,7 +306,7 @@ class Check:
     def run(self, session: Any, plan: Plan) -> CheckResult:
         raise NotImplementedError
 
-    def report(self, plan: Plan, verdict: Verdict | str, message: str, **measured: Any) -> CheckResult:
+    def report(self, plan: Plan, verdict: Verdict, message: str, **measured: Any) -> CheckResult:
         """:func:`check_report` of this check."""
         return check_report(self, plan, verdict, message, **measured)
 
@@ -346,7 +347,7 @@ class Battery:
         return None
 
 
-def check_report(check: Check, plan: Plan, verdict: Verdict | str, message: str, **measured: Any) -> CheckResult:
+def check_report(check: Check, plan: Plan, verdict: Verdict, message: str, **measured: Any) -> CheckResult:
     """The one place a :class:`CheckResult` is built: the identity of ``check`` (its ``name``,
     ``description``, ``kind``, ``parameters``, ``num_cells``), its ``plan`` (``n_required``, α share,
     detectable TV), the verdict and message, and whatever the check measured (``n``, ``pvalue``,

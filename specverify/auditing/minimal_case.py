@@ -359,7 +359,7 @@ def _judge(target: str, check: str, chain: int, p: torch.Tensor, q: torch.Tensor
     error = np.sqrt(np.maximum(law * (1 - law), 1e-300) / rows)
     z = np.where((law == 0) & (observed > 0), np.inf, np.abs(observed - law) / error)
     z = np.where((law == 0) & (observed == 0), 0.0, z)
-    column, cell = np.unravel_index(int(np.argmax(z)), z.shape)
+    column, cell = map(int, np.unravel_index(int(np.argmax(z)), z.shape))
     return MinimalCase(target, check, chain, tuple(tuple(float(x) for x in row) for row in p.tolist()),
                        tuple(tuple(float(x) for x in row) for row in q.tolist()), tuple(int(t) for t in drafts), rows,
                        int(seed), int(column), -1 if cell == v1 - 1 else int(cell), float(law[column, cell]),

@@ -117,7 +117,8 @@ def power_shortfall(checks: Sequence[Check], plans: Sequence[Plan], level: str, 
         return None
     sizes = [_needed(check, plan, check_ceiling(check, level, SampleBudget("fixed", samples=1)))
              for check, plan, _ in planned]
-    needed = None if any(size is None for size in sizes) else max(sizes)
+    known = [size for size in sizes if size is not None]
+    needed = max(known) if len(known) == len(sizes) else None
     return PowerShortfall(level, budget.name, ceiling, worst_check.name, worst, needed)
 
 
@@ -157,4 +158,5 @@ def _detectable(plan: Plan) -> float:
 def _final_alpha(check: Check, plan: Plan) -> float:
     if plan.look_alphas:
         return plan.look_alphas[-1]
+    assert plan.alpha is not None, "a statistical check's plan has its share of α"
     return check.sizing_level(plan.alpha)

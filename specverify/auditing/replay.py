@@ -107,7 +107,7 @@ def _importable_through_pth(module_name: str) -> bool:
                         (entry / top).is_dir() or (entry / f"{top}.py").is_file()):
                     return True
     # Editable installs through a finder module (setuptools' __editable__ finders) map the name directly.
-    return any(type(finder).__name__.startswith("_EditableFinder") and finder.find_spec(top) is not None
+    return any(type(finder).__name__.startswith("_EditableFinder") and finder.find_spec(top, None) is not None
                for finder in sys.meta_path if hasattr(finder, "find_spec"))
 
 

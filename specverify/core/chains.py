@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from specverify.core.sampling import TableSampler
@@ -60,7 +61,7 @@ class PositionalChain:
     ``K`` (target) or ``K-1`` (draft) is an error: the chain describes a single step.
     """
 
-    def __init__(self, p: np.ndarray, q: np.ndarray) -> None:
+    def __init__(self, p: npt.ArrayLike, q: npt.ArrayLike) -> None:
         p = _as_probability_table(p, "p")
         q = _as_probability_table(q, "q", allow_empty=True)
         if q.shape[0] != p.shape[0] - 1 or (q.shape[0] > 0 and q.shape[1] != p.shape[1]):
@@ -468,7 +469,7 @@ def _check_random_arguments(vocab_size: int, concentration: float, closeness: fl
         raise ValueError(f"kind: expected 'mixture' or 'sparse', got {kind!r}")
 
 
-def _as_probability_table(table: np.ndarray, name: str, *, allow_empty: bool = False) -> np.ndarray:
+def _as_probability_table(table: npt.ArrayLike, name: str, *, allow_empty: bool = False) -> np.ndarray:
     """Validate a ``[rows, V]`` table of probability rows and return it as read-only float64."""
     array = np.array(table, dtype=np.float64)
     if array.ndim != 2:

@@ -25,7 +25,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from scipy import optimize, special
@@ -86,6 +86,7 @@ _MONTE_CARLO_CHUNK_ENTRIES = 2_000_000  # draws × cells simulated at once (16 M
 _TIE_RTOL = 1e-10  # statistics within this relative distance of the observed one count as ties
 
 Labels = tuple[Hashable, ...]
+CellKey = TypeVar("CellKey", bound=Hashable)  # the labels of counts and probabilities given as dicts
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,8 +411,8 @@ def relative_entropy_tail_bound(counts: np.ndarray, probs: np.ndarray) -> float:
 
 
 def goodness_of_fit(
-    observed: Sequence[int] | np.ndarray | Mapping[Hashable, int],
-    expected_probs: Sequence[float] | np.ndarray | Mapping[Hashable, float],
+    observed: Sequence[int] | np.ndarray | Mapping[CellKey, int],
+    expected_probs: Sequence[float] | np.ndarray | Mapping[CellKey, float],
     *,
     statistic: Literal["pearson", "g"] | float = "pearson",
     min_expected: float = 5.0,
@@ -552,8 +553,8 @@ def _aligned_pair(counts_a: Any, counts_b: Any) -> tuple[np.ndarray, np.ndarray,
 
 
 def two_sample_test(
-    counts_a: Sequence[int] | np.ndarray | Mapping[Hashable, int],
-    counts_b: Sequence[int] | np.ndarray | Mapping[Hashable, int],
+    counts_a: Sequence[int] | np.ndarray | Mapping[CellKey, int],
+    counts_b: Sequence[int] | np.ndarray | Mapping[CellKey, int],
     *,
     min_expected: float = 5.0,
     seed: int = 0,

@@ -173,7 +173,7 @@ def verify_chain_triton(target_probs, draft_probs, draft_tokens, generator=None,
     return _chain(target_probs, draft_probs, draft_tokens, generator, uniforms, block_verification=False)
 
 
-verify_chain_triton.arithmetic = "float32"
+verify_chain_triton.arithmetic = "float32"  # type: ignore[attr-defined]  # declared on the function (rounding.py)
 
 
 def verify_chain_block_triton(target_probs, draft_probs, draft_tokens, generator):
@@ -200,4 +200,5 @@ def verify_tree_greedy_triton(target_probs, draft_probs, tree_tokens, parents, g
     kept = columns[None, :] <= accept_token_num.long()[:, None]
     tokens = predicts[accept_index.clamp_min(0).long()].long()
     return torch.where(kept, tokens, torch.full_like(tokens, -1))
-verify_tree_greedy_triton.draft_schemes = ("deterministic",)  # EAGLE drafts top-k children
+# EAGLE drafts top-k children
+verify_tree_greedy_triton.draft_schemes = ("deterministic",)  # type: ignore[attr-defined]  # declared on the function

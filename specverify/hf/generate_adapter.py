@@ -29,15 +29,25 @@ Built-in decoder-level targets ``hf-transformers`` and ``hf-transformers-prompt-
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 
 DEFAULT_PROMPT_LOOKUP_TOKENS = 4
 
 
+class GeneratingModel(Protocol):
+    """A transformers model with ``generate``: a ``PreTrainedModel`` that is a ``GenerationMixin``
+    (e.g. ``LlamaForCausalLM``)."""
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 def generate(
-    target: torch.nn.Module,
+    target: GeneratingModel,
     draft: torch.nn.Module,
     input_ids: torch.Tensor,
     *,
@@ -54,7 +64,7 @@ def generate(
 
 
 def generate_prompt_lookup(
-    target: torch.nn.Module,
+    target: GeneratingModel,
     draft: torch.nn.Module | None,
     input_ids: torch.Tensor,
     *,
@@ -84,7 +94,7 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_k: int | None,
 
 
 @torch.no_grad()
-def _generate(target: torch.nn.Module, input_ids: torch.Tensor, seed: int, config: Any,
+def _generate(target: GeneratingModel, input_ids: torch.Tensor, seed: int, config: Any,
               **assisted: Any) -> torch.Tensor:
     """Run ``target.generate`` with the global RNG seeded from ``seed`` inside a fork; return the new tokens."""
     device = next(target.parameters()).device

@@ -158,7 +158,9 @@ def locate_gguf_parts(model: PackagedModel) -> list[Path]:
         )
     parts = []
     for module in model.modules:
-        (folder,) = importlib.util.find_spec(module).submodule_search_locations  # type: ignore[union-attr]
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.submodule_search_locations is not None, f"{module}: an installed package"
+        (folder,) = spec.submodule_search_locations
         found = sorted(Path(folder).glob(model.file_glob))
         if len(found) != 1:
             raise ValueError(
@@ -303,7 +305,8 @@ def load_causal_lm(
     dtype = torch.float32 if dtype is None else dtype
     source = resolve_model_source(spec, cache=cache)
     lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    return lm.to(device).eval()
+    lm = lm.to(device)  # type: ignore[arg-type]  # typeshed: @wraps'd PreTrainedModel.to binds no self
+    return lm.eval()
 
 
 def load_tokenizer(spec: str, *, cache: Path | None = None) -> Any:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specverify.core.processing import process_logits
 
@@ -128,7 +128,7 @@ def tiny_target_and_draft(
 
 @torch.no_grad()
 def continuation_laws(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     prompt: Sequence[int],
     length: int,
     *,
@@ -167,7 +167,7 @@ def continuation_laws(
 
 
 def continuation_distribution(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     prompt: Sequence[int],
     length: int,
     *,

@@ -35,7 +35,7 @@ import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -79,10 +79,10 @@ def call_impl(
 
 
 class DirectCall:
-    """The harness's function interface (as ``GuardedFunction``: ``generator(seed)`` and a call on
-    a :class:`~specverify.testing.harness.Proposal`) calling the implementation in-process,
-    without deadline or copies: the property suite tests trusted code, and a crash or a
-    malformed output fails the test that caused it."""
+    """The harness's function interface (:class:`~specverify.testing.harness.ProposalFunction`:
+    ``generator(seed)`` and a call on a :class:`~specverify.testing.harness.Proposal`) calling the
+    implementation in-process, without deadline or copies: the property suite tests trusted code,
+    and a crash or a malformed output fails the test that caused it."""
 
     def __init__(self, impl: Impl) -> None:
         self.impl = impl
@@ -133,6 +133,7 @@ class StepCase:
 
     chains: tuple[PositionalChain, ...]
     positions: tuple[int, ...]
+    bank: PositionalBank = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bank", PositionalBank.of(self.chains))
@@ -173,6 +174,7 @@ class LoopCase:
     chain: MarkovChain
     num_draft: int
     length: int
+    bank: MarkovBank = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bank", MarkovBank.of([self.chain]))

@@ -49,6 +49,7 @@ from specverify.properties.sampled_checks import (
     MAIN_Q,
     Check,
     CheckOutcome,
+    StepCase,
     all_checks,
     probe_cases,
     step_rule_law,
@@ -98,13 +99,14 @@ class EntryReport:
 def exact_loss(entry: BuggyRule) -> tuple[float, str]:
     """The larger exact one-step TV of ``entry`` on MAIN and on PAIR (both slots)."""
     cases = probe_cases()
-    main = cases["step_joint"].chains[0]
+    step_joint, pair = cases["step_joint"], cases["batched_rows"]
+    assert isinstance(step_joint, StepCase) and isinstance(pair, StepCase)
+    main = step_joint.chains[0]
     losses = {"MAIN": exact.exact_step_tv(entry.fn, main, main.num_draft)}
-    pair = cases["batched_rows"]
     losses["PAIR"] = max(
         total_variation(step_rule_law(pair, r, entry.fn), step_target_law(pair, r)) for r in range(len(pair.chains))
     )
-    case = max(losses, key=losses.get)
+    case = max(losses, key=losses.__getitem__)
     return losses[case], case
 
 
@@ -126,12 +128,12 @@ def statistical_kill(
         outcome = check(entry.fn, alpha=alpha, seed=seed(check, n), n=n)
         if outcome.rejected:
             return check, outcome, required(check), True
-    escalation = sorted((check for check in checks if required(check)), key=required)
-    for check in escalation:
-        n = min(MAX_SAMPLES, required(check))
+    escalation = [(size, check) for check in checks if (size := required(check))]
+    for size, check in sorted(escalation, key=lambda sized: sized[0]):
+        n = min(MAX_SAMPLES, size)
         outcome = check(entry.fn, alpha=alpha, seed=seed(check, n), n=n)
         if outcome.rejected:
-            return check, outcome, required(check), False
+            return check, outcome, size, False
     return None, None, None, False
 
 

@@ -271,9 +271,11 @@ def first_pass_run(setting: Setting, models, base_seed: int, n: int) -> RequestS
         target, drafter, [torch.tensor(PROMPTS[0])] * n,
         max_new_tokens=setting.gamma + 1, gamma=setting.gamma, seed=seed, **setting.sampling,
     )
-    assert bool((drafter.first_num_draft == setting.gamma).all())
+    first_num_draft, first_accepted = drafter.first_num_draft, drafter.first_accepted
+    assert first_num_draft is not None and first_accepted is not None
+    assert bool((first_num_draft == setting.gamma).all())
     recorder = StatsRecorder(n, setting.gamma, torch.device("cpu"))
-    recorder.record_pass(torch.ones(n, dtype=torch.bool), drafter.first_num_draft, drafter.first_accepted, 0.0, 0.0)
+    recorder.record_pass(torch.ones(n, dtype=torch.bool), first_num_draft, first_accepted, 0.0, 0.0)
     return recorder.finish().pooled()
 
 

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -24,6 +26,7 @@ import reference.kv
 from reference.decoder import generate, speculative_generate
 from reference.drafters import (
     MATCH_POLICIES,
+    Drafter,
     EarlyExitDrafter,
     ModelDrafter,
     MTPDrafter,
@@ -46,10 +49,12 @@ def models():
     return tiny_target_and_draft(vocab_size=VOCAB, hidden_size=32, seed=3)
 
 
-def make_drafter(name: str, target, draft):
-    return {"model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter,
-            "early-exit": lambda: EarlyExitDrafter(target, num_layers=1),
-            "mtp": lambda: MTPDrafter(MTPHead(target))}[name]()
+def make_drafter(name: str, target, draft) -> Drafter:
+    makers: dict[str, Callable[[], Drafter]] = {
+        "model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter,
+        "early-exit": lambda: EarlyExitDrafter(target, num_layers=1), "mtp": lambda: MTPDrafter(MTPHead(target)),
+    }
+    return makers[name]()
 
 
 def target_greedy(target, prompt) -> list[int]:
@@ -209,7 +214,7 @@ def test_prompt_lookup_matches_its_definition(contexts, gamma, ngram, match):
     sequences = TokenSequences([torch.tensor(c) for c in contexts], torch.device("cpu"))
     gammas = torch.full((len(contexts),), gamma)
     draft = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, match=match).propose(
-        sequences, gammas, SamplingParams(), torch.Generator()
+        sequences, gammas, SamplingParams(), [torch.Generator() for _ in contexts]
     )
     assert draft.probs is None
     for row, context in enumerate(contexts):
@@ -229,7 +234,7 @@ def test_prompt_lookup_match_policies_hand_cases():
     }
     for match, tokens in expected.items():
         draft = PromptLookupDrafter(max_ngram=2, match=match).propose(sequences, torch.full((4,), 2), SamplingParams(),
-                                                                      torch.Generator())
+                                                                      [torch.Generator() for _ in range(4)])
         assert draft.tokens.tolist() == tokens, match
         assert draft.num_draft.tolist() == [2, 2, 0, 2]
     assert PromptLookupDrafter().match == "longest"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -125,6 +125,17 @@ def complete(bank: ChainBank, state: RowState, emitted: torch.Tensor, lengths: t
 # names are re-exported here for the harness's callers.
 
 
+class ProposalFunction(Protocol):
+    """What :func:`sample_steps` and :func:`sample_runs` call: :class:`GuardedFunction`, or the property
+    suite's in-process ``specverify.properties.sampled_checks.DirectCall``."""
+
+    def generator(self, seed: int) -> Any:
+        """A fresh generator of the function's, seeded with ``seed``."""
+
+    def __call__(self, proposal: Proposal, generator: Any, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call on the whole proposal; returns ``(emitted, lengths)``."""
+
+
 def rows_per_call(batch_rows: int, num_draft: int, vocab_size: int) -> int:
     """Rows per call: ``batch_rows``, fewer when one call's inputs would exceed MAX_INPUT_ELEMENTS."""
     return max(1, min(batch_rows, MAX_INPUT_ELEMENTS // ((2 * num_draft + 1) * vocab_size)))
@@ -150,7 +161,7 @@ class StepSample(NamedTuple):
     first_is_draft: int
 
 
-def sample_steps(function: GuardedFunction, bank: ChainBank, *, num_draft: int, window: tuple[int, int], n: int,
+def sample_steps(function: ProposalFunction, bank: ChainBank, *, num_draft: int, window: tuple[int, int], n: int,
                  batch_rows: int, harness_seed: int, function_seed: int, where: str,
                  chains: torch.Tensor | None = None) -> StepSample:
     """Run ``n`` independent single steps with K = ``num_draft`` drafts and collect each row's
@@ -240,7 +251,7 @@ class RunSample(NamedTuple):
     calls: int
 
 
-def sample_runs(function: GuardedFunction, bank: ChainBank, *, length: int, draft_schedule: tuple[int, ...], n: int,
+def sample_runs(function: ProposalFunction, bank: ChainBank, *, length: int, draft_schedule: tuple[int, ...], n: int,
                 batch_rows: int, harness_seed: int, function_seed: int, where: str) -> RunSample:
     """Generate the first ``length`` tokens of ``n`` sequences by whole speculative decoding loops.
 

@@ -102,16 +102,16 @@ def selects_only_gpu(markexpr: str) -> bool:
     names = sorted({w for w in words if w not in ("and", "or", "not")} - {"gpu"})
     if "gpu" not in words or len(names) > 10:
         return False
-
-    def python(truth: dict[str, bool]) -> str:
-        """``markexpr`` with each marker name replaced by its value in ``truth``."""
-        return re.sub(r"[^\s()]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not")
-                      else str(truth[m.group(0)]), markexpr)
-
     for values in product((False, True), repeat=len(names)):
-        if eval(python(dict(zip(names, values), gpu=False)), {"__builtins__": {}}):
+        if eval(_with_truth_values(markexpr, dict(zip(names, values), gpu=False)), {"__builtins__": {}}):
             return False
     return True
+
+
+def _with_truth_values(markexpr: str, truth: dict[str, bool]) -> str:
+    """``markexpr`` with each marker name replaced by its value in ``truth`` (a Python expression)."""
+    return re.sub(r"[^\s()]+", lambda m: m.group(0) if m.group(0) in ("and", "or", "not") else str(truth[m.group(0)]),
+                  markexpr)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -95,7 +95,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -111,8 +111,21 @@ NUM_DRAFT = 3
 MAX_SLEEP_S = 5.0
 LOSSY_RULE = CATALOG["bonus_from_draft"].fn
 """The rule the planted path switches (``long_prompt_bug``, ``load_bug``) verify with."""
-SETTING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
-NEUTRAL_SETTINGS = {"top_k": None, "top_p": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+class Settings(NamedTuple):
+    """A request's sampling settings, in the order of :func:`process`'s parameters."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    presence_penalty: float
+    frequency_penalty: float
+
+
+NEUTRAL_SETTINGS: dict[str, Any] = {"top_k": None, "top_p": None, "min_p": None, "presence_penalty": 0.0,
+                                    "frequency_penalty": 0.0}
 
 
 def tokenize(text: str) -> list[int]:
@@ -264,7 +277,7 @@ class Sequence:
 
     context: list[int]
     max_tokens: int
-    settings: tuple[Any, ...]
+    settings: Settings
     seed: int
     rng: np.random.Generator
     generator: torch.Generator
@@ -283,9 +296,9 @@ class Sequence:
 
     @classmethod
     def start(cls, prompt: list[int], max_tokens: int, params: dict[str, Any], seed: int) -> Sequence:
-        settings = (float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
-                    params.get("min_p"), float(params.get("presence_penalty") or 0.0),
-                    float(params.get("frequency_penalty") or 0.0))
+        settings = Settings(float(params.get("temperature", 1.0)), params.get("top_k"), params.get("top_p"),
+                            params.get("min_p"), float(params.get("presence_penalty") or 0.0),
+                            float(params.get("frequency_penalty") or 0.0))
         stop = params.get("stop") or ()
         return cls(list(prompt), max_tokens, settings, seed, np.random.default_rng(seed),
                    torch.Generator().manual_seed(seed), prompt_length=len(prompt),
@@ -310,15 +323,14 @@ class Sequence:
 
 def _inverse_cdf(probs: np.ndarray, coin: float) -> int:
     """The token whose cumulative interval holds ``coin`` (tokens in vocabulary order)."""
-    return int(min(np.searchsorted(np.cumsum(probs), coin, side="right"), int(np.flatnonzero(probs)[-1])))
+    return min(int(np.searchsorted(np.cumsum(probs), coin, side="right")), int(np.flatnonzero(probs)[-1]))
 
 
-def spec_settings(config: ToyConfig, settings: tuple[Any, ...]) -> tuple[Any, ...]:
+def spec_settings(config: ToyConfig, settings: Settings) -> Settings:
     """The settings the speculative path applies: all of them, but ``ignored_field`` (BUG when set)."""
     if config.ignored_field is None:
         return settings
-    index = SETTING_FIELDS.index(config.ignored_field)
-    return settings[:index] + (NEUTRAL_SETTINGS[config.ignored_field],) + settings[index + 1:]
+    return settings._replace(**{config.ignored_field: NEUTRAL_SETTINGS[config.ignored_field]})
 
 
 def step_rule(config: ToyConfig, row: Sequence, rows: list[Sequence]) -> Callable[..., Any]:
@@ -359,7 +371,9 @@ def step(state: ToyState, rows: list[Sequence]) -> None:
         if config.seed_bug == "step" and temperature > 0:  # BUG: generators re-created from (seed, step)
             coins = torch.rand(1, NUM_DRAFT + 1, dtype=torch.float64,
                                generator=torch.Generator().manual_seed(derive_seed(row.seed, row.steps) % 2**63))
-        drafts, draft_probs, extended = [], [], list(row.context)
+        drafts: list[int] = []
+        draft_probs: list[np.ndarray] = []
+        extended = list(row.context)
         for i in range(NUM_DRAFT):
             q = process(state.draft.logprobs(extended), *settings, generated=row.out + drafts)
             if temperature == 0:

@@ -222,8 +222,8 @@ def _race_children(bank: MarkovBank, table_row: torch.Tensor, family_key: torch.
         earlier = _earlier_siblings(family_key, node_rank, token, torch.arange(len(token)), int(node_rank.max()) + 1)
         kept = earlier < 0
     law = draft_rows.index_select(0, table_row)
-    child, place = (~kept).nonzero(as_tuple=True)
-    law[child, earlier[child, place]] = 0.0  # the earlier siblings' tokens
+    child, column = (~kept).nonzero(as_tuple=True)
+    law[child, earlier[child, column]] = 0.0  # the earlier siblings' tokens
     total = law.sum(-1, keepdim=True)
     if bool((total <= 0).any()):
         raise ValueError("bank: a node has more children than its draft law has tokens of positive "

@@ -93,7 +93,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -127,6 +127,9 @@ from specverify.core import stats
 from specverify.core.processing import process_logits
 from specverify.core.seeding import derive_seed
 from specverify.core.transitions import TransitionFit, transition_goodness_of_fit
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
 
 DECODER_BUDGETS: dict[str, float] = {"quick": 0.05, "standard": 0.02, "thorough": 0.01}
 """Named decoder budgets: the mean per-position TV ε̄ (module docstring) the position-law check
@@ -218,17 +221,20 @@ class DecoderModels:
         from specverify.hf.tiny_models import tiny_target_and_draft
 
         self.device = torch.device(device)
-        self.pairs: dict[str, tuple[torch.nn.Module, torch.nn.Module]] = {}
+        self.pairs: dict[str, tuple[LlamaForCausalLM, LlamaForCausalLM]] = {}
         for name, spec in MODEL_PAIRS.items():
             target, draft = tiny_target_and_draft(vocab_size=VOCAB_SIZE, seed=MODEL_SEED, draft_noise=spec.draft_noise,
                                                   logit_scale=spec.logit_scale, draft_layers=spec.draft_layers)
-            self.pairs[name] = (target.to(self.device), draft.to(self.device))
+            self.pairs[name] = (
+                target.to(self.device),  # type: ignore[arg-type]  # typeshed: @wraps'd PreTrainedModel.to binds no self
+                draft.to(self.device),  # type: ignore[arg-type]  # typeshed: @wraps'd PreTrainedModel.to binds no self
+            )
         self.target, self.draft = self.pairs["base"]
         self.vocab_size = VOCAB_SIZE
         self._snapshot = {name: self._parameters(model) for name, model in self._models()}
         self._laws: dict[tuple[Stratum, int], np.ndarray] = {}
 
-    def pair(self, name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    def pair(self, name: str) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
         """``(target, draft)`` of the model pair ``name``."""
         if name not in self.pairs:
             raise ValueError(f"models: no model pair {name!r}; use one of {', '.join(self.pairs)}")
@@ -532,9 +538,9 @@ class PositionLawCheck(SequentialCheck):
         uniforms = np.random.default_rng(derive_seed(plan.seed, "pit", look))
         for s, rows in enumerate(continuations):
             if rows:
-                tokens = np.asarray(rows, dtype=np.int64)
-                values = token_pit_values(self.models.conditional_laws(self.strata[s], tokens), tokens,
-                                          uniforms.random(tokens.shape))
+                stratum_tokens = np.asarray(rows, dtype=np.int64)
+                values = token_pit_values(self.models.conditional_laws(self.strata[s], stratum_tokens), stratum_tokens,
+                                          uniforms.random(stratum_tokens.shape))
                 self.count(counts[s], values)
         return Tally(n, {"blocks": counts})
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,9 @@ from reference.decoder import DEFAULT_GAMMA, speculative_generate
 from reference.drafters import Draft, ModelDrafter
 from reference.sequences import TokenSequences
 from specverify.core.processing import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["DECODER_CATALOG", "BuggyDecoder"]
 
@@ -58,7 +62,7 @@ class BuggyDecoder:
     tv: float | None = None
 
 
-def _generate(target: torch.nn.Module, drafter: ModelDrafter, input_ids: torch.Tensor, *, max_new_tokens: int,
+def _generate(target: PreTrainedModel, drafter: ModelDrafter, input_ids: torch.Tensor, *, max_new_tokens: int,
               temperature: float, top_k: int | None, top_p: float | None, seed: int) -> torch.Tensor:
     """The reference decoder's SPEC §2 call with ``drafter``: ``new_tokens [max_new_tokens]`` for
     ``input_ids [1, T]``.  ``input_ids [B, T]`` with B > 1 decodes B requests in one batch, row b
@@ -153,6 +157,7 @@ class UntemperedDrafter(ModelDrafter):
         if params.is_greedy or not bool(gammas.any()):
             return super().propose(sequences, gammas, params, generators)
         draft = super().propose(sequences, gammas, dataclasses.replace(params, temperature=1.0), generators)  # BUG
+        assert draft.probs is not None, "a draft model's drafts come with their laws"
         believed = draft.probs.double() ** (1.0 / params.temperature)  # q_T ∝ q_1^(1/T) on the drawn support
         return dataclasses.replace(draft, probs=(believed / believed.sum(-1, keepdim=True)).float())
 
@@ -165,7 +170,7 @@ def draft_ignores_temperature(target, draft, input_ids, *, max_new_tokens, tempe
 class RequestedParamsDrafter(ModelDrafter):
     """Draws (and reports) with the request's parameters, whatever the decoder loop was given."""
 
-    def __init__(self, model: torch.nn.Module, params: SamplingParams) -> None:
+    def __init__(self, model: PreTrainedModel, params: SamplingParams) -> None:
         super().__init__(model)
         self.params = params
 

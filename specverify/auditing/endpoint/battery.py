@@ -397,8 +397,8 @@ class EndpointBattery(Battery):
         worst = max((abs(a[t] - b[t]) for t in shared), default=float("inf"))
         if worst > MODEL_TOLERANCE:
             raise Fault("malformed", f"the baseline serves a different model: after the probe prompt its next-token "
-                                     f"law differs from the candidate's (top tokens {max(b, key=b.get)!r} vs "
-                                     f"{max(a, key=a.get)!r}, largest |Δ logprob| {worst:.3g} nats > "
+                                     f"law differs from the candidate's (top tokens {max(b, key=b.__getitem__)!r} vs "
+                                     f"{max(a, key=a.__getitem__)!r}, largest |Δ logprob| {worst:.3g} nats > "
                                      f"{MODEL_TOLERANCE}); a prefill cannot differ under speculation")
 
     def checks(self, session: EndpointSession) -> list[Any]:

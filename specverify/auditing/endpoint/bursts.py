@@ -171,10 +171,10 @@ def server_seconds(completion: Completion) -> float | None:
 
 def co_batching(burst: Sequence[Completion]) -> CoBatching:
     """:class:`CoBatching` of one burst (the completions of its requests)."""
-    stamps = [(c.sent, c.received) for c in burst]
-    if len(burst) < 2 or any(s is None or r is None for s, r in stamps):
+    sent = [c.sent for c in burst if c.sent is not None]
+    received = [c.received for c in burst if c.received is not None]
+    if len(burst) < 2 or len(sent) < len(burst) or len(received) < len(burst):  # a request without its stamps
         return CoBatching(bursts=1)
-    sent, received = [s for s, _ in stamps], [r for _, r in stamps]
     together = max(sent) < min(received)
     times = [server_seconds(c) for c in burst]
     timed = all(t is not None for t in times)

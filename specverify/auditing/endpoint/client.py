@@ -263,7 +263,7 @@ class EndpointClient(AuditedFunction):
         for entry in data if isinstance(data, list) else []:
             if not isinstance(entry, dict) or (self.model is not None and entry.get("id") != self.model):
                 continue
-            meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+            meta = entry["meta"] if isinstance(entry.get("meta"), dict) else {}
             for value in (entry.get("max_model_len"), meta.get("n_ctx_train")):
                 if isinstance(value, int) and value > 0:
                     return value

@@ -76,7 +76,7 @@ def detect_offset(client: EndpointClient, prompt: str, logprobs: int, tolerance:
         laws = completion_laws(echo, prompt, generated.tokens, offset)
         deviations[offset] = float("inf") if laws is None else max(
             law_deviation(e, g or {}) for e, g in zip(laws, generated.top_logprobs))
-    best = min(deviations, key=deviations.get)
+    best = min(deviations, key=deviations.__getitem__)
     if deviations[best] <= tolerance:
         return best
     raise Fault("malformed", f"{client.role} server {client.base_url}: the logprobs it returns with echo=true do "

@@ -434,10 +434,11 @@ class ChoicesJointCheck(SequentialCheck):
                     raise Fault("malformed", f"{self.name}: fewer than top_k = 8 logprobs with a sampled token")
                 us.append(pit_value(processed_law(own, temperature=1.0, top_k=8), choice.tokens[position],
                                     float(uniforms.random()), tie_tolerance=tie))
-            if us[0] is None or us[1] is None:
+            first_u, second_u = us
+            if first_u is None or second_u is None:
                 cells[-1] += 1
             else:
-                row, column = (min(int(u * PAIR_BINS), PAIR_BINS - 1) for u in us)
+                row, column = (min(int(u * PAIR_BINS), PAIR_BINS - 1) for u in (first_u, second_u))
                 cells[row * PAIR_BINS + column] += 1
             added += 1
         return added

@@ -257,11 +257,15 @@ class _Session(AuditedFunction):
 
                     self.close()
                     raise LoadError(f"the worker process could not start: {lost.fault.message}") from None
-        if self.isolation == "none" and self.fn is None:
-            from specverify.auditing.loading import load_target
+        self.raw: Callable[..., Any]  # the function itself, called directly (in a worker: through RawProxy)
+        if self.isolation == "none":
+            if isinstance(fn, str):
+                from specverify.auditing.loading import load_target
 
-            self.fn = load_target(fn, self.level)
-        self.raw: Callable[..., Any] = self.fn if self.isolation == "none" else RawProxy(self)
+                fn = load_target(fn, self.level)
+            self.fn = self.raw = fn
+        else:
+            self.raw = RawProxy(self)
 
     # -- worker lifecycle --------------------------------------------------------------------
 
@@ -272,6 +276,7 @@ class _Session(AuditedFunction):
             self.log.restarts += 1
             self.worker.kill()
         self.life_calls = self.life_rows = 0
+        assert self.target is not None, "a worker session knows what its worker loads"
         start_timeout_s, _ = self._within_cutoff(max(START_TIMEOUT_S, self.timeout_s), "starting the worker process")
         began = time.perf_counter()
         self.worker = WorkerProcess(self.target, level=self.level, device=str(self.device),
@@ -509,7 +514,7 @@ class GuardedFunction(_Session):
                 "num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
             started = time.perf_counter()
             try:
-                result = self._in_process(functools.partial(self.fn, *args, **keywords),
+                result = self._in_process(functools.partial(self.raw, *args, **keywords),
                                           self.speed.deadline(1, rows * per_row, self.timeout_s),
                                           what, where)
             except Fault as fault:
@@ -584,7 +589,7 @@ class RawProxy:
     """``session.raw`` in a worker session: calls the function there with arbitrary (small)
     arguments, e.g. ``uniforms=`` for the exact check.  Its signature is the function's."""
 
-    def __init__(self, function: GuardedFunction) -> None:
+    def __init__(self, function: _Session) -> None:
         self._function = function
 
     @property
@@ -647,8 +652,8 @@ class GuardedGenerate(_Session):
             target, draft = self.models.pair(stratum.models)
 
             def call() -> Any:
-                return self.fn(target, draft, passed, max_new_tokens=max_new_tokens,
-                               temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
+                return self.raw(target, draft, passed, max_new_tokens=max_new_tokens,
+                                temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
 
             started = time.perf_counter()
             try:
@@ -713,7 +718,7 @@ class GuardedTreeFunction(_Session):
         passed = self._present(originals, strided, proposal.target_probs.shape[-1])
         started = time.perf_counter()
         try:
-            result = self._in_process(lambda: self.fn(*passed.values(), generator), deadline, what, where)
+            result = self._in_process(lambda: self.raw(*passed.values(), generator), deadline, what, where)
         except Fault as fault:
             if fault.kind == "exception" and fault.__cause__ is not None:
                 raise Fault("exception", exception_message(fault.__cause__, what)) from None

@@ -185,7 +185,7 @@ class Presenter:
         block = view_of(storage, tuple(tensor.shape))
         kept = slot.source is not None and not slot.pending and slot.decoy == decoy
         slot.pending = True
-        if kept and _same_tensor(slot.source, tensor, slot.version):
+        if kept and slot.source is not None and _same_tensor(slot.source, tensor, slot.version):
             return block
         padded = kept and slot.source is not None and slot.source.shape == tensor.shape
         slot.source = None

@@ -139,10 +139,9 @@ def worker_target(fn: Callable[..., Any] | str) -> WorkerTarget | str:
         return WorkerTarget("spec", absolute_spec(fn))
     module_name = getattr(fn, "__module__", None) or ""
     qualname = getattr(fn, "__qualname__", "")
-    module = sys.modules.get(module_name)
-    if module_name.startswith(_FILE_MODULE_PREFIX) and getattr(module, "__file__", None) and "<" not in qualname \
-            and "." not in qualname:
-        return WorkerTarget("spec", f"{module.__file__}:{qualname}")
+    module_file = getattr(sys.modules.get(module_name), "__file__", None)
+    if module_name.startswith(_FILE_MODULE_PREFIX) and module_file and "<" not in qualname and "." not in qualname:
+        return WorkerTarget("spec", f"{module_file}:{qualname}")
     if module_name == "__main__":
         return "it is defined in __main__, which a worker process does not re-run"
     try:

@@ -150,7 +150,7 @@ def step_laws(rng: np.random.Generator, family: str, vocab_size: int, num_draft:
     elif family == "one-hot":
         peaks = rng.integers(0, v, size=k + 1)
         p = np.stack([_one_hot_ish(rng, v, t) for t in peaks])
-        q = np.stack([_one_hot_ish(rng, v, t if rng.random() < 0.5 else rng.integers(0, v)) for t in peaks[:k]])
+        q = np.stack([_one_hot_ish(rng, v, t if rng.random() < 0.5 else int(rng.integers(0, v))) for t in peaks[:k]])
     elif family == "near-uniform":
         p = np.stack([1.0 + 0.3 * rng.uniform(-1, 1, v) for _ in range(k + 1)])
         q = np.stack([1.0 + 0.3 * rng.uniform(-1, 1, v) for _ in range(k)])
@@ -184,13 +184,13 @@ def _zipf_laws(rng: np.random.Generator, vocab_size: int, num_draft: int) -> tup
     return p, q
 
 
-def positional_family_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> ChainBank:
+def positional_family_bank(name: str, family: str, vocab_size: int, num_draft: int, num_chains: int) -> PositionalBank:
     rng = np.random.default_rng(derive_seed("test-distributions", name, family, vocab_size, num_draft, num_chains))
     laws = [step_laws(rng, family, vocab_size, num_draft) for _ in range(num_chains)]
     return PositionalBank(np.stack([p for p, _ in laws]), np.stack([q for _, q in laws]))
 
 
-def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) -> ChainBank:
+def markov_family_bank(name: str, vocab_size: int, order: int, num_chains: int) -> MarkovBank:
     """Random Markov chains: target rows Dirichlet(1); draft rows ½·target + ½·Dirichlet(1)
     (acceptance around 0.7, so runs mix accepted drafts, corrections and bonus tokens)."""
     rng = np.random.default_rng(derive_seed("test-distributions", name, "markov", vocab_size, order, num_chains))
@@ -229,7 +229,7 @@ class StepLawCheck(ChiSquareCheck, FailingStepSource):
 
     name: str
     description: str
-    bank: ChainBank
+    bank: PositionalBank | MarkovBank
     num_draft: int
     window: tuple[int, int]
     family: str
@@ -266,7 +266,7 @@ class StepLawCheck(ChiSquareCheck, FailingStepSource):
 
     def _expected(self, maps: np.ndarray) -> np.ndarray:
         bank = self.bank
-        if bank.kind == "positional":
+        if isinstance(bank, PositionalBank):
             laws = [positional_window_law(bank, r, self.window, maps[r],
                                           self.cells_per_position) for r in range(bank.num_chains)]
         else:
@@ -336,7 +336,7 @@ class StepLawCheck(ChiSquareCheck, FailingStepSource):
         return worst_cell_sources(self.bank, self.num_draft, self.window, result)
 
 
-def prefix_cells(bank: ChainBank, length: int) -> tuple[np.ndarray, tuple[str, ...]]:
+def prefix_cells(bank: MarkovBank, length: int) -> tuple[np.ndarray, tuple[str, ...]]:
     """Cells of the first ``length`` tokens of a sequence jointly, per chain of a Markov ``bank``:
     cell ``r · V^L + Σ_j x_j V^(L−1−j)`` for chain ``r`` and tokens ``x_0 … x_{L−1}``, of expected
     probability ``P(x_0 … x_{L−1} | chain r) / R`` (the chain drawn uniformly among the R of the
@@ -365,7 +365,7 @@ class DecodingLoopCheck(ChiSquareCheck):
 
     name: str
     description: str
-    bank: ChainBank
+    bank: MarkovBank
     length: int
     draft_schedule: tuple[int, ...]
     parameters: dict[str, Any] = field(init=False)
@@ -605,6 +605,7 @@ class SamplerBattery(Battery):
 
     def _step(self, name: str, description: str, family: str, vocab_size: int, num_draft: int, num_chains: int,
               window: tuple[int, int], top_cells: int = 0) -> StepLawCheck:
+        bank: PositionalBank | MarkovBank
         if family == "markov":
             bank = markov_family_bank(name, vocab_size, 2, num_chains)
         else:

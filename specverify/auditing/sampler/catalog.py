@@ -520,7 +520,8 @@ def bfloat16_cdf_path(target_probs, draft_probs, draft_tokens, generator=None, *
 for _production_bug in (vocabulary_tile_drops_high_ids, partial_last_tile_dropped, half_precision_cdf_at_large_vocab,
                         bonus_library_top_k, draft_length_specialised_kernel, row_block_offset_dropped,
                         contiguous_stride_reads, bfloat16_cdf_path):
-    _production_bug.arithmetic = "float64"  # exact apart from the one corrupted piece
+    # exact apart from the one corrupted piece
+    _production_bug.arithmetic = "float64"  # type: ignore[attr-defined]  # declared on the function (rounding.py)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -636,7 +637,7 @@ def ragged_last_row_padding_read(target_probs, draft_probs, draft_tokens, genera
 
 for _ragged_rule in (ragged_reference, ragged_bonus_at_padded_position, ragged_offsets_from_padded_width,
                      ragged_empty_row_takes_next_bonus, ragged_last_row_padding_read):
-    _ragged_rule.arithmetic = "float64"
+    _ragged_rule.arithmetic = "float64"  # type: ignore[attr-defined]  # declared on the function (rounding.py)
 
 
 # ------------------------------------------------------------------------------------------------

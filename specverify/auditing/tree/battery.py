@@ -242,6 +242,13 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
                            "loop": self.loop, **_scale_parameter(self.tv_scale)}
         self.expected_accepted = None if self.loop or not self.acceptance else self._accepted_law()
 
+    def _one_scheme(self) -> str:
+        """The check's scheme where one is needed: whole loops and the law of the accepted length."""
+        if not isinstance(self.scheme, str):
+            raise ValueError(f"scheme: {self.name} mixes the schemes {self.scheme}; whole loops and the law of the "
+                             "accepted length take one")
+        return self.scheme
+
     def _accepted_law(self) -> np.ndarray:
         """Law of the accepted path length under recursive rejection sampling, averaged over the
         (chain, shape) pairs the rows cycle through (:func:`tree_exact.ideal_tree_step_distribution`)."""
@@ -250,7 +257,7 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
         for r in range(self.bank.num_chains):
             for shape in self.shapes:
                 for emitted, prob in tree_exact.ideal_tree_step_distribution(self.bank.chain(r), shape,
-                                                                             self.scheme).items():
+                                                                             self._one_scheme()).items():
                     law[len(emitted) - 1] += prob
         return law / law.sum()
 
@@ -258,10 +265,13 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
         return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size, self.length if self.loop else 1)
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
-        sampler = sample_tree_runs if self.loop else functools.partial(sample_tree_steps, call_rows=self.call_rows,
-                                                                       strided=self.strided)
-        sample = sampler(session.function, self.bank, shapes=self.shapes, scheme=self.scheme, length=self.length,
-                         n=n, batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
+        if self.loop:
+            sampler = functools.partial(sample_tree_runs, scheme=self._one_scheme())
+        else:
+            sampler = functools.partial(sample_tree_steps, scheme=self.scheme, call_rows=self.call_rows,
+                                        strided=self.strided)
+        sample = sampler(session.function, self.bank, shapes=self.shapes, length=self.length, n=n,
+                         batch_rows=session.batch_rows, harness_seed=derive_seed(plan.seed, "harness", look),
                          function_seed=derive_seed(plan.seed, "function", look), where=self.name)
         counts = {"cells": prefix_cell_counts(self.bank, sample.chain, sample.tokens)}
         if self.expected_accepted is not None:

@@ -105,11 +105,11 @@ class _Step:
     tokens: torch.Tensor  # [B, N]
     parents: torch.Tensor  # [B, N]
     u: torch.Tensor  # [B, N+1]
+    current: torch.Tensor  # [B]
+    r: torch.Tensor  # [B, V] current unnormalised law
+    s: torch.Tensor  # [B] its total
+    last_u: torch.Tensor  # [B] uniform of the last rejected node since the last acceptance (else u_N)
     node: int = 0
-    current: torch.Tensor | None = None  # [B]
-    r: torch.Tensor | None = None  # [B, V] current unnormalised law
-    s: torch.Tensor | None = None  # [B] its total
-    last_u: torch.Tensor | None = None  # [B] uniform of the last rejected node since the last acceptance (else u_N)
 
 
 def _default_accept(step: _Step, q_row: torch.Tensor) -> torch.Tensor:
@@ -138,11 +138,10 @@ def _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, 
     validate_tree_inputs(target_probs, draft_probs, tree_tokens, parents, generator, uniforms=uniforms)
     u = step_uniforms(target_probs, generator, uniforms)
     batch, positions, _ = target_probs.shape
-    step = _Step(target_probs.to(torch.float64), draft_probs.to(torch.float64), tree_tokens, parents, u)
-    step.current = torch.full((batch,), -1, dtype=torch.int64)
-    step.r = step.p[:, 0].clone()
-    step.s = torch.ones(batch, dtype=torch.float64)
-    step.last_u = u[:, -1].clone()
+    p = target_probs.to(torch.float64)
+    step = _Step(p, draft_probs.to(torch.float64), tree_tokens, parents, u,
+                 current=torch.full((batch,), -1, dtype=torch.int64), r=p[:, 0].clone(),
+                 s=torch.ones(batch, dtype=torch.float64), last_u=u[:, -1].clone())
     p_node = step.r.clone()
     for n in range(positions - 1):
         step.node = n
