@@ -121,7 +121,7 @@ def resolve_budget(budget: str | int | SampleBudget) -> SampleBudget:
 
 @dataclass(frozen=True)
 class Sizing:
-    """A check's sample size for a target TV and the TV verified detectable at it (:meth:`Check.size`)."""
+    """A check's sample size for a target TV and the TV verified detectable at it (:meth:`Check.sized_for`)."""
 
     n: int
     detectable_tv: float
@@ -246,7 +246,7 @@ class Check:
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         raise NotImplementedError(f"{type(self).__name__} is not a statistical check")
 
-    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
         """The samples that detect TV ``epsilon`` with ``power`` at level ``alpha``, and the TV
         verified at them: ``required_samples`` and ``detectable_tv`` there (≤ ε wherever the power
         bound grows with n).  A check whose bound is not monotone in n verifies ε at the n it
@@ -277,7 +277,7 @@ class Check:
     def plan(self, budget: SampleBudget, share: float | None, seed: int) -> Plan:
         """This check's :class:`Plan` under ``budget`` at α share ``share`` (None: no statistical check).
 
-        Named budgets: n and the detectable TV are :meth:`size` at the target TV ε (:meth:`target_tv`),
+        Named budgets: n and the detectable TV are :meth:`sized_for` at the target TV ε (:meth:`target_tv`),
         the :meth:`sizing_level` (the final look's level) and POWER; fixed budgets: n = N and the
         detectable TV is ``detectable_tv`` at n and the final look's level.
         """
@@ -290,7 +290,7 @@ class Check:
             looks, look_alphas = self.looks(n, share)
             detectable = self.detectable_tv(n, alpha=look_alphas[-1] if looks else share, power=POWER)
         else:
-            sizing = self.size(target, alpha=self.sizing_level(share), power=POWER)
+            sizing = self.sized_for(target, alpha=self.sizing_level(share), power=POWER)
             n, detectable = sizing.n, sizing.detectable_tv
             looks, look_alphas = self.looks(n, share)
         return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None)

@@ -1,5 +1,5 @@
 """A check's plan (:meth:`specverify.auditing.checks.Check.plan`): under a named budget the n and the
-detectable TV are the check's own :meth:`~specverify.auditing.checks.Check.size`, under a fixed budget
+detectable TV are the check's own :meth:`~specverify.auditing.checks.Check.sized_for`, under a fixed budget
 the detectable TV is ``detectable_tv`` at N; the planner reads nothing else about the check."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from specverify.auditing.checks import Check, CheckKind, SampleBudget, Sizing, r
 @dataclass
 class BumpyBoundCheck(Check):
     """A statistical check whose power bound at its required n states a TV above the target (a bound
-    not monotone in n); ``verifies`` says whether its :meth:`size` verifies the target at that n."""
+    not monotone in n); ``verifies`` says whether its :meth:`sized_for` verifies the target at that n."""
 
     verifies: bool
     name: str = "bumpy"
@@ -28,10 +28,10 @@ class BumpyBoundCheck(Check):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return 0.3 if n == 1_000 else 0.5
 
-    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
         if self.verifies:
             return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
-        return super().size(epsilon, alpha=alpha, power=power)
+        return super().sized_for(epsilon, alpha=alpha, power=power)
 
 
 def test_a_named_budget_plans_the_checks_own_sizing():

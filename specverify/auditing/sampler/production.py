@@ -362,7 +362,7 @@ class ProductionStepCheck(SequentialCheck):
                                                         power=power)
         return per_chain * self.bank.num_chains
 
-    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
         """:meth:`required_samples`, which verifies ε itself at the n it returns."""
         return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
 

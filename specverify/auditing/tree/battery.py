@@ -455,7 +455,7 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
         tokens = identity_joint_sample_size([self.law], epsilon, alpha=alpha, power=power, step=self.length)
         return tokens // self.length
 
-    def size(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
+    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
         """:meth:`required_samples`, which verifies ε itself at the n it returns."""
         return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
 
