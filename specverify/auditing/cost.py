@@ -119,11 +119,11 @@ def mean_nodes(shapes: Sequence[Sequence[int]]) -> float:
     return sum(len(shape) for shape in shapes) / max(1, len(shapes))
 
 
-def call_cost(calls: int) -> Cost:
-    """``calls`` calls of a decoder, each one unit of work."""
+def call_cost(calls: int, fixed_s: float = SECONDS_PER_CHECK) -> Cost:
+    """``calls`` calls of a decoder, each one unit of work (``fixed_s``: the check's own fixed seconds)."""
     if not calls:
         return Cost(0, SECONDS_UNSAMPLED)
-    return Cost(calls, SECONDS_PER_CHECK, 0.0, 1.0, PRIOR_S_PER_DECODER_CALL, 1.0)
+    return Cost(calls, fixed_s, 0.0, 1.0, PRIOR_S_PER_DECODER_CALL, 1.0)
 
 
 @dataclass(frozen=True)

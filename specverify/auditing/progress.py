@@ -49,8 +49,8 @@ from specverify.auditing.checks import Check, CheckResult, Plan
 from specverify.auditing.cost import MIN_OWN_SECONDS, Cost, Estimate, Speeds, planned
 
 SETTLE_S = 2.0
-"""Seconds an audit runs before its re-timed plan is said (unless the plan's own seconds done reach
-:data:`specverify.auditing.cost.MIN_OWN_SECONDS` first)."""
+"""Seconds an audit runs before its re-timed plan is said (unless the checks done were planned to
+take :data:`specverify.auditing.cost.MIN_OWN_SECONDS` or more)."""
 
 
 class AuditProgress:
@@ -185,8 +185,8 @@ class _Tracker(AuditProgress):
         if self.not_run or self.level == "endpoint" or not self.speeds.measured or not self.log.calls:
             return None  # the audit is stopping (fail-fast, an interrupt), or nothing is measured yet
         elapsed = time.perf_counter() - self.started
-        if elapsed < SETTLE_S and self.speeds.own_planned_s < MIN_OWN_SECONDS:
-            return None  # too little has run to say anything the plan did not
+        if index + 1 >= len(self.costs) or (elapsed < SETTLE_S and planned(self.costs[:index + 1]) < MIN_OWN_SECONDS):
+            return None  # nothing left, or too little has run to say anything the plan did not
         rest = self.speeds.estimate(self.costs[index + 1:])
         total = elapsed + rest.seconds
         if self.said_total is not None and self.said_total / 2 < total < self.said_total * 2:

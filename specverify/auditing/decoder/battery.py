@@ -114,7 +114,7 @@ from specverify.auditing.checks import (
     look_fields,
     resolve_budget,
 )
-from specverify.auditing.cost import Cost, call_cost
+from specverify.auditing.cost import SECONDS_UNSAMPLED, Cost, call_cost
 from specverify.auditing.endpoint.pit import token_pit_values
 from specverify.auditing.isolation.faults import (
     FaultKind,
@@ -340,6 +340,9 @@ class DeterminismCheck(Check):
     def __post_init__(self) -> None:
         self.parameters = {"strata": [s.label() for s in self.strata], "max_new_tokens": self.length}
 
+    def cost(self, plan: Plan) -> Cost:
+        return call_cost(3 * len(self.strata), fixed_s=SECONDS_UNSAMPLED)
+
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
         for number, stratum in enumerate(self.strata):
             seed = derive_seed(plan.seed, "seed", number)
@@ -391,6 +394,9 @@ class SeedSensitivityCheck(Check):
         self.parameters = {"stratum": self.stratum.label(), "max_new_tokens": self.length,
                            "calls": self.calls, "P(all equal | lossless)": float(f"{self.false_alarm:.3g}")}
 
+    def cost(self, plan: Plan) -> Cost:
+        return call_cost(self.calls, fixed_s=SECONDS_UNSAMPLED)
+
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
         outputs = {tuple(session.function(self.stratum, self.length, derive_seed(plan.seed, "call", i),
                                           where=f"{self.name}, call {i}").tolist())
@@ -423,6 +429,9 @@ class GreedyIdentityCheck(Check):
         margin = min(m for _, m in self.expected)
         self.parameters = {"cases": [c.label() for c in self.cases], "max_new_tokens": self.length,
                            "smallest top-2 logit gap": float(f"{margin:.3g}")}
+
+    def cost(self, plan: Plan) -> Cost:
+        return call_cost(len(self.cases), fixed_s=SECONDS_UNSAMPLED)
 
     def run(self, session: DecoderSession, plan: Plan) -> CheckResult:
         from specverify.hf.divergence import check_identity
