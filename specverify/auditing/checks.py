@@ -234,6 +234,10 @@ class Check:
     production_shape: ClassVar[bool] = False
     """The check runs at the shapes engines serve (:mod:`specverify.auditing.sampler.production`):
     the diagnosis tells a loss there alone from one at the toy shapes."""
+    sizing_verifies_target: ClassVar[bool] = False
+    """``required_samples`` returns an n at which the power bound at the target TV was verified
+    (a bound not monotone in n: the token-level identity test), so :meth:`sized_for` states the
+    target itself."""
     calls_nothing: ClassVar[bool] = False
     """The check only reports what earlier checks recorded (the endpoint's coverage table): it
     runs whatever skipped the others (fail-fast, a fault, a dead server), unless the user
@@ -248,11 +252,11 @@ class Check:
 
     def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
         """The samples that detect TV ``epsilon`` with ``power`` at level ``alpha``, and the TV
-        verified at them: ``required_samples`` and ``detectable_tv`` there (≤ ε wherever the power
-        bound grows with n).  A check whose bound is not monotone in n verifies ε at the n it
-        returns and says ε (:class:`Sizing`)."""
+        verified at them (:class:`Sizing`): ε itself for a check whose ``required_samples``
+        verifies it at the n it returns (:attr:`sizing_verifies_target`), else ``detectable_tv``
+        at that n (≤ ε wherever the power bound grows with n)."""
         n = self.required_samples(epsilon, alpha=alpha, power=power)
-        return Sizing(n, self.detectable_tv(n, alpha=alpha, power=power))
+        return Sizing(n, epsilon if self.sizing_verifies_target else self.detectable_tv(n, alpha=alpha, power=power))
 
     def target_tv(self, budget: SampleBudget) -> float | None:
         """The TV this check is sized to detect under ``budget``: a named budget's ε; None under a

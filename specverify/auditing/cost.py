@@ -23,9 +23,8 @@ unmeasured scale may be from the nearest), both among the scales of its regime: 
 vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The
 audit's own seconds are scaled by the ratio of its measured own time (wall time less the
 function's) to its planned own time on the checks done in the same regime: a loaded machine
-slows both.  The
-estimate assumes every check runs to its final look; a check that rejects early, or fail-fast,
-only ends the audit sooner.
+slows both.  The estimate assumes every check runs to its final look; a check that rejects
+early, or fail-fast, only ends the audit sooner.
 """
 
 from __future__ import annotations
@@ -99,12 +98,12 @@ class Cost:
         return self.own_s + self.rows * self.prior_per_row
 
 
-def step_cost(samples: int, num_draft: float, vocab_size: int) -> Cost:
-    """One step of ``num_draft`` drafts at ``vocab_size`` per sample: (2K + 1)·V entries a row."""
-    if not samples:
+def step_cost(rows: int, num_draft: float, vocab_size: int) -> Cost:
+    """``rows`` steps of ``num_draft`` drafts at ``vocab_size``: (2K + 1)·V entries a row."""
+    if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
-    return Cost(samples, SECONDS_PER_CHECK, HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY, entries,
+    return Cost(rows, SECONDS_PER_CHECK, HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY, entries,
                 PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW)
 
 
@@ -173,11 +172,6 @@ class Speeds:
     def measured(self) -> bool:
         """Whether the function's speed has been measured at some scale."""
         return bool(self.per_unit)
-
-    @property
-    def own_planned_s(self) -> float:
-        """The planned own seconds of the checks done."""
-        return sum(self.own_planned.values())
 
     def own_ratio(self, cost: Cost) -> float:
         """Measured over planned own seconds on the checks done in ``cost``'s regime (an entry-bound

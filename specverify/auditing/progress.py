@@ -32,9 +32,9 @@ function's seconds per call and the range, and again whenever the projected tota
 or more.  Inside a check the ETA follows the function's speed on that check's rows so far.  Only
 the ETA and the deadlines follow the measured speed, never which rows go into which call.  The
 ETA assumes every check runs to its final look and no check fails: a sequential check that
-rejects early, or fail-fast, only makes the audit end sooner.  At the endpoint level the servers set the pace: the
-ETA is the seconds per sample of the last finished statistical check times the samples still
-planned, and ``—`` until one has finished.
+rejects early, or fail-fast, only makes the audit end sooner.  At the endpoint level the servers
+set the pace: the ETA is the seconds per sample of the last finished statistical check times the
+samples still planned, and ``—`` until one has finished.
 """
 
 from __future__ import annotations

@@ -1012,7 +1012,7 @@ def identity_joint_sample_size(
     arguments = (tuple(_digest(p) for p in arrays), float(epsilon), float(alpha), float(power), step)
 
     def search() -> int:
-        options = dict(flatten=1.0, id_block_count=64, block_min_expected=16.0, shares=None)
+        options: dict[str, Any] = {}  # the test's default design, as identity_sample_size's
         start = max(identity_sample_size(p, epsilon, alpha=alpha, power=power) for p in arrays)
         n = -(-start // step) * step
         while not all(_power_verified(p, n, epsilon, alpha, power, options) for p in arrays):

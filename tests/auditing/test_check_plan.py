@@ -7,15 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from specverify.auditing.checks import Check, CheckKind, SampleBudget, Sizing, resolve_budget
+from specverify.auditing.checks import Check, CheckKind, SampleBudget, resolve_budget
 
 
 @dataclass
 class BumpyBoundCheck(Check):
     """A statistical check whose power bound at its required n states a TV above the target (a bound
-    not monotone in n); ``verifies`` says whether its :meth:`sized_for` verifies the target at that n."""
+    not monotone in n), and whose ``required_samples`` does not verify the target at that n."""
 
-    verifies: bool
     name: str = "bumpy"
     description: str = "a check for the planner's contract"
     parameters: dict[str, Any] = field(default_factory=dict)
@@ -28,19 +27,22 @@ class BumpyBoundCheck(Check):
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return 0.3 if n == 1_000 else 0.5
 
-    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
-        if self.verifies:
-            return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
-        return super().sized_for(epsilon, alpha=alpha, power=power)
+
+@dataclass
+class VerifiedBumpyBoundCheck(BumpyBoundCheck):
+    """The same bound, with a ``required_samples`` that verifies the target at the n it returns
+    (:attr:`~specverify.auditing.checks.Check.sizing_verifies_target`)."""
+
+    sizing_verifies_target: ClassVar[bool] = True
 
 
 def test_a_named_budget_plans_the_checks_own_sizing():
     standard = resolve_budget("standard")
-    assert BumpyBoundCheck(verifies=True).plan(standard, 1e-3, 0).detectable_tv == standard.epsilon
-    unverified = BumpyBoundCheck(verifies=False).plan(standard, 1e-3, 0)
+    assert VerifiedBumpyBoundCheck().plan(standard, 1e-3, 0).detectable_tv == standard.epsilon
+    unverified = BumpyBoundCheck().plan(standard, 1e-3, 0)
     assert (unverified.n, unverified.detectable_tv) == (1_000, 0.3)  # what its bound says, never the target
 
 
 def test_a_fixed_budget_plans_the_bound_at_n():
-    plan = BumpyBoundCheck(verifies=True).plan(SampleBudget("fixed", samples=2_000), 1e-3, 0)
+    plan = VerifiedBumpyBoundCheck().plan(SampleBudget("fixed", samples=2_000), 1e-3, 0)
     assert (plan.n, plan.detectable_tv, plan.fixed_budget) == (2_000, 0.5, True)

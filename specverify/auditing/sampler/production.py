@@ -42,7 +42,6 @@ from specverify.auditing.checks import (
     Plan,
     SampleBudget,
     SequentialCheck,
-    Sizing,
     Tally,
     Verdict,
     declared_arithmetic_of,
@@ -320,6 +319,7 @@ class ProductionStepCheck(SequentialCheck):
     """The TV the check is sized for under each named budget (:meth:`target_tv`); a budget not
     listed sizes it for the budget's ε."""
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+    sizing_verifies_target: ClassVar[bool] = True
     production_shape: ClassVar[bool] = True
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
@@ -361,10 +361,6 @@ class ProductionStepCheck(SequentialCheck):
         per_chain = identity.identity_joint_sample_size(self._mass_profiles(), epsilon, alpha=alpha / self.num_tests,
                                                         power=power)
         return per_chain * self.bank.num_chains
-
-    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
-        """:meth:`required_samples`, which verifies ε itself at the n it returns."""
-        return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         level = alpha / self.num_tests

@@ -74,7 +74,6 @@ from specverify.auditing.checks import (
     Plan,
     SampleBudget,
     SequentialCheck,
-    Sizing,
     Tally,
     Verdict,
     binomial_detectable_rate,
@@ -436,6 +435,7 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
     tv_scale: float = LARGE_VOCAB_TV_SCALE
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
+    sizing_verifies_target: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.bank.order != 0 or not np.array_equal(self.bank.target[0], self.bank.target[-1]):
@@ -454,10 +454,6 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
         (:func:`specverify.core.identity.identity_joint_sample_size` in steps of ``L``)."""
         tokens = identity_joint_sample_size([self.law], epsilon, alpha=alpha, power=power, step=self.length)
         return tokens // self.length
-
-    def sized_for(self, epsilon: float, *, alpha: float, power: float) -> Sizing:
-        """:meth:`required_samples`, which verifies ε itself at the n it returns."""
-        return Sizing(self.required_samples(epsilon, alpha=alpha, power=power), epsilon)
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return identity_detectable_tv(self.law, n * self.length, alpha=alpha, power=power)
