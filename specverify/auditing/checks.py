@@ -78,6 +78,37 @@ class CheckKind(StrEnum):
         return self is not CheckKind.CONTRACT
 
 
+class Locus(StrEnum):
+    """The piece of the rule a check isolates, as its construction guarantees; the diagnosis
+    (:mod:`specverify.auditing.diagnosis`) reads where a loss is from the verdicts per locus.
+
+    ``bonus``: q = p, so every draft is accepted and only the bonus token (drawn from p_K) can be
+    wrong; ``correction``: drafts accepted up to a rejection whose correction is drawn from
+    (p − q)+; ``residual-is-target``: disjoint supports, every draft rejected, where (p − q)+ = p;
+    ``one-row-exact``: the exact law of one row alone (no batch); ``single-draft`` / ``multi-draft``:
+    steps with K = 1 / K > 1 at toy shapes; ``context``: laws that depend on the tokens before them
+    or state carried across calls; ``edge-case``: degenerate laws (zeros, near one-hot, near
+    uniform, tiny masses); ``randomness-source`` / ``inputs-unchanged``: the two contracts the
+    diagnosis names."""
+
+    BONUS = "bonus"
+    CORRECTION = "correction"
+    RESIDUAL_IS_TARGET = "residual-is-target"
+    ONE_ROW_EXACT = "one-row-exact"
+    SINGLE_DRAFT = "single-draft"
+    MULTI_DRAFT = "multi-draft"
+    CONTEXT = "context"
+    EDGE_CASE = "edge-case"
+    RANDOMNESS_SOURCE = "randomness-source"
+    INPUTS_UNCHANGED = "inputs-unchanged"
+
+    @property
+    def locating(self) -> bool:
+        """A cheap check that says *where* a loss is (the bonus or the correction alone, the residual
+        where (p − q)+ = p, one row exactly): fail-fast still runs it after the first failure."""
+        return self in (Locus.BONUS, Locus.CORRECTION, Locus.RESIDUAL_IS_TARGET, Locus.ONE_ROW_EXACT)
+
+
 # --------------------------------------------------------------------------------------------
 # Budgets, plans and results
 # --------------------------------------------------------------------------------------------
@@ -202,6 +233,8 @@ class CheckResult:
     """The check ran at production shapes (:attr:`Check.production_shape`)."""
     sized_for_own_tv: bool = False
     """The check was sized for its own TV, not the budget's ε (:attr:`Check.sized_for_own_tv`)."""
+    locus: Locus | None = None
+    """The piece of the rule the check isolates (:attr:`Check.locus`)."""
 
     def __post_init__(self) -> None:
         # Results built from plain strings ("fail", "goodness-of-fit") get the enums, so that every
@@ -210,6 +243,8 @@ class CheckResult:
         object.__setattr__(self, "verdict", Verdict(self.verdict))
         if self.fault is not None:
             object.__setattr__(self, "fault", FaultKind(self.fault))
+        if self.locus is not None:
+            object.__setattr__(self, "locus", Locus(self.locus))
 
 
 class Check:
@@ -234,6 +269,8 @@ class Check:
     production_shape: ClassVar[bool] = False
     """The check runs at the shapes engines serve (:mod:`specverify.auditing.sampler.production`):
     the diagnosis tells a loss there alone from one at the toy shapes."""
+    locus: Locus | None = None
+    """The piece of the rule the check isolates (:class:`Locus`), None for a check that isolates none."""
     sizing_verifies_target: ClassVar[bool] = False
     """``required_samples`` returns an n at which the power bound at the target TV was verified
     (a bound not monotone in n: the token-level identity test), so :meth:`sized_for` states the
@@ -359,7 +396,7 @@ def check_report(check: Check, plan: Plan, verdict: Verdict, message: str, **mea
     fields: dict[str, Any] = {"n_required": plan.n_required, "num_cells": check.num_cells,
                               "alpha": plan.alpha, "detectable_tv": plan.detectable_tv,
                               "production_shape": check.production_shape,
-                              "sized_for_own_tv": check.sized_for_own_tv}
+                              "sized_for_own_tv": check.sized_for_own_tv, "locus": check.locus}
     fields.update(measured)
     parameters = fields.pop("parameters", check.parameters)
     return CheckResult(check.name, check.description, check.kind, dict(parameters), verdict, message, **fields)
@@ -677,6 +714,8 @@ class CallLogCheck(Check):
 class InputsUnchangedCheck(CallLogCheck):
     """No call may have modified its input tensors (every call received fresh copies, compared
     with the harness's own afterwards).  Any level whose log records ``calls`` and ``mutations``."""
+
+    locus = Locus.INPUTS_UNCHANGED
 
     def judge_log(self, plan: Plan, log: Any) -> CheckResult:
         if log.mutations:

@@ -1,22 +1,23 @@
 """Diagnosis: read the pattern of verdicts across an audit's checks as one or two sentences.
 
-Each sampler check isolates a piece of modified rejection sampling (Leviathan et al. 2023,
-Algorithm 1): ``bonus-position`` has q = p, so every draft is accepted and only the bonus token
-(drawn from p_K) can be wrong; ``correction-position`` accepts positions 0–1 and exercises the
-correction from (p_2 − q_2)+; ``disjoint-supports`` rejects every draft, where (p − q)+ = p, so a
-residual confused with p passes there; ``step-K1`` is a single draft; ``markov-step-K3`` and the
-decoding loops add context and state across calls; the production-shape checks
-(``exact-large-vocabulary``, ``production-*``) run at real vocabularies, K up to 16, batches of
-1,024, bf16/fp16 and strided views, mostly one chain each; ``exact-step`` integrates one row alone
-exactly at toy shapes.  The acceptance counts of the step
-checks are compared with the optimal rule's law P(A ≥ a) = Π_{i<a} α_i: a lossless rule accepts
-exactly that often.  :func:`diagnose` combines these into a statement of *where* the loss is.
-It is a reading of the evidence, not a further test: the verdicts stay those of the checks.
+Each sampler check declares the piece of modified rejection sampling (Leviathan et al. 2023,
+Algorithm 1) it isolates, its :class:`~specverify.auditing.checks.Locus`: ``bonus`` (q = p, so
+every draft is accepted and only the bonus token, drawn from p_K, can be wrong), ``correction``
+(drafts accepted up to a rejection whose correction comes from (p − q)+), ``residual-is-target``
+(disjoint supports: every draft rejected, where (p − q)+ = p, so a residual confused with p passes
+there), ``one-row-exact`` (one row alone, integrated exactly), ``single-draft`` / ``multi-draft``,
+``context`` (context-dependent laws and whole decoding loops) and ``edge-case``; the
+production-shape checks declare :attr:`~specverify.auditing.checks.Check.production_shape` (real
+vocabularies, K up to 16, batches of 1,024, bf16/fp16, strided views).  The acceptance counts of
+the step checks are compared with the optimal rule's law P(A ≥ a) = Π_{i<a} α_i: a lossless rule
+accepts exactly that often.  :func:`diagnose` combines these into a statement of *where* the loss
+is, reading loci and never check names.  It is a reading of the evidence, not a further test: the
+verdicts stay those of the checks.
 
-Under fail-fast the audit stops at its first failing check, but first runs the
-:data:`LOCATING_CHECKS` of its level that have not run (they are checks of the planned battery,
-with their shares of α, run out of order), so the reading is made on the first failure plus
-those; it says so, and that ``--no-fail-fast`` runs the rest.
+Under fail-fast the audit stops at its first failing check, but first runs the checks of its level
+whose locus is locating (:attr:`~specverify.auditing.checks.Locus.locating`) that have not run
+(checks of the planned battery, with their shares of α, run out of order), so the reading is made
+on the first failure plus those; it says so, and that ``--no-fail-fast`` runs the rest.
 """
 
 from __future__ import annotations
@@ -26,37 +27,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from specverify.auditing.checks import CheckKind, CheckResult, Verdict
+from specverify.auditing.checks import CheckKind, CheckResult, Locus, Verdict
 
 ACCEPTANCE_Z = 6.0
 """A step check's acceptance rate at a draft position counts as off the optimal rule's when it
 deviates by more than this many binomial standard errors (descriptive, not a test)."""
 
-EDGE_CASES = ("zeros-both-sides", "near-one-hot", "near-uniform", "tiny-masses")
-CONTEXT = ("markov-step-K3", "decoding-loop-order1", "decoding-loop-order2")
-MULTI_DRAFT = ("step-K2", "step-K4", "step-K8-head", "step-K8-tail")
 
-LOCATING_CHECKS: dict[str, tuple[str, ...]] = {
-    "sampler": ("exact-step", "bonus-position", "correction-position", "disjoint-supports"),
-    "tree": ("exact-tree-step",),
-}
-"""Per level, the checks that say *where* a loss is (the bonus and the correction token alone,
-the residual where (p − q)+ = p, the exact law of one row alone), each cheap: fail-fast still
-runs them after the first failure."""
-
-
-def _shape(checks: Sequence[CheckResult], name: str) -> str:
+def _shape(check: CheckResult) -> str:
     """"V=…, K=…, B=…, dtype, layout" of a production check's parameters (its cases for the exact one)."""
-    check = next(c for c in checks if c.name == name)
     parameters = dict(check.parameters)
     if "cases" in parameters:
         return f"{len(parameters['cases'])} exact cases"
     return ", ".join(f"{key}={parameters[key]}" if key in ("V", "K", "B") else str(parameters[key])
                      for key in ("V", "K", "B", "dtype", "layout") if key in parameters)
-
-
-def _verdicts(checks: Sequence[CheckResult]) -> dict[str, Verdict]:
-    return {c.name: c.verdict for c in checks}
 
 
 def acceptance_deviations(checks: Sequence[CheckResult]) -> list[str]:
@@ -89,94 +73,120 @@ def diagnose(checks: Sequence[CheckResult], level: str = "sampler", *, stopped_e
     failed = [c for c in checks if c.verdict is Verdict.FAIL]
     if not failed:
         return ""
-    reading = _reading(checks, failed, level, stopped_early)
+    reading = _reading(Evidence(checks), level, stopped_early)
     if not stopped_early:
         return reading
     skipped = sum(c.verdict is Verdict.SKIPPED for c in checks)
-    ran = [c.name for c in checks if c.name in LOCATING_CHECKS.get(level, ()) and c.verdict is not Verdict.SKIPPED
+    ran = [c.name for c in checks if c.locus is not None and c.locus.locating and c.verdict is not Verdict.SKIPPED
            and c.name != failed[0].name]
     located = f" and the locating checks ({', '.join(ran)})" if ran else ""
     return (f"{reading} (Read from the first failure ({failed[0].name}){located}; fail-fast skipped the other "
             f"{skipped} checks: --no-fail-fast (fail_fast=False) runs them.)")
 
 
-def _reading(checks: Sequence[CheckResult], failed: Sequence[CheckResult], level: str, stopped_early: bool) -> str:
-    verdict = _verdicts(checks)
-    contract = [c.name for c in failed if c.kind is CheckKind.CONTRACT]
+class Evidence:
+    """The verdicts of an audit's checks, read by locus (:class:`~specverify.auditing.checks.Locus`)."""
+
+    def __init__(self, checks: Sequence[CheckResult]) -> None:
+        self.checks = list(checks)
+        self.failed = [c for c in self.checks if c.verdict is Verdict.FAIL]
+        self.lossy = [c for c in self.failed if c.kind is not CheckKind.CONTRACT]
+
+    def of(self, locus: Locus) -> list[CheckResult]:
+        return [c for c in self.checks if c.locus is locus]
+
+    def passed(self, locus: Locus) -> bool:
+        """Some check of ``locus`` ran and every one that ran passed."""
+        ran = [c for c in self.of(locus) if c.verdict is not Verdict.SKIPPED]
+        return bool(ran) and all(c.verdict is Verdict.PASS for c in ran)
+
+    def fails(self, locus: Locus) -> bool:
+        """A check of ``locus`` detected a loss."""
+        return any(c.locus is locus for c in self.lossy)
+
+    def contract_failed(self, locus: Locus) -> bool:
+        return any(c.locus is locus and c.kind is CheckKind.CONTRACT for c in self.failed)
+
+    def names(self, locus: Locus) -> str:
+        """The names of the checks of ``locus``, as the report names them."""
+        return ", ".join(c.name for c in self.of(locus))
+
+
+def _reading(evidence: Evidence, level: str, stopped_early: bool) -> str:
     sentences = []
-    if "randomness-source" in contract:
-        sentences.append("The randomness does not come from the generator alone (randomness-source failed), so "
-                         "seeded runs are not reproducible or successive calls share random numbers.")
-    if "inputs-unchanged" in contract:
-        sentences.append("The function modifies the tensors it is given (inputs-unchanged failed).")
-    lossy = {c.name for c in failed if c.kind is not CheckKind.CONTRACT}
+    if evidence.contract_failed(Locus.RANDOMNESS_SOURCE):
+        source = evidence.names(Locus.RANDOMNESS_SOURCE)
+        sentences.append(f"The randomness does not come from the generator alone ({source} failed), so seeded runs "
+                         "are not reproducible or successive calls share random numbers.")
+    if evidence.contract_failed(Locus.INPUTS_UNCHANGED):
+        sentences.append(f"The function modifies the tensors it is given ({evidence.names(Locus.INPUTS_UNCHANGED)} "
+                         "failed).")
+    lossy = evidence.lossy
     if level != "sampler":
-        handling = sorted(c.name for c in failed if c.kind is CheckKind.REQUEST_HANDLING)
+        handling = sorted(c.name for c in lossy if c.kind is CheckKind.REQUEST_HANDLING)
         if handling:
             sentences.append(f"The server's stop / length handling is wrong ({', '.join(handling)}): it returns tokens "
                              "that the request's max_tokens, stop strings or end token rule out.")
-        if lossy - set(handling):
-            sentences.append(f"The generated tokens do not follow the target's law "
-                             f"({', '.join(sorted(lossy - set(handling)))}).")
+        other = sorted(c.name for c in lossy if c.kind is not CheckKind.REQUEST_HANDLING)
+        if other:
+            sentences.append(f"The generated tokens do not follow the target's law ({', '.join(other)}).")
         return " ".join(sentences)
     if not lossy:
         return " ".join(sentences)
-
-    def passed(name: str) -> bool:
-        return verdict.get(name) is Verdict.PASS
-
-    def fails(name: str) -> bool:
-        return name in lossy
-
-    acceptance = acceptance_deviations(checks)
-    statistical_lossy = lossy - {"exact-step"}
-    production = {c.name for c in failed if c.production_shape and c.name in statistical_lossy}
-    toy_shapes = statistical_lossy - production
-    if production and not toy_shapes:
-        shapes = "; ".join(f"{n} ({_shape(checks, n)})" for n in sorted(production))
-        sentences.append("Right at toy shapes, wrong at production shapes only: a bug of the vocabulary size (tiles, "
-                         "precision of the CDF), the number of drafts, the batch size, the input dtype or the layout "
-                         f"of the inputs. Failing: {shapes}.")
-    elif passed("exact-step") and toy_shapes:
-        sentences.append("One request alone is exactly right (exact-step passed) but batches mixing different "
-                         "requests are not: rows of a batch influence each other (a batch-indexing bug).")
-    elif acceptance:
-        sentences.append("The acceptance test is wrong: drafts are accepted at another rate than min(1, p/q) gives ("
-                         + "; ".join(acceptance[:2]) + ").")
-    elif fails("correction-position") and passed("bonus-position"):
-        where = ("the correction token drawn after a rejection is wrong; accepted drafts and the bonus token are "
-                 "right (bonus-position passed, acceptance rates match the optimal rule)")
-        if passed("disjoint-supports"):
-            where += ". It is right when draft and target do not overlap (disjoint-supports passed), where " \
-                     "(p − q)+ = p: the residual is not norm(max(0, p − q)) (e.g. p itself)"
-        sentences.append(where[0].upper() + where[1:] + ".")
-    elif fails("bonus-position") and not fails("correction-position"):
-        evidence = ("; accepted drafts and the correction after a rejection are right (correction-position passed)"
-                    if passed("correction-position") else " (bonus-position failed, where every draft is accepted)")
-        sentences.append(f"The bonus token (drawn when all K drafts are accepted) is wrong{evidence}.")
-    elif fails("bonus-position") and fails("correction-position") and not acceptance:
-        sentences.append("Both the correction and the bonus token are wrong while the acceptance rates match the "
-                         "optimal rule: the final token is drawn from the wrong distribution or position.")
-    elif passed("step-K1") and any(fails(n) for n in MULTI_DRAFT):
-        sentences.append("Single-draft steps are right (step-K1 passed) but steps with several drafts are not: a "
-                         "position index is off for drafts after the first.")
-    elif statistical_lossy and statistical_lossy <= set(CONTEXT):
-        sentences.append("Context-free single steps are right, but context-dependent targets or whole decoding "
-                         f"loops are not ({', '.join(sorted(statistical_lossy))}): state carried between positions "
-                         "or calls is wrong.")
-    elif statistical_lossy and statistical_lossy <= set(EDGE_CASES):
-        sentences.append("The common case is right; only edge cases fail ("
-                         f"{', '.join(sorted(statistical_lossy))}).")
-    elif fails("step-K1") and len(lossy) >= 3:
-        sentences.append(f"{len(lossy)} loss checks failed, including single steps with one draft: the step's "
-                         "output law is wrong across positions.")
-    elif stopped_early:
-        sentences.append(f"The output law is wrong in {', '.join(sorted(lossy))}; the locating checks do not single "
-                         "out one piece of the rule.")
-    else:
-        sentences.append(f"The output law is wrong in {', '.join(sorted(lossy))}; run the whole battery for a "
-                         "diagnosis of where.")
+    sentences.append(_where(evidence, stopped_early))
     return " ".join(sentences)
+
+
+def _where(evidence: Evidence, stopped_early: bool) -> str:
+    """The sentence on where a loss is, from the first pattern of verdicts that fits."""
+    passed, fails, names = evidence.passed, evidence.fails, evidence.names
+    acceptance = acceptance_deviations(evidence.checks)
+    statistical = [c for c in evidence.lossy if c.locus is not Locus.ONE_ROW_EXACT]
+    production = [c for c in statistical if c.production_shape]
+    toy_shapes = [c for c in statistical if not c.production_shape]
+    lossy_names = ", ".join(sorted(c.name for c in evidence.lossy))
+    if production and not toy_shapes:
+        shapes = "; ".join(f"{c.name} ({_shape(c)})" for c in sorted(production, key=lambda c: c.name))
+        return ("Right at toy shapes, wrong at production shapes only: a bug of the vocabulary size (tiles, "
+                "precision of the CDF), the number of drafts, the batch size, the input dtype or the layout "
+                f"of the inputs. Failing: {shapes}.")
+    if passed(Locus.ONE_ROW_EXACT) and toy_shapes:
+        return (f"One request alone is exactly right ({names(Locus.ONE_ROW_EXACT)} passed) but batches mixing "
+                "different requests are not: rows of a batch influence each other (a batch-indexing bug).")
+    if acceptance:
+        return ("The acceptance test is wrong: drafts are accepted at another rate than min(1, p/q) gives ("
+                + "; ".join(acceptance[:2]) + ").")
+    if fails(Locus.CORRECTION) and passed(Locus.BONUS):
+        where = ("the correction token drawn after a rejection is wrong; accepted drafts and the bonus token are "
+                 f"right ({names(Locus.BONUS)} passed, acceptance rates match the optimal rule)")
+        if passed(Locus.RESIDUAL_IS_TARGET):
+            where += (f". It is right when draft and target do not overlap ({names(Locus.RESIDUAL_IS_TARGET)} "
+                      "passed), where (p − q)+ = p: the residual is not norm(max(0, p − q)) (e.g. p itself)")
+        return where[0].upper() + where[1:] + "."
+    if fails(Locus.BONUS) and not fails(Locus.CORRECTION):
+        evidence_said = (f"; accepted drafts and the correction after a rejection are right ({names(Locus.CORRECTION)} "
+                         "passed)" if passed(Locus.CORRECTION)
+                         else f" ({names(Locus.BONUS)} failed, where every draft is accepted)")
+        return f"The bonus token (drawn when all K drafts are accepted) is wrong{evidence_said}."
+    if fails(Locus.BONUS) and fails(Locus.CORRECTION):
+        return ("Both the correction and the bonus token are wrong while the acceptance rates match the "
+                "optimal rule: the final token is drawn from the wrong distribution or position.")
+    if passed(Locus.SINGLE_DRAFT) and fails(Locus.MULTI_DRAFT):
+        return (f"Single-draft steps are right ({names(Locus.SINGLE_DRAFT)} passed) but steps with several drafts "
+                "are not: a position index is off for drafts after the first.")
+    if statistical and all(c.locus is Locus.CONTEXT for c in statistical):
+        return ("Context-free single steps are right, but context-dependent targets or whole decoding "
+                f"loops are not ({', '.join(sorted(c.name for c in statistical))}): state carried between positions "
+                "or calls is wrong.")
+    if statistical and all(c.locus is Locus.EDGE_CASE for c in statistical):
+        return f"The common case is right; only edge cases fail ({', '.join(sorted(c.name for c in statistical))})."
+    if fails(Locus.SINGLE_DRAFT) and len(evidence.lossy) >= 3:
+        return (f"{len(evidence.lossy)} loss checks failed, including single steps with one draft: the step's "
+                "output law is wrong across positions.")
+    if stopped_early:
+        return (f"The output law is wrong in {lossy_names}; the locating checks do not single out one piece of the "
+                "rule.")
+    return f"The output law is wrong in {lossy_names}; run the whole battery for a diagnosis of where."
 
 
 CLOSE_TV = 0.03

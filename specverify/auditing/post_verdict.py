@@ -2,7 +2,7 @@
 
 The verdict is known at the first failing check under fail-fast, else when the last check ends.
 After it the audit still (1) runs the locating checks that have not run
-(:data:`specverify.auditing.diagnosis.LOCATING_CHECKS`; fail-fast only), (2) at the sampler level
+(:attr:`specverify.auditing.checks.Locus.locating`; fail-fast only), (2) at the sampler level
 looks for a minimal failing case (:mod:`specverify.auditing.minimal_case`), and (3) shuts the
 worker process down.  None of them changes the verdict: they explain it, so they share one budget
 proportional to the wait for it::

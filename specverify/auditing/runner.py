@@ -22,12 +22,12 @@ Verdicts and exit statuses (``specverify audit``):
   ``--budget 10``); ``allow_underpowered=True`` turns it into a pass that states the TV reached.
 
 Fail-fast (the default of ``quick`` and ``standard``) stops at the first failing check, but first
-runs the battery's *locating* checks that have not run yet
-(:data:`specverify.auditing.diagnosis.LOCATING_CHECKS`: the bonus and correction positions,
-disjoint supports, the large vocabulary, the exact check), so the first report already says where
-the loss is; at the sampler level it then looks for a minimal failing case
-(:mod:`specverify.auditing.minimal_case`).  The locating checks are checks of the planned
-battery, with their Bonferroni shares of α: they only run out of order.  Everything after the
+runs the battery's *locating* checks that have not run yet (those whose
+:attr:`~specverify.auditing.checks.Check.locus` is locating: the bonus and correction positions,
+disjoint supports, one row exactly), so the first report already says where the loss is; at the
+sampler level it then looks for a minimal failing case (:mod:`specverify.auditing.minimal_case`).
+The locating checks are checks of the planned battery, with their Bonferroni shares of α: they
+only run out of order.  Everything after the
 verdict (these and the worker's shutdown) runs within one time budget, a share of the time the
 verdict took (:mod:`specverify.auditing.post_verdict`); a locating check its share leaves no time
 for is skipped with the reason, and the report states each step's time.
@@ -79,7 +79,6 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
     AuditVerdict,
     default_fail_fast,
 )
-from specverify.auditing.diagnosis import LOCATING_CHECKS
 from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
 from specverify.auditing.isolation.process import check_isolation, preserved_process_state
@@ -274,7 +273,7 @@ def audit(
                     shortfall, omitted, allow_underpowered):
                 display.note(line)
             plan = AuditPlan(alpha_share=share, shortfall=shortfall, omitted=omitted, notes_said=display.says_notes)
-            locating = LOCATING_CHECKS.get(level, ()) if fail_fast else ()
+            locating = tuple(c.name for c in selected if c.locus is not None and c.locus.locating) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, display, fail_fast, locating,
                                                    post, stop_at_malformed=level != "endpoint")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import specverify
-from specverify.auditing.checks import CheckResult
+from specverify.auditing.checks import CheckResult, Locus
 from specverify.auditing.diagnosis import acceptance_deviations, diagnose
 from specverify.auditing.sampler.catalog import CATALOG
 
@@ -34,9 +34,10 @@ def test_no_diagnosis_without_a_failure():
     assert specverify.audit("reference", budget=200, checks=["step-K1"]).diagnosis == ""
 
 
-def _result(name, verdict, kind="goodness-of-fit", acceptance=None, parameters=None, production_shape=False):
+def _result(name, verdict, kind="goodness-of-fit", acceptance=None, parameters=None, production_shape=False,
+            locus=None):
     return CheckResult(name, "", kind, parameters or {}, verdict, "", acceptance=acceptance,
-                       production_shape=production_shape)
+                       production_shape=production_shape, locus=locus)
 
 
 def test_acceptance_rates_off_the_optimal_rule_are_named():
@@ -48,12 +49,14 @@ def test_acceptance_rates_off_the_optimal_rule_are_named():
 
 
 def test_contract_and_context_patterns():
-    checks = [_result("randomness-source", "fail", kind="contract"), _result("step-K1", "pass")]
+    checks = [_result("randomness-source", "fail", kind="contract", locus=Locus.RANDOMNESS_SOURCE),
+              _result("step-K1", "pass", locus=Locus.SINGLE_DRAFT)]
     assert "generator" in diagnose(checks)
-    loops = [_result("step-K1", "pass"), _result("step-K4", "pass"), _result("decoding-loop-order1", "fail")]
+    loops = [_result("step-K1", "pass", locus=Locus.SINGLE_DRAFT), _result("step-K4", "pass", locus=Locus.MULTI_DRAFT),
+             _result("decoding-loop-order1", "fail", locus=Locus.CONTEXT)]
     assert "whole decoding loops" in diagnose(loops)
     shape = {"V": 151936, "K": 1, "B": 6, "dtype": "bfloat16", "layout": "strided"}
-    vocabulary = [_result("step-K1", "pass"),  # the production check declares its shape (Check.production_shape)
+    vocabulary = [_result("step-K1", "pass", locus=Locus.SINGLE_DRAFT),  # the production check declares its shape
                   _result("production-qwen-K1", "fail", parameters=shape, production_shape=True)]
     text = diagnose(vocabulary)
     assert "production shapes only" in text and "V=151936" in text
@@ -68,3 +71,31 @@ def test_json_and_html_carry_the_diagnosis(tmp_path):
     assert report_to_dict(report)["replay"].startswith("specverify audit catalog:bonus_from_draft")
     page = render_html(report)
     assert "<h2>Diagnosis</h2>" in page and "bonus token" in page
+
+
+def test_the_reading_follows_loci_not_names():
+    """Checks named anything read the same by their loci; the same names without loci say nothing of where."""
+    renamed = [_result("my-exact", "pass", kind="exact", locus=Locus.ONE_ROW_EXACT),
+               _result("my-bonus", "pass", locus=Locus.BONUS),
+               _result("my-correction", "fail", locus=Locus.CORRECTION),
+               _result("my-disjoint", "pass", locus=Locus.RESIDUAL_IS_TARGET)]
+    text = diagnose(renamed)
+    assert "rows of a batch influence each other" in text and "my-exact passed" in text
+    without_exact = renamed[1:]
+    text = diagnose(without_exact)
+    assert "correction token drawn after a rejection is wrong" in text
+    assert "my-bonus passed" in text and "my-disjoint passed" in text
+    unlocated = [_result(c.name, c.verdict) for c in without_exact]
+    assert "run the whole battery" in diagnose(unlocated)
+
+
+def test_every_sampler_check_that_isolates_a_piece_declares_its_locus():
+    from specverify.auditing.sampler.battery import SamplerBattery
+    from specverify.core.rules import verify
+
+    battery = SamplerBattery()
+    loci = {c.name: c.locus for c in battery.checks(battery.open_session(verify, device="cpu", timeout_s=10))}
+    assert loci["bonus-position"] is Locus.BONUS and loci["correction-position"] is Locus.CORRECTION
+    assert loci["disjoint-supports"] is Locus.RESIDUAL_IS_TARGET and loci["exact-step"] is Locus.ONE_ROW_EXACT
+    locating = sorted(name for name, locus in loci.items() if locus is not None and locus.locating)
+    assert locating == ["bonus-position", "correction-position", "disjoint-supports", "exact-step"]

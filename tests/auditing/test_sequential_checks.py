@@ -53,7 +53,7 @@ def test_fail_fast_is_the_default_for_quick_and_standard():
     assert report.settings.fail_fast and report.exit_code == 1 and report.failed[0].name == "exact-step"
     assert skipped and all(c.message.startswith(FAIL_FAST_SKIP) for c in skipped)
     ran_after = [c.name for c in report.checks[first + 1:] if c.verdict is not Verdict.SKIPPED]
-    assert ran_after == ["bonus-position", "correction-position", "disjoint-supports"]  # LOCATING_CHECKS
+    assert ran_after == ["bonus-position", "correction-position", "disjoint-supports"]  # their loci are locating
     assert "the correction token drawn after a rejection is wrong" in report.diagnosis.lower()
     assert "--no-fail-fast" in report.diagnosis and "--no-fail-fast" not in report.replay_command
     assert "--checks exact-step,correction-position" in report.replay_command  # only what failed

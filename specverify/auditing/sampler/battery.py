@@ -49,6 +49,7 @@ from specverify.auditing.checks import (  # the framework names are re-exported 
     ChiSquareCheck,
     ExactCase,
     InputsUnchangedCheck,
+    Locus,
     Plan,
     SampleBudget,
     SequentialCheck,
@@ -234,6 +235,7 @@ class StepLawCheck(ChiSquareCheck, FailingStepSource):
     window: tuple[int, int]
     family: str
     top_cells: int = 0
+    locus: Locus | None = None
     parameters: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -369,6 +371,7 @@ class DecodingLoopCheck(ChiSquareCheck):
     length: int
     draft_schedule: tuple[int, ...]
     parameters: dict[str, Any] = field(init=False)
+    locus = Locus.CONTEXT
 
     def __post_init__(self) -> None:
         self.num_cells = self.bank.num_chains * self.bank.vocab_size**self.length
@@ -455,6 +458,7 @@ class ExactStepCheck(Check, FailingStepSource):
     description: str
     cases: tuple[tuple[str, ChainBank, int], ...]
     kind: ClassVar[CheckKind] = CheckKind.EXACT
+    locus = Locus.ONE_ROW_EXACT
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = 0
 
@@ -498,6 +502,7 @@ class RandomnessSourceCheck(Check):
     num_draft: int
     rows: int
     kind: ClassVar[CheckKind] = CheckKind.CONTRACT
+    locus = Locus.RANDOMNESS_SOURCE
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = 0
 
@@ -603,47 +608,60 @@ class SamplerBattery(Battery):
                                            "No call may modify the tensors it is given (engines reuse them)."))
         return checks + contract_checks()
 
-    def _step(self, name: str, description: str, family: str, vocab_size: int, num_draft: int, num_chains: int,
-              window: tuple[int, int], top_cells: int = 0) -> StepLawCheck:
+    def _step(self, name: str, locus: Locus, description: str, family: str, vocab_size: int, num_draft: int,
+              num_chains: int, window: tuple[int, int]) -> StepLawCheck:
         bank: PositionalBank | MarkovBank
         if family == "markov":
             bank = markov_family_bank(name, vocab_size, 2, num_chains)
         else:
             bank = positional_family_bank(name, family, vocab_size, num_draft, num_chains)
-        return StepLawCheck(name, description, bank, num_draft, window, family, top_cells)
+        return StepLawCheck(name, description, bank, num_draft, window, family, locus=locus)
 
 
-# (name, description, family, V, K, chains, window (start, length)[, top cells])
+# (name, the piece of the rule it isolates, description, family, V, K, chains, window (start, length))
 _STEP_CHECKS: tuple[tuple[Any, ...], ...] = (
-    ("step-K1", "One step with K=1 on three different random chains per batch: the emitted token, continued by "
-                "target sampling, must follow the target at positions 0-1 (jointly, per chain).",
+    ("step-K1", Locus.SINGLE_DRAFT,
+     "One step with K=1 on three different random chains per batch: the emitted token, continued by "
+     "target sampling, must follow the target at positions 0-1 (jointly, per chain).",
      "random", 4, 1, 3, (0, 2)),
-    ("step-K2", "One step with K=2, rows drawn from three different random chains: positions 0-2 jointly.",
+    ("step-K2", Locus.MULTI_DRAFT,
+     "One step with K=2, rows drawn from three different random chains: positions 0-2 jointly.",
      "random", 4, 2, 3, (0, 3)),
-    ("step-K4", "One step with K=4: positions 2-4 jointly (the deep drafts and the bonus position).",
+    ("step-K4", Locus.MULTI_DRAFT,
+     "One step with K=4: positions 2-4 jointly (the deep drafts and the bonus position).",
      "random", 4, 4, 3, (2, 3)),
-    ("step-K8-head", "One step with K=8: positions 0-2 jointly.", "random", 4, 8, 3, (0, 3)),
-    ("step-K8-tail", "One step with K=8: positions 6-8 jointly (position 8 is the bonus position).",
+    ("step-K8-head", Locus.MULTI_DRAFT,
+     "One step with K=8: positions 0-2 jointly.", "random", 4, 8, 3, (0, 3)),
+    ("step-K8-tail", Locus.MULTI_DRAFT,
+     "One step with K=8: positions 6-8 jointly (position 8 is the bonus position).",
      "random", 4, 8, 3, (6, 3)),
-    ("markov-step-K3", "One step with K=3 on context-dependent (order-2 Markov) targets, whose law at each "
-                       "position depends on the draft tokens before it: positions 0-2 jointly.",
+    ("markov-step-K3", Locus.CONTEXT,
+     "One step with K=3 on context-dependent (order-2 Markov) targets, whose law at each "
+     "position depends on the draft tokens before it: positions 0-2 jointly.",
      "markov", 4, 3, 2, (0, 3)),
-    ("bonus-position", "Draft identical to target, so every draft is accepted and the bonus token's law is "
-                       "tested alone (with the last draft): positions 2-3 with K=3.",
+    ("bonus-position", Locus.BONUS,
+     "Draft identical to target, so every draft is accepted and the bonus token's law is "
+     "tested alone (with the last draft): positions 2-3 with K=3.",
      "identical", 4, 3, 3, (2, 2)),
-    ("correction-position", "Drafts equal the target at positions 0-1 and differ at position 2, so the "
-                            "correction token at position 2 is exercised: positions 1-2 with K=4.",
+    ("correction-position", Locus.CORRECTION,
+     "Drafts equal the target at positions 0-1 and differ at position 2, so the "
+     "correction token at position 2 is exercised: positions 1-2 with K=4.",
      "deep-correction", 4, 4, 3, (1, 2)),
-    ("disjoint-supports", "Draft and target on disjoint tokens: every draft is rejected and the first token "
-                          "is the correction, which must follow the target.",
+    ("disjoint-supports", Locus.RESIDUAL_IS_TARGET,
+     "Draft and target on disjoint tokens: every draft is rejected and the first token "
+     "is the correction, which must follow the target.",
      "disjoint", 6, 2, 3, (0, 1)),
-    ("zeros-both-sides", "The draft proposes tokens the target forbids and misses tokens the target allows: "
-                         "positions 0-1 jointly.", "zeros", 6, 3, 3, (0, 2)),
-    ("near-one-hot", "Both laws put 0.97 on one token (the same one or not): positions 0-1 jointly.",
+    ("zeros-both-sides", Locus.EDGE_CASE,
+     "The draft proposes tokens the target forbids and misses tokens the target allows: "
+     "positions 0-1 jointly.", "zeros", 6, 3, 3, (0, 2)),
+    ("near-one-hot", Locus.EDGE_CASE,
+     "Both laws put 0.97 on one token (the same one or not): positions 0-1 jointly.",
      "one-hot", 6, 3, 3, (0, 2)),
-    ("near-uniform", "Both laws within ±30 % of uniform (almost everything accepted): positions 1-2 with K=2, "
-                     "position 2 being the bonus.", "near-uniform", 6, 2, 3, (1, 2)),
-    ("tiny-masses", "Probabilities of 1e-8 on both sides (huge and tiny acceptance ratios): positions 0-1 jointly.",
+    ("near-uniform", Locus.EDGE_CASE,
+     "Both laws within ±30 % of uniform (almost everything accepted): positions 1-2 with K=2, "
+     "position 2 being the bonus.", "near-uniform", 6, 2, 3, (1, 2)),
+    ("tiny-masses", Locus.EDGE_CASE,
+     "Probabilities of 1e-8 on both sides (huge and tiny acceptance ratios): positions 0-1 jointly.",
      "tiny", 6, 3, 3, (0, 2)),
 )
 

@@ -71,6 +71,7 @@ from specverify.auditing.checks import (
     ChiSquareCheck,
     ExactCase,
     InputsUnchangedCheck,
+    Locus,
     Plan,
     SampleBudget,
     SequentialCheck,
@@ -577,6 +578,7 @@ class ExactTreeCheck(Check):
     cases: tuple[tuple[str, Any, tuple[int, ...], str, int | None], ...]  # (label, chain, shape, scheme, rows)
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.EXACT
+    locus = Locus.ONE_ROW_EXACT
 
     def __post_init__(self) -> None:
         self.parameters = {"cases": [self._label(case) + f" (V={case[1].vocab_size})" for case in self.cases]}
@@ -617,6 +619,7 @@ class TreeRandomnessCheck(Check):
     rows: int
     parameters: dict[str, Any] = field(init=False)
     kind: ClassVar[CheckKind] = CheckKind.CONTRACT
+    locus = Locus.RANDOMNESS_SOURCE
 
     def __post_init__(self) -> None:
         self.parameters = {"shape": list(self.shape), "scheme": self.scheme, "V": self.bank.vocab_size,
