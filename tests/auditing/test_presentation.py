@@ -176,3 +176,29 @@ def test_same_bits_compares_broadcast_views_and_scalars(dtype):
     copy[999, 299] = 8
     assert not same_bits(copy, wide)
     assert same_bits(torch.full((5, 4), 3, dtype=dtype), 3) and not same_bits(torch.full((5, 4), 3, dtype=dtype), 2)
+
+
+def layout_and_padding(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
+    """What a direct call received: each input's shape, strides and storage offset, and the
+    entries its storage holds past the view (the decoy padding of a strided presentation)."""
+    def seen(tensor):
+        wide = tensor.as_strided((tensor.numel() + (tensor.stride()[0] if tensor.dim() > 1 else 0),), (1,),
+                                 tensor.storage_offset())
+        return (tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), wide.double().sum().item())
+    return [seen(t) for t in (target_probs, draft_probs, draft_tokens)] + [None if uniforms is None else
+                                                                          uniforms.sum().item()]
+
+
+def test_a_direct_call_in_a_worker_gets_its_inputs_with_their_layout():
+    proposal = _proposal(rows=8)
+    vocab = proposal.target_probs.shape[-1]
+    inputs = [presented(t, device=torch.device("cpu"), strided=True, decoy=decoy_value(name, vocab))
+              for name, t in zip(("target_probs", "draft_probs", "draft_tokens"), proposal)]
+    shifted = torch.rand(20, dtype=torch.float64)[4:]  # a view at a storage offset
+    expected = layout_and_padding(*inputs, None, uniforms=shifted)
+    function = GuardedFunction(f"{__file__}:layout_and_padding", timeout_s=60, isolation="process")
+    try:
+        assert function.raw(*inputs, None, uniforms=shifted) == expected
+        assert not inputs[0].is_contiguous() and expected[0][2] == 0 and shifted.storage_offset() == 4
+    finally:
+        function.close()

@@ -365,6 +365,31 @@ class _Session(AuditedFunction):
             self.buffer = SharedBuffer.create(nbytes)
         return self.buffer
 
+    def _share_arguments(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The fields of a ``raw`` request: ``args`` and ``kwargs`` with every dense CPU tensor
+        replaced by its place in the shared buffer, where the span of storage it views is copied
+        (so a strided view arrives with its strides, its padding and its storage offset), and
+        ``shared``: per replaced argument (position or keyword, offset, dtype, span, shape, strides,
+        offset in the span).  Writing the buffer invalidates what the presenter kept there."""
+        places = [(index, value) for index, value in enumerate(args)] + list(kwargs.items())
+        tensors = [(key, value) for key, value in places if _shareable(value)]
+        if not tensors:
+            return {"args": tuple(args), "kwargs": dict(kwargs)}
+        spans = [_storage_span(tensor) for _, tensor in tensors]
+        offsets, nbytes = layout([(tensor.dtype, (span,)) for (_, tensor), (_, span) in zip(tensors, spans)])
+        buffer = self._ensure_buffer(nbytes)
+        self.presenter.forget()
+        shared = []
+        for (key, tensor), (start, span), offset in zip(tensors, spans, offsets):
+            region = buffer.tensor(offset, tensor.dtype, (span,))
+            region.copy_(tensor.as_strided((span,), (1,), start))
+            shared.append((key, offset, str(tensor.dtype).removeprefix("torch."), span, tuple(tensor.shape),
+                           tuple(tensor.stride()), tensor.storage_offset() - start))
+        keys = {key for key, _ in tensors}
+        return {"args": tuple(None if index in keys else value for index, value in enumerate(args)),
+                "kwargs": {name: value for name, value in kwargs.items() if name not in keys},
+                "buffer": (buffer.path, buffer.size), "shared": shared}
+
     def _share(self, inputs: dict[str, torch.Tensor], output_shape: tuple[int, int], strided: bool,
                vocab: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
         """Present ``inputs`` in the shared buffer (each in its own region, as a view of a wider
@@ -585,9 +610,24 @@ def _num_draft_tokens(proposal: Any) -> torch.Tensor | None:
     return proposal.num_draft_tokens if isinstance(proposal, RaggedProposal) else None
 
 
+def _shareable(value: Any) -> bool:
+    """A dense CPU tensor with elements, which the shared buffer can carry with its layout."""
+    return (isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.layout == torch.strided
+            and value.numel() > 0 and not value.requires_grad)
+
+
+def _storage_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """``(start, length)``: the elements of ``tensor``'s storage its view reaches, from its first
+    to its last (strides are non-negative in torch)."""
+    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.storage_offset(), reach + 1
+
+
 class RawProxy:
-    """``session.raw`` in a worker session: calls the function there with arbitrary (small)
-    arguments, e.g. ``uniforms=`` for the exact check.  Its signature is the function's."""
+    """``session.raw`` in a worker session: calls the function there with arbitrary arguments,
+    e.g. ``uniforms=`` for the exact checks; CPU tensors among them travel through the shared
+    buffer with their layout (:meth:`_Session._share_arguments`), the rest pickled.  Its signature
+    is the function's."""
 
     def __init__(self, function: _Session) -> None:
         self._function = function
@@ -603,8 +643,8 @@ class RawProxy:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         function = self._function
-        reply = function._request({"op": "raw", "args": args, "kwargs": kwargs}, function.timeout_s,
-                                  "the function", "a direct call")
+        message = {"op": "raw", **function._share_arguments(args, kwargs)}
+        reply = function._request(message, function.timeout_s, "the function", "a direct call")
         if reply[0] == "raw-error":
             _, name, message = reply
             raise type(name, (Exception,), {})(message)

@@ -140,10 +140,8 @@ class Worker:
             start += rows
         return ("ok", seconds, aliased)
 
-    def _views(self, request: dict[str, Any]) -> list[Any]:
-        import torch
-
-        from specverify.auditing.isolation.presentation import view_of
+    def _buffer(self, request: dict[str, Any]) -> Any:
+        """The shared buffer ``request["buffer"]`` names, mapped once and kept while it stays the same."""
         from specverify.auditing.isolation.process import SharedBuffer
 
         path, size = request["buffer"]
@@ -151,7 +149,15 @@ class Worker:
             if self.buffer is not None:
                 self.buffer.close()
             self.buffer = SharedBuffer.open(path, size)
-        storages = [self.buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
+        return self.buffer
+
+    def _views(self, request: dict[str, Any]) -> list[Any]:
+        import torch
+
+        from specverify.auditing.isolation.presentation import view_of
+
+        buffer = self._buffer(request)
+        storages = [buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
                     for offset, dtype, shape in zip(request["offsets"], request["dtypes"], request["shapes"])]
         # Strided presentation: each input is the leading block of its (wider) region.
         return [view_of(storage, tuple(shape)) for storage, shape in zip(storages, request["views"])]
@@ -192,8 +198,18 @@ class Worker:
 
         from specverify.core.outputs import emitted_tensor
 
+        args, kwargs = list(request["args"]), dict(request["kwargs"])
+        if request.get("shared"):
+            buffer = self._buffer(request)
+            for key, offset, dtype, span, shape, stride, start in request["shared"]:
+                region = buffer.tensor(offset, getattr(torch, dtype), (span,))
+                tensor = region.as_strided(tuple(shape), tuple(stride), start)
+                if isinstance(key, int):
+                    args[key] = tensor
+                else:
+                    kwargs[key] = tensor
         try:
-            result = self.fn(*request["args"], **request["kwargs"])
+            result = self.fn(*args, **kwargs)
         except BaseException as error:  # noqa: BLE001
             return ("raw-error", type(error).__name__, str(error))
         try:
