@@ -138,7 +138,8 @@ def build(source: bytes) -> ctypes.CDLL | None:
     except OSError:
         return None
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
-    lib.sv_verify.argtypes = [ctypes.c_int, ctypes.c_int, pointer, pointer, int64, int64, int64, pointer, pointer,
+    lib.sv_verify.argtypes = [ctypes.c_int, ctypes.c_int, pointer, pointer, int64, int64, int64, int64, int64, int64,
+                              int64, pointer, pointer,
                               pointer, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int,
                               pointer, pointer, pointer]
     lib.sv_verify.restype = ctypes.c_int
@@ -172,20 +173,30 @@ def _fit(tensors: Sequence[tuple[object, torch.dtype, tuple[int, ...]]], uniform
     return enabled()
 
 
+def rows_contiguous(tensor: torch.Tensor) -> bool:
+    """Each row of the last dimension is contiguous (the batch and position strides are free:
+    strided views and rows expanded with stride 0 are read in place)."""
+    return tensor.stride(-1) == 1 or tensor.shape[-1] == 1
+
+
 def applies(target_probs: object, draft_probs: object, draft_tokens: object, num_draft: object,
             uniforms: object, generator: object) -> bool:
-    """Whether the kernel can take these inputs: CPU, contiguous, float32/bfloat16 of one dtype,
-    int64 tokens, shapes consistent (checked here too, since validation may be off), enabled."""
+    """Whether the kernel can take these inputs: CPU, float32/bfloat16 of one dtype with each row
+    of the vocabulary contiguous (any batch and position strides), contiguous int64 tokens, shapes
+    consistent (checked here too, since validation may be off), enabled."""
     if not (isinstance(target_probs, torch.Tensor) and isinstance(draft_tokens, torch.Tensor)):
         return False
     if target_probs.dtype not in DTYPE_CODES or target_probs.device.type != "cpu" or target_probs.dim() != 3:
         return False
     batch, positions, vocab = target_probs.shape
-    if batch < 1 or positions < 2 or vocab < 1 or not target_probs.is_contiguous():
+    if batch < 1 or positions < 2 or vocab < 1 or not rows_contiguous(target_probs):
+        return False
+    if draft_probs is not None and not (
+            isinstance(draft_probs, torch.Tensor) and draft_probs.dtype == target_probs.dtype
+            and tuple(draft_probs.shape) == (batch, positions - 1, vocab) and draft_probs.device.type == "cpu"
+            and rows_contiguous(draft_probs)):
         return False
     tensors: list[tuple[object, torch.dtype, tuple[int, ...]]] = [(draft_tokens, torch.int64, (batch, positions - 1))]
-    if draft_probs is not None:
-        tensors.append((draft_probs, target_probs.dtype, (batch, positions - 1, vocab)))
     if num_draft is not None:
         tensors.append((num_draft, torch.int64, (batch,)))
     return _fit(tensors, uniforms, (batch, positions), generator)
@@ -216,6 +227,7 @@ def verify(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | No
     status = _built_library().sv_verify(
         RULE_CODES[rule], DTYPE_CODES[target_probs.dtype], target_probs.data_ptr(),
         draft_probs.data_ptr() if draft_probs is not None else None, batch, positions - 1, vocab,
+        *target_probs.stride()[:2], *(draft_probs.stride()[:2] if draft_probs is not None else (0, 0)),
         draft_tokens.data_ptr(), num_draft.data_ptr() if num_draft is not None else None,
         u.data_ptr() if u is not None else None, int(validate), int(uniforms is not None), target_limit, draft_limit,
         int(force_exact), emitted.data_ptr(), num_accepted.data_ptr(), ctypes.byref(exact_rows))

@@ -29,12 +29,12 @@ Numerics: only the gathered scalars ``p_i(x_i)``, ``q_i(x_i)`` and the one final
 row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a mass of 1e-8 in a
 128k vocabulary keeps its probability, and it can never land on a token of zero mass.
 
-Two implementations: the torch code below is the reference; on contiguous CPU float32/bfloat16
-inputs :func:`rejection_sample`, :func:`point_mass_verify` and :func:`greedy_verify` first try the
-fused C kernel of :mod:`specverify.core.native_rules` (one pass over the inputs: screen, accept
-tests, final draw), which returns bit-identical outputs (tests/core/test_native_rules.py,
-tests/core/test_rules_identity.py) and hands any input its screen flags back to the torch code, so
-errors keep their wording.  ``SPECVERIFY_NATIVE=0`` turns it off.
+Two implementations: the torch code below is the reference; on CPU float32/bfloat16 inputs whose
+rows of V entries are contiguous :func:`rejection_sample`, :func:`point_mass_verify` and
+:func:`greedy_verify` first try the fused C kernel of :mod:`specverify.core.native_rules` (one
+pass over the inputs: screen, accept tests, final draw), which returns bit-identical outputs
+(tests/core/test_native_rules.py, tests/core/test_rules_identity.py) and hands any input its
+screen flags back to the torch code, so errors keep their wording.  ``SPECVERIFY_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -430,11 +430,15 @@ def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
 
 
 def _kernel_input(tensor: Any) -> Any:
-    """``tensor`` as the kernel reads it: contiguous, float16 widened to float32 (CPU tensors only)."""
+    """``tensor`` as the kernel reads it (CPU tensors only): float16 widened to float32; laws
+    ``[B, K+1, V]`` in place when each row of V entries is contiguous (strided and expanded views
+    included), else copied contiguous; tokens contiguous."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
         return tensor
     if tensor.dtype == torch.float16:
         tensor = tensor.to(torch.float32)
+    if tensor.is_floating_point() and tensor.dim() == 3 and native_rules.rows_contiguous(tensor):
+        return tensor
     return tensor.contiguous()
 
 
@@ -444,9 +448,11 @@ def _native(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | N
     """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
     when it does not apply or flagged the inputs (the caller then runs its torch code).
 
-    Engines pass strided views and half-precision laws: a CPU view is copied to a contiguous tensor
-    and float16 is widened to float32 (exactly) first, one pass that costs far less than the torch
-    code; the kernel only reads its inputs, so the copies change nothing else."""
+    Engines pass strided views and half-precision laws: the kernel reads views whose rows of V
+    entries are contiguous in place (any batch and position strides), other CPU views are copied
+    to a contiguous tensor and float16 is widened to float32 (exactly) first, one pass that costs
+    far less than the torch code; the kernel only reads its inputs, so the copies change nothing
+    else."""
     target_probs, draft_probs, draft_tokens = (_kernel_input(t) for t in (target_probs, draft_probs, draft_tokens))
     if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):
         return None
@@ -494,7 +500,7 @@ def rejection_sample(
     messages) reads every input value twice, a row sum and a sign-bit minimum
     (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
     positions; no host sync on CUDA besides validation's one.  Bit-identical on every fast path
-    (tests/core/test_rules_identity.py).  On contiguous CPU float32/bfloat16 inputs the
+    (tests/core/test_rules_identity.py).  On CPU float32/bfloat16 inputs with contiguous rows the
     fused kernel (:mod:`specverify.core.native_rules`) does all of this in one call, with the same
     outputs: one read of each input value, the final rows read twice from cache.
     """

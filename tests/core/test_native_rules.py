@@ -123,20 +123,32 @@ def test_the_native_path_is_not_taken_where_it_does_not_apply(monkeypatch):
 
 @needs_compiler
 def test_strided_views_and_float16_take_the_native_path(monkeypatch):
-    """Engines pass views of wider buffers and fp16 laws: copied contiguous / widened to float32
-    (exactly) before the kernel, with the torch path's outputs (fp16 laws whose rows sum off 1 by
-    more than float32's tolerance are flagged by the kernel's screen and run the torch code)."""
+    """Engines pass views of wider buffers, rows expanded over a batch and fp16 laws: views whose
+    rows of V entries are contiguous are read in place, fp16 is widened to float32 (exactly)
+    before the kernel, with the torch path's outputs (fp16 laws whose rows sum off 1 by more than
+    float32's tolerance are flagged by the kernel's screen and run the torch code)."""
     p, q, drafts, u, num_draft = random_case(derive_seed("native-views"), 4, 3, 300, torch.float32, True)
     strided = torch.cat([p, p], dim=-1)[..., :300]
+    expanded = (p[:1].expand(4, -1, -1), q[:1].expand(4, -1, -1))  # one request's laws, four rows
+    row_drafts, row_num_draft = drafts[:1].repeat(4, 1), None if num_draft is None else num_draft[:1].repeat(4)
+    copies = []
+    real_contiguous = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda self, *a, **k: copies.append(self.shape) or
+                        real_contiguous(self, *a, **k))
     calls = Calls(monkeypatch)
     native = rejection_sample(strided, q, drafts, uniforms=u, num_draft=num_draft)
+    native_expanded = rejection_sample(*expanded, row_drafts, uniforms=u, num_draft=row_num_draft)
     half = rejection_sample(p.half(), q.half(), drafts, uniforms=u, num_draft=num_draft)
     greedy_verify(strided, drafts, num_draft=num_draft)
-    assert calls.taken >= 2
+    assert calls.taken >= 3
+    assert not [shape for shape in copies if len(shape) == 3], "a law view was copied before the kernel"
     monkeypatch.setenv("SPECVERIFY_NATIVE", "0")
     torch_path = rejection_sample(strided, q, drafts, uniforms=u, num_draft=num_draft)
+    torch_expanded = rejection_sample(*(t.contiguous() for t in expanded), row_drafts, uniforms=u,
+                                      num_draft=row_num_draft)
     torch_half = rejection_sample(p.half(), q.half(), drafts, uniforms=u, num_draft=num_draft)
     assert all(torch.equal(a, b) for a, b in zip(native, torch_path))
+    assert all(torch.equal(a, b) for a, b in zip(native_expanded, torch_expanded))
     assert all(torch.equal(a, b) for a, b in zip(half, torch_half))
 
 
@@ -325,8 +337,10 @@ def test_the_certificate_declines_a_candidate_the_sequential_sum_has_passed():
 # --------------------------------------------------------------------------------------------
 
 MUTATIONS = {
-    "accept test <= instead of <": ("u[i] * (double)VALUE(q[i * vocab + row_tokens[i]]) < pv",
-                                    "u[i] * (double)VALUE(q[i * vocab + row_tokens[i]]) <= pv"),
+    "accept test <= instead of <": ("u[i] * (double)VALUE(q[i * q_step + row_tokens[i]]) < pv",
+                                    "u[i] * (double)VALUE(q[i * q_step + row_tokens[i]]) <= pv"),
+    "target rows read V apart whatever their stride": ("double pv = (double)VALUE(p[i * p_step + row_tokens[i]]);",
+                                                       "double pv = (double)VALUE(p[i * vocab + row_tokens[i]]);"),
     "search >= instead of >": ("if (cumulative[mid] > threshold) high = mid;",
                                "if (cumulative[mid] >= threshold) high = mid;"),
     "residual not clamped at 0": ("x -= (double)VALUE(q[t]); x = x > 0.0 ? x : 0.0;", "x -= (double)VALUE(q[t]);"),
@@ -349,6 +363,11 @@ def test_a_perturbed_kernel_fails_the_identity_check(mutation, monkeypatch, tmp_
     cases.append((torch.tensor([[[0.0, 1.0], [0.5, 0.5]]]), torch.tensor([[[0.5, 0.5]]]), torch.tensor([[0]]),
                   torch.tensor([[0.0, 0.0]], dtype=torch.float64), None))
     cases.append((*sequential_sum_ahead_of_the_estimate(), None))
+
+    def strided(probs):  # each position's row V entries further on than contiguous (a padded buffer)
+        return torch.cat([probs, probs], dim=-1)[..., : probs.shape[-1]]
+
+    cases += [(strided(p), strided(q), drafts, u, num_draft) for p, q, drafts, u, num_draft in cases[:3]]
 
     def mismatches() -> int:
         count = 0

@@ -323,9 +323,11 @@ static int64_t NAME##_argmax(const BITS *row, int64_t vocab, uint32_t infinity_b
 }                                                                                                     \
                                                                                                       \
 /* One batch row of sv_verify: the accept tests, the screen of the rows in use (validate), the final  \
- * token.  p: the row's K+1 target rows; q: its K draft rows (NULL for point mass and greedy).        \
+ * token.  p: the row's K+1 target rows, p_step elements apart; q: its K draft rows, q_step apart   \
+ * (NULL for point mass and greedy); each row's vocab entries are contiguous.                        \
  * Writes *accepted and *final_token (-3: out of memory); returns SV_OK or SV_FLAGGED. */             \
-static int NAME##_verify_row(int rule, const BITS *p, const BITS *q, const int64_t *row_tokens,       \
+static int NAME##_verify_row(int rule, const BITS *p, int64_t p_step, const BITS *q, int64_t q_step,   \
+                             const int64_t *row_tokens,                                               \
                              int64_t drafts, int64_t num_drafts, int64_t vocab, const double *u,      \
                              int validate, double target_limit, double draft_limit, int force_exact,  \
                              uint32_t infinity_bits, int64_t *exact_rows, int64_t *accepted_out,      \
@@ -333,8 +335,8 @@ static int NAME##_verify_row(int rule, const BITS *p, const BITS *q, const int64
     int64_t accepted = 0, final_token = -1;                                                           \
     if (rule == 2) {                                                                                  \
         for (int64_t i = 0; i <= drafts; i++) {                                                       \
-            int64_t best = (i <= accepted || validate) ? NAME##_argmax(p + i * vocab, vocab, infinity_bits) : 0;\
-            if (best < 0 || (validate && !NAME##_row_ok(p + i * vocab, vocab, target_limit))) return SV_FLAGGED;\
+            int64_t best = (i <= accepted || validate) ? NAME##_argmax(p + i * p_step, vocab, infinity_bits) : 0;\
+            if (best < 0 || (validate && !NAME##_row_ok(p + i * p_step, vocab, target_limit))) return SV_FLAGGED;\
             if (i == accepted) {                                                                      \
                 if (i < drafts && row_tokens[i] == best) accepted++;                                  \
                 else final_token = best;                                                              \
@@ -346,25 +348,25 @@ static int NAME##_verify_row(int rule, const BITS *p, const BITS *q, const int64
     }                                                                                                 \
     if (validate) {                                                                                   \
         for (int64_t i = 0; i < drafts; i++)                                                          \
-            if (q && !(VALUE(q[i * vocab + row_tokens[i]]) > 0.0f)) return SV_FLAGGED;                \
+            if (q && !(VALUE(q[i * q_step + row_tokens[i]]) > 0.0f)) return SV_FLAGGED;                \
     }                                                                                                 \
     for (int64_t i = 0; i < drafts; i++) {                                                            \
-        double pv = (double)VALUE(p[i * vocab + row_tokens[i]]);                                      \
-        int accept = q ? u[i] * (double)VALUE(q[i * vocab + row_tokens[i]]) < pv : u[i] < pv;         \
+        double pv = (double)VALUE(p[i * p_step + row_tokens[i]]);                                      \
+        int accept = q ? u[i] * (double)VALUE(q[i * q_step + row_tokens[i]]) < pv : u[i] < pv;         \
         if (!accept) break;                                                                           \
         accepted++;                                                                                   \
     }                                                                                                 \
     int rejected = accepted < drafts;                                                                 \
     if (validate) {                                                                                   \
         for (int64_t i = 0; i <= drafts; i++)                                                         \
-            if (i != accepted && !NAME##_row_ok(p + i * vocab, vocab, target_limit)) return SV_FLAGGED;\
+            if (i != accepted && !NAME##_row_ok(p + i * p_step, vocab, target_limit)) return SV_FLAGGED;\
         for (int64_t i = 0; q && i < drafts; i++)                                                     \
-            if (i != accepted && !NAME##_row_ok(q + i * vocab, vocab, draft_limit)) return SV_FLAGGED;\
-        if (!NAME##_row_ok(p + accepted * vocab, vocab, target_limit)) return SV_FLAGGED;             \
-        if (q && rejected && !NAME##_row_ok(q + accepted * vocab, vocab, draft_limit)) return SV_FLAGGED;\
+            if (i != accepted && !NAME##_row_ok(q + i * q_step, vocab, draft_limit)) return SV_FLAGGED;\
+        if (!NAME##_row_ok(p + accepted * p_step, vocab, target_limit)) return SV_FLAGGED;             \
+        if (q && rejected && !NAME##_row_ok(q + accepted * q_step, vocab, draft_limit)) return SV_FLAGGED;\
     }                                                                                                 \
     *accepted_out = accepted;                                                                         \
-    *final_out = NAME##_final(p + accepted * vocab, rejected && q ? q + accepted * vocab : NULL,      \
+    *final_out = NAME##_final(p + accepted * p_step, rejected && q ? q + accepted * q_step : NULL,      \
                               rejected && !q ? row_tokens[accepted] : -1, vocab, u[num_drafts],       \
                               force_exact, exact_rows);                                               \
     return SV_OK;                                                                                     \
@@ -400,14 +402,17 @@ static void emit_row(int64_t *emitted, const int64_t *tokens, int64_t num_drafts
 }
 
 /* rule: 0 = rejection_sample, 1 = point_mass_verify, 2 = greedy_verify.  dtype: 0 = float32,
- * 1 = bfloat16.  draft is NULL for rules 1 and 2, uniforms NULL for rule 2.  validate: screen every
+ * 1 = bfloat16.  target [B, K+1, V] and draft [B, K, V] are read at element strides
+ * (*_batch_step, *_step, 1): any view whose last dimension is contiguous.  draft is NULL for rules
+ * 1 and 2, uniforms NULL for rule 2.  validate: screen every
  * row in use (limit = tolerance - margin, one per tensor).  check_uniforms: the uniforms were
  * injected (a generator's draw is in [0, 1) by construction).  Writes emitted [B, K+1] and
  * num_accepted [B]; exact_rows[0] counts the final rows that took the sequential cumulative sum.
  * Returns SV_OK, SV_FLAGGED (some input may be invalid: nothing reliable was written) or
  * SV_NO_MEMORY. */
 int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_t batch,
-              int64_t num_drafts, int64_t vocab, const int64_t *tokens, const int64_t *num_draft,
+              int64_t num_drafts, int64_t vocab, int64_t target_batch_step, int64_t target_step,
+              int64_t draft_batch_step, int64_t draft_step, const int64_t *tokens, const int64_t *num_draft,
               const double *uniforms, int validate, int check_uniforms, double target_limit,
               double draft_limit, int force_exact, int64_t *emitted, int64_t *num_accepted,
               int64_t *exact_rows) {
@@ -421,13 +426,13 @@ int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_
         const double *u = uniforms ? uniforms + b * positions : NULL;
         int64_t accepted = 0, final_token = -1;
         int status = dtype == 0
-            ? f32_verify_row(rule, (const uint32_t *)target + b * positions * vocab,
-                             draft ? (const uint32_t *)draft + b * num_drafts * vocab : NULL, row_tokens, drafts,
-                             num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f800000u,
+            ? f32_verify_row(rule, (const uint32_t *)target + b * target_batch_step, target_step,
+                             draft ? (const uint32_t *)draft + b * draft_batch_step : NULL, draft_step,
+                             row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f800000u,
                              exact_rows, &accepted, &final_token)
-            : bf16_verify_row(rule, (const uint16_t *)target + b * positions * vocab,
-                              draft ? (const uint16_t *)draft + b * num_drafts * vocab : NULL, row_tokens, drafts,
-                              num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f80u,
+            : bf16_verify_row(rule, (const uint16_t *)target + b * target_batch_step, target_step,
+                              draft ? (const uint16_t *)draft + b * draft_batch_step : NULL, draft_step,
+                              row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f80u,
                               exact_rows, &accepted, &final_token);
         if (status != SV_OK) return status;
         if (final_token == -3) return SV_NO_MEMORY;
