@@ -202,3 +202,23 @@ def test_a_direct_call_in_a_worker_gets_its_inputs_with_their_layout():
         assert not inputs[0].is_contiguous() and expected[0][2] == 0 and shifted.storage_offset() == 4
     finally:
         function.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_same_bits_sees_one_changed_entry_in_long_rows(dtype):
+    from specverify.auditing.isolation.presentation import MEMCMP_ROW_BYTES, same_bits
+
+    vocab = MEMCMP_ROW_BYTES  # rows long enough for the row-by-row comparison
+    law = torch.rand(1, 2, vocab).to(dtype)
+    block = presented(law.expand(5, -1, -1), device=torch.device("cpu"), strided=True, decoy=0.25)
+    assert same_bits(block, law.expand(5, -1, -1)) and not block.is_contiguous()
+    wide = block.as_strided((5, 3, vocab + STRIDE_PAD), block.stride())
+    assert same_bits(wide[:, :, vocab:], 0.25) and same_bits(wide[:, 2], 0.25)
+    for row, position, token in ((0, 0, 0), (4, 1, vocab - 1), (2, 1, vocab // 2)):
+        changed = block.clone()
+        changed[row, position, token] = -changed[row, position, token] if changed[row, position, token] else 1.0
+        assert not same_bits(changed, law.expand(5, -1, -1)), (row, position, token)
+    wide[3, 2, 7] = 0.5
+    assert not same_bits(wide[:, 2], 0.25)
+    negative_zero = torch.zeros(2, vocab, dtype=dtype)
+    assert not same_bits(-negative_zero, negative_zero)  # bits, not values

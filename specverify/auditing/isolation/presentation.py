@@ -25,7 +25,9 @@ anyway.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import ctypes
+import functools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,12 +91,61 @@ def _bits(tensor: torch.Tensor) -> np.ndarray:
     return tensor.view(_BITS[tensor.element_size()]).numpy()
 
 
+MEMCMP_ROW_BYTES = 1 << 14
+"""Rows at least this long (bytes, contiguous in both tensors) are compared with the C library's
+``memcmp`` one row at a time, at memory bandwidth; shorter ones in numpy steps, where a call per
+row would cost more than the comparison."""
+
+
+@functools.cache
+def _memcmp() -> Callable[[int, int, int], int] | None:
+    """The C library's ``memcmp`` (None where ctypes cannot load it)."""
+    try:
+        function = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return function
+
+
+def _same_rows(tensor: torch.Tensor, other: torch.Tensor) -> bool | None:
+    """Whether ``tensor`` and ``other`` hold the same bytes, compared row by row (rows of the last
+    dimension, contiguous in both, any other strides including 0) with ``memcmp``; None when the
+    rows are too short or not contiguous, or ``memcmp`` is not available."""
+    compare = _memcmp()
+    row_bytes = tensor.shape[-1] * tensor.element_size()
+    if (compare is None or row_bytes < MEMCMP_ROW_BYTES or tensor.stride(-1) != 1 or other.stride(-1) != 1
+            or tensor.dtype != other.dtype or tensor.shape != other.shape):
+        return None
+    for left, right in zip(_row_addresses(tensor), _row_addresses(other)):
+        if compare(left, right, row_bytes):
+            return False
+    return True
+
+
+def _row_addresses(tensor: torch.Tensor) -> list[int]:
+    """The address of every row of the last dimension, in index order."""
+    addresses = np.zeros((), dtype=np.int64)
+    for extent, stride in zip(tensor.shape[:-1], tensor.stride()[:-1]):
+        addresses = addresses[..., None] + np.arange(extent, dtype=np.int64) * (stride * tensor.element_size())
+    return (addresses.reshape(-1) + tensor.data_ptr()).tolist()
+
+
 def same_bits(tensor: torch.Tensor, other: torch.Tensor | float | int) -> bool:
     """Whether every entry of the CPU tensor ``tensor`` has the bits of ``other``'s entry (a tensor
     of the same shape and dtype, broadcast views included) or of the scalar ``other`` in
-    ``tensor``'s dtype; compared in steps of whole leading-dimension slices."""
+    ``tensor``'s dtype; long contiguous rows compared with ``memcmp`` (:func:`_same_rows`), the
+    rest in steps of whole leading-dimension slices."""
     if tensor.numel() == 0:
         return True
+    if tensor.dim() and not isinstance(other, torch.Tensor):
+        row = torch.full(tensor.shape[-1:], other, dtype=tensor.dtype)  # the scalar as one row, broadcast
+        fast = _same_rows(tensor, row.expand(tensor.shape))
+    else:
+        fast = _same_rows(tensor, other) if isinstance(other, torch.Tensor) and tensor.dim() else None
+    if fast is not None:
+        return fast
     left = _bits(tensor)
     if isinstance(other, torch.Tensor):
         right: np.ndarray | np.generic = _bits(other)
