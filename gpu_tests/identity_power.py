@@ -154,8 +154,9 @@ def identity_power(
                                            float32_model=None if exact else float32_target,
                                            labels=[f"prompt{i}" for i in range(len(prompts))])
         record = {"passed": report.passed, "positions": report.positions, "exceedances": report.exceedances,
-                  "references": [{"reference": r.reference, "tau": r.tau, "exceedances": len(r.exceedances),
-                                  "divergent": r.divergent, "noise_divergent": r.noise_divergent,
+                  "references": [{"reference": r.reference, "tolerance": r.tolerance,
+                                  "exceedances": len(r.exceedances), "divergent": r.divergent,
+                                  "noise_divergent": r.noise_divergent,
                                   "noise_positions": r.noise_positions, "pvalue": r.pvalue,
                                   "explainable_fraction": r.explainable_fraction} for r in report.results],
                   "seconds": round(time.perf_counter() - start, 1), "report": str(report)}

@@ -13,31 +13,51 @@ judged there:
 
 (``inf`` where the scoring lists no value for ``c_t``, e.g. outside an endpoint's returned top-n).
 ``gap_t = 0`` at every position iff the candidate is the greedy decoding of the scoring
-(induction over ``t``), so in float32/float64 identity is exactly "no gap > 0" (τ = 0).
+(induction over ``t``), so in float32/float64 identity is exactly "no gap > 0" (tolerance 0).
 
 In float16/bfloat16 the candidate's verify pass and the scoring pass run different kernels and
 shapes, so where the two best logits are closer than the rounding noise the candidate's argmax may
 be the scoring's runner-up: ``c_t ≠ a_t`` with ``gap_t ≤ |Δ(ℓ[a_t] − ℓ[c_t])|`` (the change of that
-logit difference between the two numeric paths; ``c_t`` is the argmax of the other path).  The
-level measures that noise on the same model, dtype and kernels (plain greedy decoding against
-itself in other shapes, scored the same way) and passes τ and the noise sample's own gaps to
-:func:`judge`, which applies two tests:
+logit difference between the two numeric paths; ``c_t`` is the argmax of the other path).  Each
+level measures that noise on the same model, dtype and kernels and :func:`noise_tolerance` turns
+it into the tolerance (below), which :func:`judge` applies with the noise sample's own gaps in two
+tests:
 
-1. **Exceedances** (deterministic): a position with ``gap_t > τ`` is an error.  τ is a bound on
-   the noise (at the model level twice the largest change measured), so no lossless run reaches it.
+1. **Exceedances** (deterministic): a position with ``gap_t > tolerance`` is an error.  The
+   tolerance bounds the noise, so no lossless run reaches it.
 2. **Divergent positions** (statistical, Fisher's exact test): the number ``X`` of the ``n``
    candidate positions with ``gap_t > 0`` against the number ``Y`` of the ``m`` noise positions
    with gap > 0.  Under H0 "the candidate's positions are exchangeable with the noise sample's"
    (a lossless decoder is plain greedy along another numeric path), given ``X + Y`` the count ``X``
    is hypergeometric: p = P(X' ≥ X), ``X' ~ Hypergeom(n + m, X + Y, n)``.  A decoder whose wrong
-   tokens all hide within τ still diverges far more often than rounding does.  Positions of one
-   text are not independent draws, so the level α is nominal.
+   tokens all hide within the tolerance still diverges far more often than rounding does.
+   Positions of one text are not independent draws, so the level α is nominal.
 
-Power.  A wrong token at a position whose margin exceeds τ is an exceedance: the *explainable
-fraction*, the share of compared positions with ``margin_t ≤ τ``, is the share at which a single
-runner-up substitution can pass test 1 (any other wrong token has a larger gap); test 2 bounds how
-many of those can.  Both are reported with the first divergence of each row (its margin and gap,
-explained or not) for the report.
+Tolerance (:func:`noise_tolerance`), one rule at every level.  The noise comes in two kinds:
+
+- *trusted* values ``t_1 … t_m``: the reference's own numeric paths measured against each other
+  (a model's margin changes and flip gaps, plain greedy against its teacher-forced re-scoring; an
+  endpoint baseline's deviations between its repeats, alone and under load, and between its
+  decoding and its ``echo`` re-scoring).  The audit trusts the reference, so every one of them is
+  a value a lossless run can reach: they enter by their **maximum**.
+- *candidate* values ``c_1 … c_n``: deviations the untrusted candidate supplies (an endpoint
+  candidate's logprobs against the baseline's on the tokens both emitted), admitted only after a
+  same-law test accepted them as the baseline's law.  They enter by their **upper decile**
+  ``Q₀.₉(c)`` (:data:`UPPER_QUANTILE`, linear interpolation of the order statistics), which
+  ignores the largest ``⌊0.1 (n − 1)⌋`` of them: a few outlying positions cannot move it.
+
+    τ = max( max_i t_i ,  Q₀.₉(c) )          tolerance = max( s · τ ,  floor )
+
+``s`` = :data:`SAFETY_FACTOR` = 2: the judged paths' shapes are not exactly the calibration's,
+and the largest of a few hundred noise draws understates the tail.  ``floor``: the resolution of
+the scores (an endpoint's logprobs travel as decimal text; dense float logits need none).  With
+no noise measured the tolerance is the floor: ``τ = 0`` in float32/float64 is exact identity.
+
+Power.  A wrong token at a position whose margin exceeds the tolerance is an exceedance: the
+*explainable fraction*, the share of compared positions with ``margin_t ≤ tolerance``, is the
+share at which a single runner-up substitution can pass test 1 (any other wrong token has a
+larger gap); test 2 bounds how many of those can.  Both are reported with the first divergence
+of each row (its margin and gap, explained or not) for the report.
 """
 
 from __future__ import annotations
@@ -52,6 +72,76 @@ from scipy.stats import hypergeom
 
 DEFAULT_ALPHA = 1e-3
 """Nominal level of the divergent-positions test (:func:`judge`)."""
+
+SAFETY_FACTOR = 2.0
+"""``s``: the tolerance is ``s`` times the noise level τ (module docstring)."""
+
+UPPER_QUANTILE = 0.9
+"""The quantile by which the candidate's deviations enter τ (module docstring)."""
+
+
+def upper_quantile(values: Sequence[float] | np.ndarray) -> float:
+    """``Q₀.₉`` of ``values`` (:data:`UPPER_QUANTILE`, linear interpolation); 0 for none."""
+    return float(np.quantile(np.asarray(values, dtype=np.float64), UPPER_QUANTILE)) if len(values) else 0.0
+
+
+@dataclass(frozen=True)
+class NoiseTolerance:
+    """:func:`noise_tolerance`'s result: the noise level ``tau`` = max(``trusted_max``,
+    ``candidate_quantile``) and the ``tolerance`` = max(``safety_factor`` · ``tau``, ``floor``)
+    (module docstring); ``trusted_positions``, ``candidate_positions``: the sample sizes."""
+
+    tau: float
+    tolerance: float
+    trusted_max: float
+    candidate_quantile: float
+    trusted_positions: int
+    candidate_positions: int
+    safety_factor: float
+    floor: float
+
+    @property
+    def set_by(self) -> str:
+        """What sets the tolerance: ``"floor"``, ``"trusted noise"`` (its maximum) or
+        ``"candidate deviations"`` (their upper decile)."""
+        if self.safety_factor * self.tau <= self.floor:
+            return "floor"
+        return "trusted noise" if self.trusted_max >= self.candidate_quantile else "candidate deviations"
+
+
+def _noise_values(name: str, values: Sequence[float] | np.ndarray) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not bool(np.all(np.isfinite(array) & (array >= 0))):
+        bad = array[~(np.isfinite(array) & (array >= 0))][:4].tolist()
+        raise ValueError(f"{name}: expected finite noise values >= 0 (absolute logit or logprob differences), "
+                         f"got {bad}")
+    return array
+
+
+def noise_tolerance(
+    trusted: Sequence[float] | np.ndarray = (),
+    candidate: Sequence[float] | np.ndarray = (),
+    *,
+    floor: float = 0.0,
+    safety_factor: float = SAFETY_FACTOR,
+) -> NoiseTolerance:
+    """The greedy-identity tolerance from measured noise (module docstring):
+
+        τ = max( max(trusted), Q₀.₉(candidate) )     tolerance = max( safety_factor · τ, floor )
+
+    ``trusted``: the reference's own noise (every value one a lossless run can reach);
+    ``candidate``: deviations the untrusted candidate supplied, only once a same-law test accepted
+    them; ``floor``: the scores' resolution (0 for dense float logits)."""
+    if not safety_factor >= 1:
+        raise ValueError(f"safety_factor: expected >= 1 (it widens the measured noise), got {safety_factor}")
+    if not (math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"floor: expected a finite value >= 0 (the scores' resolution), got {floor}")
+    trusted_values, candidate_values = _noise_values("trusted", trusted), _noise_values("candidate", candidate)
+    trusted_max = float(trusted_values.max(initial=0.0))
+    candidate_quantile = upper_quantile(candidate_values)
+    tau = max(trusted_max, candidate_quantile)
+    return NoiseTolerance(tau, max(safety_factor * tau, floor), trusted_max, candidate_quantile,
+                          int(trusted_values.size), int(candidate_values.size), safety_factor, floor)
 
 
 @dataclass(frozen=True)
@@ -111,7 +201,7 @@ def score_laws(label: str, tokens: Sequence[str], laws: Sequence[Mapping[str, fl
 class Divergence:
     """The first position where a row's token is not the target's argmax given its own prefix:
     the target's top-2 ``margin`` and the ``gap`` to the row's token there; ``explained`` iff
-    ``gap ≤ τ``."""
+    ``gap ≤ tolerance``."""
 
     row: str
     position: int
@@ -132,15 +222,15 @@ class Divergence:
 class IdentityResult:
     """:func:`judge`'s verdict on candidate rows scored by one reference.
 
-    ``positions``: positions compared; ``exceedances``: the positions with gap > ``tau`` (as
+    ``positions``: positions compared; ``exceedances``: the positions with gap > ``tolerance`` (as
     :class:`Divergence`, not only the first of each row); ``divergent``: candidate positions with
     gap > 0; ``noise_divergent`` of ``noise_positions``: the same count in the noise sample;
     ``pvalue``: the divergent-positions test (1 without a noise sample); ``explainable_fraction``:
-    compared positions with margin ≤ ``tau``; ``first_divergences``: per row, its first gap > 0.
+    compared positions with margin ≤ ``tolerance``; ``first_divergences``: per row, its first gap > 0.
     """
 
     reference: str
-    tau: float
+    tolerance: float
     alpha: float
     rows: int
     positions: int
@@ -157,7 +247,8 @@ class IdentityResult:
         return not self.exceedances and self.pvalue > self.alpha
 
     def summary(self) -> str:
-        return (f"{self.reference}: {self.rows} rows, {self.positions} positions compared, tau={self.tau:.4g} "
+        return (f"{self.reference}: {self.rows} rows, {self.positions} positions compared, "
+                f"tolerance={self.tolerance:.4g} "
                 f"(explains {self.explainable_fraction:.1%} of them), {len(self.exceedances)} exceedance(s), "
                 f"{self.divergent} divergent position(s) vs {self.noise_divergent}/{self.noise_positions} in the "
                 f"noise (p={self.pvalue:.3g}, alpha {self.alpha:g}): {'PASS' if self.passed else 'FAIL'}")
@@ -171,10 +262,10 @@ class IdentityResult:
         return "\n".join(lines)
 
 
-def _divergence(row: ScoredRow, index: int, tau: float) -> Divergence:
+def _divergence(row: ScoredRow, index: int, tolerance: float) -> Divergence:
     gap = float(row.gaps[index])
     return Divergence(row.label, int(row.positions[index]), row.best[index], row.tokens[index],
-                      float(row.margins[index]), gap, gap <= tau)
+                      float(row.margins[index]), gap, gap <= tolerance)
 
 
 def divergent_positions_pvalue(divergent: int, positions: int, noise_divergent: int, noise_positions: int) -> float:
@@ -190,17 +281,17 @@ def divergent_positions_pvalue(divergent: int, positions: int, noise_divergent: 
 def judge(
     rows: Sequence[ScoredRow],
     *,
-    tau: float,
+    tolerance: float,
     noise_gaps: Sequence[float] | np.ndarray = (),
     alpha: float = DEFAULT_ALPHA,
     reference: str = "teacher-forced target",
 ) -> IdentityResult:
-    """Whole-sequence greedy identity of ``rows`` (module docstring): no position with gap > ``tau``,
-    and no more positions with gap > 0 than the noise sample's ``noise_gaps`` (gaps of lossless
-    runs scored the same way) explain at level ``alpha``.  ``tau = 0`` with no noise sample is
-    exact identity (float32)."""
-    if not tau >= 0:
-        raise ValueError(f"tau: expected >= 0, got {tau}")
+    """Whole-sequence greedy identity of ``rows`` (module docstring): no position with gap >
+    ``tolerance`` (:func:`noise_tolerance`), and no more positions with gap > 0 than the noise
+    sample's ``noise_gaps`` (gaps of lossless runs scored the same way) explain at level
+    ``alpha``.  ``tolerance = 0`` with no noise sample is exact identity (float32)."""
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance: expected >= 0 (noise_tolerance(...).tolerance), got {tolerance}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha: expected a level in (0, 1), got {alpha}")
     noise = np.asarray(noise_gaps, dtype=np.float64).reshape(-1)
@@ -210,15 +301,15 @@ def judge(
     for row in rows:
         positions += row.compared
         divergent += int((row.gaps > 0).sum())
-        explainable += int((row.margins <= tau).sum())
-        exceedances += [_divergence(row, int(i), tau) for i in np.flatnonzero(row.gaps > tau)]
+        explainable += int((row.margins <= tolerance).sum())
+        exceedances += [_divergence(row, int(i), tolerance) for i in np.flatnonzero(row.gaps > tolerance)]
         first = np.flatnonzero(row.gaps > 0)
         if first.size:
-            firsts.append(_divergence(row, int(first[0]), tau))
+            firsts.append(_divergence(row, int(first[0]), tolerance))
     noise_divergent = int((noise > 0).sum())
     return IdentityResult(
         reference=reference,
-        tau=float(tau),
+        tolerance=float(tolerance),
         alpha=alpha,
         rows=len(rows),
         positions=positions,

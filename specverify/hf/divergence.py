@@ -10,22 +10,25 @@ target over prompt + row (:func:`teacher_forced`) in the dtype under test; in fl
 also by a float32 copy of the target: a token that is neither within the dtype's noise of the
 dtype's argmax nor within the float32 noise of the float32 argmax is an error either way.  The
 family-wise α is split over the references judged (Bonferroni).  In float32/float64 the dtype's
-own pass decides alone with τ = 0: identity is exact.
+own pass decides alone with tolerance 0: identity is exact.
 
-Noise (:func:`calibrate`).  τ is measured on the same model, dtype, device and kernels by running
-*plain* greedy decoding (``model.generate``, no speculation) in the shapes of ``batch_sizes``
-(left padded) and re-scoring every run on its own tokens with each reference's teacher-forced
-pass.  Every position is then aligned (both passes condition on the run's prefix), and two noise
-values are read there, ``a, b`` being the reference's top-2:
+Noise (:func:`calibrate`).  The noise is measured on the same model, dtype, device and kernels by
+running *plain* greedy decoding (``model.generate``, no speculation) in the shapes of
+``batch_sizes`` (left padded) and re-scoring every run on its own tokens with each reference's
+teacher-forced pass.  Every position is then aligned (both passes condition on the run's prefix),
+and two noise values are read there, ``a, b`` being the reference's top-2:
 
     margin change  |Δ(ℓ[a] − ℓ[b])|  between the run's own logits and the reference's
     gap            ℓ_ref[a] − ℓ_ref[run's token]   (> 0 where rounding flipped the argmax)
 
-    τ = safety_factor × max(largest margin change, largest gap)
+Both are the model's own numeric paths against each other, noise the audit trusts, so the
+tolerance is greedy identity's one rule (:func:`specverify.core.greedy_identity.noise_tolerance`)
+with these as its trusted sample, no candidate sample and floor 0 (dense float logits):
 
-with ``safety_factor = 2``: the verify pass's shapes are not exactly the calibration's, and the
-largest of a few hundred noise draws understates the tail.  The runs' gaps are also the noise
-sample of the divergent-positions test (plain greedy is a lossless decoder along another path).
+    τ = max(largest margin change, largest gap)      tolerance = safety_factor · τ
+
+The runs' gaps are also the noise sample of the divergent-positions test (plain greedy is a
+lossless decoder along another path).
 """
 
 from __future__ import annotations
@@ -37,9 +40,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from specverify.core.greedy_identity import DEFAULT_ALPHA, IdentityResult, judge, score_logits
+from specverify.core.greedy_identity import (
+    DEFAULT_ALPHA,
+    SAFETY_FACTOR,
+    IdentityResult,
+    NoiseTolerance,
+    judge,
+    noise_tolerance,
+    score_logits,
+)
 
-DEFAULT_SAFETY_FACTOR = 2.0
 EXACT_DTYPES = (torch.float32, torch.float64)
 
 
@@ -60,16 +70,23 @@ class GreedyRun:
 class Noise:
     """One reference's rounding noise against plain greedy runs (module docstring).
 
-    ``tau``: the exceedance threshold; ``max_margin_change``, ``max_gap``: what it was set from;
-    ``gaps``: float64 ``[positions]``, the runs' gaps under the reference (the divergent-positions
-    test's noise sample)."""
+    ``calibration``: the noise level τ and the exceedance tolerance; ``max_margin_change``,
+    ``max_gap``: what τ was set from; ``gaps``: float64 ``[positions]``, the runs' gaps under the
+    reference (the divergent-positions test's noise sample)."""
 
     reference: str
-    tau: float
+    calibration: NoiseTolerance
     max_margin_change: float
     max_gap: float
-    safety_factor: float
     gaps: np.ndarray
+
+    @property
+    def tau(self) -> float:
+        return self.calibration.tau
+
+    @property
+    def tolerance(self) -> float:
+        return self.calibration.tolerance
 
     @property
     def positions(self) -> int:
@@ -80,8 +97,9 @@ class Noise:
         return int((self.gaps > 0).sum())
 
     def summary(self) -> dict[str, Any]:
-        return {"reference": self.reference, "tau": self.tau, "max_margin_change": self.max_margin_change,
-                "max_gap": self.max_gap, "safety_factor": self.safety_factor, "positions": self.positions,
+        return {"reference": self.reference, "tau": self.tau, "tolerance": self.tolerance,
+                "max_margin_change": self.max_margin_change, "max_gap": self.max_gap,
+                "safety_factor": self.calibration.safety_factor, "positions": self.positions,
                 "divergent": self.divergent}
 
 
@@ -95,9 +113,9 @@ class Calibration:
     noise: tuple[Noise, ...]
 
     @property
-    def tau(self) -> float:
-        """τ of the dtype's own pass."""
-        return self.noise[0].tau
+    def tolerance(self) -> float:
+        """The exceedance tolerance of the dtype's own pass."""
+        return self.noise[0].tolerance
 
     def summary(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "shapes": list(self.shapes), "noise": [n.summary() for n in self.noise]}
@@ -198,14 +216,15 @@ def _margin_changes(own: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
 
 def _noise(reference: str, model: Any, prompts: Sequence[torch.Tensor], runs: Sequence[GreedyRun],
            safety_factor: float) -> Noise:
-    changes, gaps = [torch.zeros(1, dtype=torch.float64)], []
+    changes, gaps = [], []
     for prompt, run in zip(prompts, runs):
         scored = teacher_forced(model, prompt, run.tokens)
-        changes.append(_margin_changes(run.logits, scored))
+        changes.append(_margin_changes(run.logits, scored).numpy())
         gaps.append(score_logits("", run.tokens, scored).gaps)
-    gaps_array = np.concatenate(gaps)
-    max_change, max_gap = float(torch.cat(changes).max()), float(gaps_array.max(initial=0.0))
-    return Noise(reference, safety_factor * max(max_change, max_gap), max_change, max_gap, safety_factor, gaps_array)
+    changes_array, gaps_array = np.concatenate(changes), np.concatenate(gaps)
+    calibration = noise_tolerance(np.concatenate([changes_array, gaps_array]), safety_factor=safety_factor)
+    return Noise(reference, calibration, float(changes_array.max(initial=0.0)), float(gaps_array.max(initial=0.0)),
+                 gaps_array)
 
 
 def calibrate(
@@ -216,15 +235,14 @@ def calibrate(
     batch_sizes: Sequence[int] = (4,),
     float32_model: Any | None = None,
     pad_token_id: int = 0,
-    safety_factor: float = DEFAULT_SAFETY_FACTOR,
+    safety_factor: float = SAFETY_FACTOR,
 ) -> Calibration:
     """The noise of ``model`` in its dtype and device: plain greedy runs of ``prompts`` in batches of
     each size in ``batch_sizes``, re-scored by the model's own teacher-forced pass and by
     ``float32_model``'s (module docstring)."""
-    if safety_factor < 1:
-        raise ValueError(f"safety_factor: expected >= 1 (it widens the measured noise), got {safety_factor}")
+    noise_tolerance(safety_factor=safety_factor)  # its argument errors before any decoding
     if model.dtype in EXACT_DTYPES:
-        raise ValueError(f"model: {dtype_name(model.dtype)} needs no calibration (identity is exact: tau = 0)")
+        raise ValueError(f"model: {dtype_name(model.dtype)} needs no calibration (identity is exact: tolerance 0)")
     runs = {f"batch{size}": greedy_decode(model, prompts, max_new_tokens=max_new_tokens, batch_size=size,
                                          pad_token_id=pad_token_id) for size in batch_sizes}
     all_prompts = [p for _ in runs for p in prompts]
@@ -248,16 +266,16 @@ def check_identity(
 ) -> IdentityReport:
     """Whole-sequence greedy identity of ``candidates[i]`` (the new tokens after ``prompts[i]``).
 
-    float32/float64 ``model``: exact (τ = 0, the model's own teacher-forced pass).  Otherwise
-    ``calibration`` (:func:`calibrate`, same model, dtype, device and kernels) gives each
-    reference's τ and noise sample, and ``float32_model`` is the float32 reference when the
+    float32/float64 ``model``: exact (no noise, tolerance 0, the model's own teacher-forced pass).
+    Otherwise ``calibration`` (:func:`calibrate`, same model, dtype, device and kernels) gives each
+    reference's tolerance and noise sample, and ``float32_model`` is the float32 reference when the
     calibration measured one; α is split over the references."""
     if len(prompts) != len(candidates):
         raise ValueError(f"candidates: expected {len(prompts)} rows (one per prompt), got {len(candidates)}")
     labels = list(labels) if labels is not None else [str(i) for i in range(len(prompts))]
     dtype = dtype_name(model.dtype)
     if model.dtype in EXACT_DTYPES:
-        references = [(f"{dtype} teacher-forced", model, 0.0, np.zeros(0))]
+        references = [(f"{dtype} teacher-forced", model, noise_tolerance().tolerance, np.zeros(0))]
     else:
         if calibration is None or calibration.dtype != dtype:
             raise ValueError(f"calibration: a {dtype} model needs its calibrate() result (got "
@@ -265,10 +283,11 @@ def check_identity(
         if (float32_model is not None) != (len(calibration.noise) == 2):
             raise ValueError("float32_model: pass it exactly when the calibration measured the float32 reference")
         models = [model] + ([float32_model] if float32_model is not None else [])
-        references = [(n.reference, m, n.tau, n.gaps) for n, m in zip(calibration.noise, models)]
+        references = [(n.reference, m, n.tolerance, n.gaps) for n, m in zip(calibration.noise, models)]
     results = []
-    for name, reference, tau, noise_gaps in references:
+    for name, reference, tolerance, noise_gaps in references:
         rows = [score_logits(label, c, teacher_forced(reference, p, c)) for label, p,
                 c in zip(labels, prompts, candidates)]
-        results.append(judge(rows, tau=tau, noise_gaps=noise_gaps, alpha=alpha / len(references), reference=name))
+        results.append(judge(rows, tolerance=tolerance, noise_gaps=noise_gaps, alpha=alpha / len(references),
+                             reference=name))
     return IdentityReport(dtype, tuple(results))

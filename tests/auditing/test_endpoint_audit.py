@@ -3,6 +3,7 @@ planted bug (catalog rules, a greedy bug, a batch-dependent bug), with and witho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -15,7 +16,13 @@ from scipy.stats import binom
 
 from specverify.auditing.endpoint.checks import VLLM_COUNTERS, homogeneity_detectable_tv, metric_violations
 from specverify.auditing.endpoint.client import Completion
-from specverify.auditing.endpoint.greedy import exceedance_pvalue, same_law_test, scored_row
+from specverify.auditing.endpoint.greedy import (
+    TOLERANCE_FLOOR,
+    exceedance_pvalue,
+    greedy_tolerance,
+    same_law_test,
+    scored_row,
+)
 from specverify.auditing.endpoint.pit import pit_value, processed_law
 from specverify.auditing.runner import audit
 from specverify.auditing.sampler.catalog import CATALOG
@@ -200,6 +207,22 @@ def test_same_law_test_counts_exceedances_of_the_baselines_upper_decile() -> Non
     assert not test.same_law and test.exceeding == 60 and test.threshold == pytest.approx(0.18)
     assert same_law_test([0.04] * 50, [[0.0] * 50]).same_law  # below the floor: decimal rounding
     assert not same_law_test([0.06] * 50, [[0.0] * 50]).same_law
+
+
+def test_the_candidates_deviations_widen_the_tolerance_only_as_one_law() -> None:
+    """The baseline's repeat and echo noise enter by their maximum; the candidate's deviations by
+    their upper decile, and not at all when the same-law test rejects them."""
+    repeat, echo = [0.0] * 100, list(np.linspace(0.0, 0.2, 101))
+    accepted = [0.01] * 90 + [0.3] * 10
+    law = same_law_test(accepted, [repeat, echo])
+    assert law.same_law and greedy_tolerance(repeat, echo, accepted, law).tolerance == pytest.approx(0.4)
+    wide = [0.5] * 60 + [0.01] * 40
+    rejected = same_law_test(wide, [repeat, echo])
+    assert not rejected.same_law
+    assert greedy_tolerance(repeat, echo, wide, rejected).tolerance == pytest.approx(0.4)  # the echo's max
+    admitted = greedy_tolerance(repeat, echo, wide, dataclasses.replace(rejected, pvalue=1.0))
+    assert admitted.tolerance == pytest.approx(1.0) and admitted.set_by == "candidate deviations"
+    assert greedy_tolerance().tolerance == TOLERANCE_FLOOR  # nothing measured yet
 
 
 def test_exceedance_distribution_is_exact_and_tends_to_the_binomial() -> None:

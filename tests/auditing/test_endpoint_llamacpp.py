@@ -46,7 +46,7 @@ def test_llama_cpp_prompt_lookup_is_audited(llama_pair: LlamaPair) -> None:
     model's own evaluated in verify-pass batches (``benchmarks/llamacpp_numeric_paths.py``: bit
     for bit on replay), so the settled verdict is "no loss detected".  Greedy: the candidate's
     deviations from the baseline stay below the baseline's own echo-vs-decode noise (the same-law
-    test), and its first divergences are near-ties within τ; the acceptance check is skipped
+    test), and its first divergences are near-ties within the tolerance; the acceptance check is skipped
     (llama-cpp-python reports no speculation counters)."""
     candidate, baseline = llama_pair
     report = audit(candidate, level="endpoint", budget=BUDGET, baseline=baseline, timeout_s=300,

@@ -136,7 +136,7 @@ CANDIDATES = [  # the head groups first: each stops its servers before the llama
 @pytest.mark.parametrize(("vllm_urls", "method"), CANDIDATES, indirect=["vllm_urls"])
 def test_vllm_cpu_greedy_speculation_is_audited(vllm_urls: dict[str, str], method: str) -> None:
     """Greedy n-gram, draft-model, EAGLE and MTP speculation on vLLM's CPU build: every candidate
-    position within τ of the baseline's own noise, the same under a concurrent burst, and vLLM's
+    position within the tolerance of the baseline's own noise, the same under a concurrent burst, and vLLM's
     speculation counters consistent (``acceptance`` passes only where they counted drafts)."""
     report = audit(
         vllm_urls[method],

@@ -54,7 +54,7 @@ def test_float32_identity_is_exact_over_the_whole_row(tiny):
     corrupted[9] = (corrupted[9] + 1) % 32
     report = divergence.check_identity(tiny, PROMPTS, [runs[0].tokens, corrupted, runs[2].tokens], labels="abc")
     (result,) = report.results
-    assert not report.passed and result.tau == 0.0
+    assert not report.passed and result.tolerance == 0.0
     assert [(d.row, d.position) for d in result.exceedances][:1] == [("b", 9)]
     assert "greedy identity, float32" in str(report)
 
@@ -72,8 +72,9 @@ def test_calibrate_measures_each_reference_in_reduced_precision(tiny_bf16):
     assert own.reference == "bfloat16 teacher-forced" and float32.reference == "float32 teacher-forced"
     for noise in calibration.noise:
         assert noise.positions == 2 * 3 * 12  # two shapes, three prompts, twelve tokens
-        assert math.isfinite(noise.tau) and noise.tau == 2 * max(noise.max_margin_change, noise.max_gap)
-    assert float32.tau > 0  # bfloat16 rounding against float32 is never zero
+        assert math.isfinite(noise.tau) and noise.tau == max(noise.max_margin_change, noise.max_gap)
+        assert noise.tolerance == 2 * noise.tau  # floor 0: dense float logits
+    assert float32.tau > 0 and float32.calibration.set_by == "trusted noise"  # bf16 against fp32 is never zero
     with pytest.raises(ValueError, match="batch_size"):
         divergence.greedy_decode(model, PROMPTS, max_new_tokens=4, batch_size=0)
     with pytest.raises(ValueError, match="safety_factor"):

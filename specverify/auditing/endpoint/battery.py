@@ -12,9 +12,9 @@ Any failure there is "could not audit" (exit 2) with the reason.
 Checks, in order:
 
 - ``greedy-identity`` (exact): prompts of five kinds (code, JSON, an edit of the prompt, prose,
-  repetitive text that makes n-gram drafts fire), greedy, candidate vs baseline; each first
-  divergence explained or UNEXPLAINED by the baseline's logprobs against the measured rounding
-  noise τ (:mod:`~specverify.auditing.endpoint.greedy`);
+  repetitive text that makes n-gram drafts fire), greedy, candidate vs baseline; every position
+  scored by the baseline's logprobs given the candidate's own prefix, a gap beyond the tolerance
+  of the measured rounding noise UNEXPLAINED (:mod:`~specverify.auditing.endpoint.greedy`);
 - ``batch-invariance`` (exact): the candidate's greedy tokens alone and inside a concurrent burst;
 - ``pit-T1-top8`` and ``pit-T0.7-top8`` (goodness of fit): sequential randomized PIT of sampled
   tokens under the target's law at each sampled prefix as the candidate returned it, the
@@ -102,6 +102,7 @@ from specverify.auditing.endpoint.checks import (
 )
 from specverify.auditing.endpoint.client import Completion, EndpointClient
 from specverify.auditing.endpoint.context_law import ContextLawCheck
+from specverify.auditing.endpoint.greedy import greedy_tolerance
 from specverify.auditing.endpoint.load import LoadThresholdCheck
 from specverify.auditing.endpoint.request_space import (
     PENALTIES,
@@ -124,6 +125,7 @@ from specverify.auditing.endpoint.space_checks import (
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.loading import LoadError
 from specverify.auditing.sampler.battery import SampleBudget, resolve_budget
+from specverify.core.greedy_identity import NoiseTolerance
 
 ENDPOINT_BUDGETS: dict[str, float] = {"quick": 0.1, "standard": 0.05, "thorough": 0.025}
 GREEDY_TOKENS: dict[str, int] = {"quick": 24, "standard": 48, "thorough": 96}
@@ -187,15 +189,16 @@ def check_url(url: str, what: str) -> str:
 
 @dataclass
 class EndpointSession(AuditSession):
-    """The two servers' clients and what the checks learn along the way (τ, the baseline's own gaps
-    under its echo, greedy runs)."""
+    """The two servers' clients and what the checks learn along the way (the greedy tolerance, the
+    baseline's own gaps under its echo, greedy runs)."""
 
     candidate: EndpointClient
     baseline: EndpointClient | None
     echo_offset: int | None
     timeout_s: float
     notes: list[str] = field(default_factory=list)
-    tau: float | None = None
+    greedy_noise: NoiseTolerance = field(default_factory=greedy_tolerance)
+    """Greedy identity's tolerance (``greedy-identity`` measures it; until then the floor)."""
     noise_gaps: list[float] | None = None
     greedy_alone: list[Completion] | None = None
     choices: bool | str = True
@@ -409,8 +412,9 @@ class EndpointBattery(Battery):
         checks: list[Any] = [
             GreedyIdentityCheck(
                 "greedy-identity",
-                "Greedy: the candidate's tokens equal the baseline's, except first divergences at near-ties within "
-                "the measured rounding noise τ (without a baseline: each token is the top-1 of its own logprobs).",
+                "Greedy: every token the candidate emits is the baseline's argmax given the candidate's prefix, "
+                "except near-ties within the tolerance of the measured rounding noise (without a baseline: each "
+                "token is the top-1 of its own logprobs).",
                 PROMPTS, length, burst),
             BatchInvarianceCheck(
                 "batch-invariance",

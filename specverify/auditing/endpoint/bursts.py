@@ -62,7 +62,7 @@ from specverify.auditing.checks import (
 )
 from specverify.auditing.endpoint.checks import NEUTRAL_PROCESSING, PIT_BINS, Prompt, request_seed
 from specverify.auditing.endpoint.client import Completion
-from specverify.auditing.endpoint.greedy import curl_command, tolerance
+from specverify.auditing.endpoint.greedy import curl_command
 from specverify.auditing.endpoint.pit import pit_value, processed_law, uniform_bins
 from specverify.auditing.isolation.faults import Fault
 from specverify.core import stats
@@ -227,7 +227,7 @@ class BurstPitCheck(SequentialCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """Bursts until ``n`` more counted PIT values; each look has its own seeds and uniforms."""
         uniforms = np.random.default_rng(derive_seed(plan.seed, "burst-uniforms", look) % (2**32))
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         bins = np.zeros(PIT_BINS + 1, dtype=np.int64)
         evidence = CoBatching()
         drawn, burst = 0, 0
@@ -301,7 +301,7 @@ class ChoicePairsCheck(SequentialCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """``n`` more pairs, from bursts of ``n = 2`` requests with seeds of their own."""
         uniforms = np.random.default_rng(derive_seed(plan.seed, "pair-uniforms", look) % (2**32))
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         cells = np.zeros(PAIR_BINS**2 + 1, dtype=np.int64)
         drawn, burst, identical, requests = 0, 0, 0, 0
         while drawn < n:

@@ -37,13 +37,12 @@ from specverify.auditing.endpoint.greedy import (
     agreed_deviations,
     curl_command,
     first_difference,
+    greedy_tolerance,
     length_difference,
     position_deviations,
     same_law_test,
     scored_row,
-    tolerance,
     top_two_margin,
-    upper_quantile,
 )
 from specverify.auditing.endpoint.pit import pit_value, plug_in_tv, processed_law, uniform_bins
 from specverify.auditing.isolation.faults import Fault
@@ -131,20 +130,20 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
                       for g in scored_row(p.kind, ref, laws, ref).gaps]
         cross = [d for a, b in zip(reference, candidate) for d in agreed_deviations(a, b)] if session.baseline else []
         law = same_law_test(cross, [noise, echo_noise])
-        tau = max(upper_quantile(noise), upper_quantile(echo_noise), law.cross_quantile)  # the paths judged
-        session.tau, session.noise_gaps = tau, noise_gaps
+        calibration = greedy_tolerance(noise, echo_noise, cross, law)
+        session.greedy_noise, session.noise_gaps = calibration, noise_gaps
         session.coverage.reached("temperature", "0", f"greedy tokens scored ({self.name})")
-        tol = tolerance(tau)
+        tol = calibration.tolerance
         parameters = dict(self.parameters, **{
             "server notes": list(session.notes),
             "noise positions (repeat/load, echo)": [len(noise), len(echo_noise)],
-            "Q0.9 noise repeat/load": _short(upper_quantile(noise)),
-            "Q0.9 noise echo": _short(upper_quantile(echo_noise)),
+            "max noise repeat/load": _short(max(noise, default=0.0)),
+            "max noise echo": _short(max(echo_noise, default=0.0)),
             "Q0.9 candidate-vs-baseline": _short(law.cross_quantile),
             "max candidate-vs-baseline": _short(max(cross, default=0.0)),
             "same-law threshold": _short(law.threshold),
             "same-law exceedances": [law.exceeding, law.n], "same-law p-value": _short(law.pvalue),
-            "τ": _short(tau), "tolerance": _short(tol)})
+            "τ": _short(calibration.tau), "tolerance": _short(tol), "tolerance set by": calibration.set_by})
         if session.baseline and not law.same_law:
             return self.report(plan, Verdict.FAIL,
                                f"on tokens where both servers agree, {law.exceeding} of {law.n} positions of the "
@@ -159,7 +158,7 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
         laws = candidate_laws if session.baseline else [c.top_logprobs for c in candidate]
         rows = [scored_row(p.kind, c, row_laws, r) for p, c, row_laws,
                 r in zip(self.prompts, candidate, laws, reference)]
-        result = judge(rows, tau=tol, noise_gaps=noise_gaps, alpha=SAME_LAW_ALPHA,
+        result = judge(rows, tolerance=tol, noise_gaps=noise_gaps, alpha=SAME_LAW_ALPHA,
                        reference="the baseline's echo" if session.baseline else "the candidate's own logprobs")
         lengths = [d for d in (length_difference(p.kind, c, r) for p, c,
                                r in zip(self.prompts, candidate, reference)) if d]
@@ -173,11 +172,11 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
         summary = ("".join(note + "; " for note in session.notes)
                    + (f"{identical}/{len(self.prompts)} prompts identical to the baseline over {self.length} tokens; "
                       if session.baseline else "") + _identity_summary(result, tol)
-                   + f" (τ = {tau:.3g} nats; upper deciles of the {'baseline' if session.baseline else 'candidate'}'s "
-                   f"own noise: repeat/load {upper_quantile(noise):.3g}, echo re-scoring "
-                   f"{upper_quantile(echo_noise):.3g}; "
-                   f"candidate vs baseline {law.cross_quantile:.3g}, {law.exceeding}/{law.n} positions above "
-                   f"the same-law threshold {law.threshold:.3g}, p = {law.pvalue:.3g})"
+                   + f" (τ = {calibration.tau:.3g} nats, set by the {calibration.set_by}; largest of the "
+                   f"{'baseline' if session.baseline else 'candidate'}'s own noise: repeat/load "
+                   f"{max(noise, default=0.0):.3g}, echo re-scoring {max(echo_noise, default=0.0):.3g}; "
+                   f"candidate vs baseline upper decile {law.cross_quantile:.3g}, {law.exceeding}/{law.n} positions "
+                   f"above the same-law threshold {law.threshold:.3g}, p = {law.pvalue:.3g})"
                    + "".join(f"; EXPLAINED {d.describe()}" for d in result.first_divergences if d.explained))
         if any(changed):
             summary += "; the reference itself changed at " + "; ".join(c for c in changed if c)
@@ -233,7 +232,7 @@ class BatchInvarianceCheck(GreedyPromptsCheck):
     def run(self, session: Any, plan: Plan) -> CheckResult:
         bodies = [greedy_body(p, self.length) for p in self.prompts]
         alone = session.greedy_alone or [session.candidate.complete(b) for b in bodies]
-        tol = tolerance(session.tau or 0.0)
+        tol = session.greedy_noise.tolerance
         burst = session.candidate.complete_many([b for b in bodies for _ in range(self.burst)])  # all at once
         differing = [(index, copy) for index in range(len(self.prompts))
                      for copy in burst[index * self.burst:(index + 1) * self.burst]
@@ -242,7 +241,7 @@ class BatchInvarianceCheck(GreedyPromptsCheck):
                 else [c.top_logprobs for _, c in differing])
         rows = [scored_row(self.prompts[i].kind, copy, row_laws, alone[i]) for (i, copy),
                 row_laws in zip(differing, laws)]
-        result = judge(rows, tau=tol, noise_gaps=session.noise_gaps or [], alpha=SAME_LAW_ALPHA,
+        result = judge(rows, tolerance=tol, noise_gaps=session.noise_gaps or [], alpha=SAME_LAW_ALPHA,
                        reference="the baseline's echo" if session.baseline else "the copies' own logprobs")
         lengths = [d for d in (length_difference(self.prompts[i].kind, c, alone[i]) for i, c in differing) if d]
         varied = len({i for i, _ in differing})
@@ -311,7 +310,7 @@ class PitCheck(SequentialCheck):
         session.coverage.reached("temperature", f"{self.temperature:g}", f"PIT tested ({self.name})")
         session.coverage.reached("top_k", str(self.top_k), f"PIT under the top-{self.top_k} law ({self.name})")
         uniforms = np.random.default_rng(derive_seed(plan.seed, "pit-uniforms", look) % (2**32))
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         bins = np.zeros((self.length, PIT_BINS + 1), dtype=np.int64)  # per position; the last column: outside the top k
         between = np.zeros(2)  # sum and count of the TVs between the servers' laws at the sampled prefixes
         drawn, issued = 0, 0

@@ -62,7 +62,6 @@ from specverify.auditing.checks import (
 )
 from specverify.auditing.endpoint.checks import NEUTRAL_PROCESSING, Prompt, request_seed
 from specverify.auditing.endpoint.client import Completion
-from specverify.auditing.endpoint.greedy import tolerance
 from specverify.auditing.endpoint.pit import ProcessedLaw, processed_law
 from specverify.auditing.isolation.faults import Fault
 from specverify.core import stats
@@ -208,7 +207,7 @@ class ContextLawCheck(SequentialCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """``n`` more tokens (``n / L`` requests, prompts in turn, seeds of their own), added to
         the check's running per-context counts (a look's tally says how many)."""
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         drawn, issued = 0, 0
         batch = max(1, session.candidate.concurrency) * 4
         while drawn < n:

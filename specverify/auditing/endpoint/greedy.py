@@ -7,7 +7,7 @@ in one batched prefill (``echo``, :mod:`specverify.auditing.endpoint.scoring`), 
 level's teacher forcing, and at every position the baseline's top logprob given the candidate's
 own prefix must not exceed the candidate token's by more than the tolerance:
 
-    gap = lp(baseline's top token) − lp(candidate's token) ≤ tolerance = max(2 τ, TOLERANCE_FLOOR)
+    gap = lp(baseline's top token) − lp(candidate's token) ≤ tolerance
 
 (inf when the candidate's token is not among the returned alternatives); and no more positions
 may differ from the baseline's argmax than differ for the baseline's *own* greedy tokens under
@@ -17,9 +17,11 @@ law the server returned with it).  Where an echo does not re-tokenize to the com
 that row is scored by the reference's logprobs over the shared prefix, through its first
 divergence (:func:`scored_row`).
 
-τ, the rounding noise, is measured on the same servers as *position deviations*: at one position
-of two evaluations of the same tokens, the largest |Δ logprob| of the first evaluation's top two
-tokens (the tokens a greedy flip is about).  Three samples of them:
+The tolerance is greedy identity's one rule
+(:func:`specverify.core.greedy_identity.noise_tolerance`) applied to the rounding noise measured on
+the same servers as *position deviations*: at one position of two evaluations of the same tokens,
+the largest |Δ logprob| of the first evaluation's top two tokens (the tokens a greedy flip is
+about).  Three samples of them:
 
 - ``R``: the reference's own greedy tokens repeated alone and inside a concurrent burst (batch
   composition changes numerics);
@@ -27,13 +29,18 @@ tokens (the tokens a greedy flip is about).  Three samples of them:
   logprobs it returned generating them one at a time: the numeric path of the re-scoring;
 - ``C``: the candidate's logprobs against the baseline's on the tokens both emitted.
 
-τ is the upper decile of the deviations between the evaluations whose tokens are judged,
-``τ = max(Q₀.₉(R), Q₀.₉(E), Q₀.₉(C))`` (a quantile, not the maximum: the maximum of a
-numeric-noise sample is its rarest outlier).  C may enter τ only after :func:`same_law_test`
-accepted it as noise: the candidate must not exceed the baseline's own upper-decile noise (of R
-or E, the larger) at more positions than one law explains, so a candidate computing another law
-(a corrupted model, a wrong temperature, a verify pass with wrong logits) fails on that alone and
-cannot widen τ to excuse its tokens.
+``R`` and ``E`` are the reference's own numeric paths, noise the audit trusts: they enter by their
+maximum.  ``C`` is supplied by the candidate: it enters only after :func:`same_law_test` accepted
+it as the baseline's law (the candidate must not exceed the baseline's own upper-decile noise, of
+``R`` or ``E`` the larger, at more positions than one law explains, so a candidate computing
+another law, such as a corrupted model, a wrong temperature or a verify pass with wrong logits,
+fails on that alone), and then only by its upper decile, which a few outlying positions cannot
+move (:func:`greedy_tolerance`):
+
+    τ = max(max R, max E, Q₀.₉(C))          tolerance = max(2 τ, TOLERANCE_FLOOR)
+
+Without a baseline the candidate's server is the reference: ``R`` is its repeats, and there is no
+``E`` or ``C``.
 """
 
 from __future__ import annotations
@@ -43,11 +50,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from scipy.stats import binom
 
 from specverify.auditing.endpoint.client import Completion
-from specverify.core.greedy_identity import ScoredRow, score_laws
+from specverify.core.greedy_identity import (
+    UPPER_QUANTILE,
+    NoiseTolerance,
+    ScoredRow,
+    noise_tolerance,
+    score_laws,
+    upper_quantile,
+)
 
 TOLERANCE_FLOOR = 1e-4
 """Smallest tolerance (nats): logprobs travel as decimal text of float32 values (~1e-7 relative)."""
@@ -94,9 +107,6 @@ def agreed_deviations(a: Completion, b: Completion) -> list[float]:
     return position_deviations(a.top_logprobs, b.top_logprobs, len(a.tokens) if stop is None else stop)
 
 
-UPPER_QUANTILE = 0.9
-"""τ and the same-law threshold are upper deciles of position deviations (module docstring)."""
-
 SAME_LAW_ALPHA = 1e-3
 """Level of :func:`same_law_test` and of the divergent-positions test (nominal: positions of one
 text are not independent draws)."""
@@ -119,10 +129,6 @@ class SameLawTest:
     @property
     def same_law(self) -> bool:
         return self.pvalue > SAME_LAW_ALPHA
-
-
-def upper_quantile(values: Sequence[float]) -> float:
-    return float(np.quantile(np.asarray(values, dtype=np.float64), UPPER_QUANTILE)) if len(values) else 0.0
 
 
 def exceedance_pvalue(exceeding: int, n: int, rank: int, m: int) -> float:
@@ -164,8 +170,13 @@ def same_law_test(cross: Sequence[float], noise_samples: Sequence[Sequence[float
     return SameLawTest(threshold, exceeding, len(cross), pvalue, upper_quantile(noise), upper_quantile(cross))
 
 
-def tolerance(tau: float) -> float:
-    return max(2.0 * tau, TOLERANCE_FLOOR)
+def greedy_tolerance(repeat: Sequence[float] = (), echo: Sequence[float] = (), cross: Sequence[float] = (),
+                     law: SameLawTest | None = None) -> NoiseTolerance:
+    """The greedy tolerance from the position deviations ``repeat`` (R), ``echo`` (E) and ``cross``
+    (C), C only where ``law`` (:func:`same_law_test` of C) accepted it (module docstring); with no
+    samples, the floor :data:`TOLERANCE_FLOOR`."""
+    accepted = cross if law is not None and law.same_law else ()
+    return noise_tolerance([*repeat, *echo], accepted, floor=TOLERANCE_FLOOR)
 
 
 def scored_row(prompt: str, completion: Completion, laws: Sequence[Mapping[str, float] | None] | None,

@@ -59,7 +59,6 @@ from specverify.auditing.endpoint.bursts import CoBatching, co_batching
 from specverify.auditing.endpoint.checks import PIT_BINS, request_seed
 from specverify.auditing.endpoint.client import Completion
 from specverify.auditing.endpoint.context_law import CONTEXT_TOKENS, ContextCounts, context_cells, sampled_contexts
-from specverify.auditing.endpoint.greedy import tolerance
 from specverify.auditing.endpoint.pit import pit_value, uniform_bins
 from specverify.auditing.endpoint.request_space import Case
 from specverify.auditing.endpoint.space_checks import pit_fit
@@ -145,7 +144,7 @@ class LoadThresholdCheck(SequentialCheck):
         """At least ``n / sides`` more context tokens per side, the sides in order; each side's
         bursts of exactly its size, rows with prompts in turn and seeds of their own (plan, look,
         side, request); the PIT values of every token with uniforms of their own (plan, look, side)."""
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         per = math.ceil(n / len(self.sides))
         requests = np.zeros(len(self.sides), dtype=np.int64)
         bins = np.zeros((len(self.sides), PIT_BINS + 1), dtype=np.int64)

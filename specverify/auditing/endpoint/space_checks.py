@@ -63,7 +63,6 @@ from specverify.auditing.endpoint.checks import (
     request_seed,
 )
 from specverify.auditing.endpoint.client import Completion
-from specverify.auditing.endpoint.greedy import tolerance
 from specverify.auditing.endpoint.pit import (
     ProcessedLaw,
     pit_value,
@@ -161,7 +160,7 @@ class CaseLawCheck(SequentialCheck):
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """At least ``n / values`` PIT values per value, each value's requests seeded from the
         plan, the look and the value; its own PIT uniforms."""
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         per = math.ceil(n / len(self.cases))
         bins = np.zeros((len(self.cases), PIT_BINS + 1), dtype=np.int64)
         requests = np.zeros(len(self.cases), dtype=np.int64)
@@ -390,7 +389,7 @@ class ChoicesJointCheck(SequentialCheck):
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         uniforms = np.random.default_rng(derive_seed(plan.seed, self.name, "uniforms", look) % (2**32))
-        tie = tolerance(session.tau or 0.0)
+        tie = session.greedy_noise.tolerance
         cells = np.zeros(PAIR_BINS**2 + 1, dtype=np.int64)
         identical = np.zeros(2, dtype=np.int64)  # identical first tokens; identical whole choices
         drawn, requests = 0, 0
