@@ -619,8 +619,8 @@ def _shareable(value: Any) -> bool:
 def _storage_span(tensor: torch.Tensor) -> tuple[int, int]:
     """``(start, length)``: the elements of ``tensor``'s storage its view reaches, from its first
     to its last (strides are non-negative in torch)."""
-    reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    return tensor.storage_offset(), reach + 1
+    reach = sum((int(size) - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return int(tensor.storage_offset()), reach + 1
 
 
 class RawProxy:
