@@ -180,6 +180,9 @@ class Plan:
     """The level of each look (α-spending increments, summing to ``alpha``: :mod:`specverify.core.sequential`)."""
     fixed_budget: bool = False
     """True under a fixed budget of N samples per check (``--budget N``), False under a named one."""
+    coarse_tv: float | None = None
+    """For a check that also tests coarse views of its laws (:mod:`specverify.core.coarse`): the TV
+    between coarse laws it detects with power ≥ POWER at n (None for the others)."""
 
 
 COVERAGE_TABLE = "coverage"
@@ -235,6 +238,10 @@ class CheckResult:
     """The check was sized for its own TV, not the budget's ε (:attr:`Check.sized_for_own_tv`)."""
     locus: Locus | None = None
     """The piece of the rule the check isolates (:attr:`Check.locus`)."""
+    coarse_tv: float | None = None
+    """The TV between coarse laws the check detects (:attr:`Plan.coarse_tv`)."""
+    coarse_views: str = ""
+    """What those coarse laws are (:attr:`Check.coarse_views`)."""
 
     def __post_init__(self) -> None:
         # Results built from plain strings ("fail", "goodness-of-fit") get the enums, so that every
@@ -295,6 +302,16 @@ class Check:
         n = self.required_samples(epsilon, alpha=alpha, power=power)
         return Sizing(n, epsilon if self.sizing_verifies_target else self.detectable_tv(n, alpha=alpha, power=power))
 
+    coarse_views: ClassVar[str] = ""
+    """What the coarse laws of :meth:`coarse_detectable_tv` are, for the report ("" for a check
+    without them)."""
+
+    def coarse_detectable_tv(self, n: int, *, alpha: float, power: float) -> float | None:
+        """The TV between coarse laws (:mod:`specverify.core.coarse`) this check's tests detect
+        with ``power`` at ``n`` samples and final level ``alpha``, beside :meth:`detectable_tv`;
+        None for a check that tests no coarse view."""
+        return None
+
     def target_tv(self, budget: SampleBudget) -> float | None:
         """The TV this check is sized to detect under ``budget``: a named budget's ε; None under a
         fixed budget (N samples per check), where the check states the TV it then detects.  Checks
@@ -334,7 +351,8 @@ class Check:
             sizing = self.sized_for(target, alpha=self.sizing_level(share), power=POWER)
             n, detectable = sizing.n, sizing.detectable_tv
             looks, look_alphas = self.looks(n, share)
-        return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None)
+        coarse = self.coarse_detectable_tv(n, alpha=look_alphas[-1] if looks else share, power=POWER)
+        return Plan(n, n, share, detectable, seed, looks, look_alphas, fixed_budget=target is None, coarse_tv=coarse)
 
     def cost(self, plan: Plan) -> Cost:
         """The time model of ``plan`` (:mod:`specverify.auditing.cost`): by default the audit's own
@@ -396,7 +414,8 @@ def check_report(check: Check, plan: Plan, verdict: Verdict, message: str, **mea
     fields: dict[str, Any] = {"n_required": plan.n_required, "num_cells": check.num_cells,
                               "alpha": plan.alpha, "detectable_tv": plan.detectable_tv,
                               "production_shape": check.production_shape,
-                              "sized_for_own_tv": check.sized_for_own_tv, "locus": check.locus}
+                              "sized_for_own_tv": check.sized_for_own_tv, "locus": check.locus,
+                              "coarse_tv": plan.coarse_tv, "coarse_views": check.coarse_views}
     fields.update(measured)
     parameters = fields.pop("parameters", check.parameters)
     return CheckResult(check.name, check.description, check.kind, dict(parameters), verdict, message, **fields)

@@ -357,7 +357,8 @@ def check_line(index: int, total: int, result: CheckResult) -> str:
     seen, detect = result.empirical_tv, result.detectable_tv
     tv = ""
     if detect is not None:
-        tv = f" TV {'—' if seen is None else format(seen, '.4f')} (detects {detect:.4f})"
+        coarse = "" if result.coarse_tv is None else f"; {result.coarse_tv:.2f} in its {result.coarse_views}"
+        tv = f" TV {'—' if seen is None else format(seen, '.4f')} (detects {detect:.4f}{coarse})"
     return (f"[{index + 1:>2}/{total}] {result.name:<22} {str(result.verdict):<7} n={n:<9} "
             f"p={pvalue:<9}{tv} {result.seconds:6.1f} s{look}\n")
 

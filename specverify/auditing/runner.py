@@ -573,6 +573,10 @@ def _verdict(results: Sequence[CheckResult], alpha: float, share: float | None, 
                         default=epsilon)
         against = (f"against TV ≥ {at_budget:.3g} in the cells of {len(statistical) - len(own)} checks and against "
                    f"their own TV in {len(own)} ({', '.join(f'{r.name} {r.detectable_tv:.2g}' for r in own)})")
+        coarse = [r for r in own if r.coarse_tv is not None]
+        if coarse:
+            against += (f", and against TV ≥ {max(r.coarse_tv or 0.0 for r in coarse):.2g} between the laws of their "
+                        f"{coarse[0].coarse_views} in {len(coarse)} of them")
     else:
         against = f"against TV ≥ {detectable:.3g} in any check's cells"
     summary = (f"no loss detected at α = {alpha:g} (family-wise; Bonferroni over {len(statistical)} checks, "

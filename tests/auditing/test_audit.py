@@ -180,6 +180,7 @@ def test_catalog_entry_is_caught_by_the_statistical_and_contract_checks(name):
 # measured kill table of all five production checks per entry is in docs/budgets.md).
 PRODUCTION_KILLER = {
     "bfloat16_cdf_path": "production-K16", "bonus_library_top_k": "production-gpt2-K4",
+    "bonus_tempered_at_large_vocab": "production-qwen-K1",
     "contiguous_stride_reads": "production-K16", "draft_length_specialised_kernel": "production-K16",
     "half_precision_cdf_at_large_vocab": "production-qwen-K1", "partial_last_tile_dropped": "production-batch-1024",
     "row_block_offset_dropped": "production-batch-1024", "vocabulary_tile_drops_high_ids": "production-qwen-K1",

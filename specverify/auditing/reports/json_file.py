@@ -29,8 +29,10 @@ code}), ``minimal_case_note``, ``interrupted``, ``timings``, ``isolation`` ({``m
 {``bytes``, ``first_lines`` (at most 20), ``truncated``}}).
 Each check: ``name``, ``description``, ``kind``, ``parameters``, ``verdict``, ``message``,
 ``fault``, ``n``, ``n_required``, ``num_cells``, ``statistic``, ``pvalue``, ``alpha_share``,
-``empirical_tv``, ``detectable_tv``, ``calls``, ``rows``, ``cells`` ({``labels``, ``observed``,
-``expected``} or null), ``acceptance`` ({``observed``, ``expected``} or null).
+``empirical_tv``, ``detectable_tv``, ``coarse_tv`` and ``coarse_views`` (the TV between coarse
+laws a production check detects, and what they are; null elsewhere), ``calls``, ``rows``,
+``cells`` ({``labels``, ``observed``, ``expected``} or null), ``acceptance`` ({``observed``,
+``expected``} or null).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def check_to_dict(check: CheckResult) -> dict[str, Any]:
         "fault": check.fault, "n": check.n, "n_required": check.n_required, "num_cells": check.num_cells,
         "statistic": check.statistic, "pvalue": check.pvalue, "alpha_share": check.alpha,
         "empirical_tv": check.empirical_tv, "detectable_tv": check.detectable_tv,
+        "coarse_tv": check.coarse_tv, "coarse_views": check.coarse_views or None,
         "calls": check.calls, "rows": check.rows, "cells": cells,
         "acceptance": dict(check.acceptance) if check.acceptance is not None else None,
         "look": check.look, "num_looks": check.num_looks, "level": check.level,

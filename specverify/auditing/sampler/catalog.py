@@ -48,6 +48,8 @@ HALF_PRECISION_FROM_VOCAB = 32_768  # `half_precision_cdf_at_large_vocab` switch
 LIBRARY_TOP_K = 50  # the top-k `bonus_library_top_k` applies to the bonus draw
 SPECIALISED_DRAFTS = 8  # `draft_length_specialised_kernel` is right for K <= 8
 ROW_BLOCK = 256  # `row_block_offset_dropped` launches blocks of 256 rows
+BONUS_TEMPERATURE = 1.1  # `bonus_tempered_at_large_vocab` draws the bonus at this temperature
+TEMPERED_FROM_VOCAB = 32_768  # ... above this V
 
 
 @dataclass(frozen=True)
@@ -469,6 +471,19 @@ def bonus_library_top_k(target_probs, draft_probs, draft_tokens, generator=None,
     return _draw_final(draft_tokens, n, p, weights, u[:, -1])
 
 
+def bonus_tempered_at_large_vocab(target_probs, draft_probs, draft_tokens, generator=None, *,
+                                  uniforms=None) -> torch.Tensor:
+    """Above V = 32,768 the bonus token is drawn from ``p_K^(1/1.1)`` renormalised: a temperature
+    of 1.1 applied a second time on the bonus path; corrections and acceptance are correct."""
+    u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
+    p, q = _final_laws(target_probs, draft_probs, n)
+    weights = (p - q).clamp(min=0)
+    bonus = n == draft_tokens.shape[1]
+    if weights.shape[-1] > TEMPERED_FROM_VOCAB and bool(bonus.any()):  # BUG: the bonus re-tempered
+        weights[bonus] = weights[bonus] ** (1.0 / BONUS_TEMPERATURE)
+    return _draw_final(draft_tokens, n, p, weights, u[:, -1])
+
+
 def draft_length_specialised_kernel(target_probs, draft_probs, draft_tokens, generator=None, *,
                                     uniforms=None) -> torch.Tensor:
     """For K > 8 the final draw reads target row ``min(n, 8)``: corrections at ``n ≥ 8`` use
@@ -518,7 +533,8 @@ def bfloat16_cdf_path(target_probs, draft_probs, draft_tokens, generator=None, *
 
 
 for _production_bug in (vocabulary_tile_drops_high_ids, partial_last_tile_dropped, half_precision_cdf_at_large_vocab,
-                        bonus_library_top_k, draft_length_specialised_kernel, row_block_offset_dropped,
+                        bonus_library_top_k, bonus_tempered_at_large_vocab, draft_length_specialised_kernel,
+                        row_block_offset_dropped,
                         contiguous_stride_reads, bfloat16_cdf_path):
     # exact apart from the one corrupted piece
     _production_bug.arithmetic = "float64"  # type: ignore[attr-defined]  # declared on the function (rounding.py)
@@ -920,6 +936,24 @@ _ENTRIES = [
         bug_class="processing",
         fn=bonus_library_top_k,
         min_vocab_size=LIBRARY_TOP_K + 1,
+    ),
+    BuggyRule(
+        name="bonus_tempered_at_large_vocab",
+        description=(
+            "Above V = 32,768 the bonus token is drawn from p_K^(1/1.1) renormalised (temperature 1.1 applied "
+            "again on the bonus path); corrections and acceptance are correct.  At Qwen2.5's 151,936 tokens the "
+            "bonus law is at TV 0.14 from p_K, spread over the whole vocabulary (every token's probability "
+            "moves by a factor that depends on its level): far below what a token-level test detects at "
+            "~8,000 rows, and almost all of it between probability levels."
+        ),
+        modelled_on=(
+            "a fused final-draw kernel for large vocabularies that applies the request's temperature to "
+            "probabilities the sampler already tempered (the bonus logits take a separate path from the "
+            "target's verification logits)"
+        ),
+        bug_class="processing",
+        fn=bonus_tempered_at_large_vocab,
+        min_vocab_size=TEMPERED_FROM_VOCAB + 1,
     ),
     BuggyRule(
         name="draft_length_specialised_kernel",

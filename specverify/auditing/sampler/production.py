@@ -12,8 +12,9 @@ input dtype, a third of the mass on the vocabulary's boundary ids).
   intervals of the inverse CDF (:mod:`specverify.core.exact_final`).  Deterministic.
 - :class:`ProductionStepCheck`: one step per row at a production shape; the completed token of
   every position ``0..K`` (emitted, or continued by target sampling) is tested against the target
-  with the token-level identity test of :mod:`specverify.core.identity`, one test per (chain,
-  position), Bonferroni within the check.  Large-V rows are expensive (a row at V = 128,256, K = 1
+  with the token-level identity test of :mod:`specverify.core.identity` and, on the coarse views
+  of :mod:`specverify.core.coarse` (id tiles, probability levels), with a goodness-of-fit test,
+  per (chain, position), weighted Bonferroni within the check.  Large-V rows are expensive (a row at V = 128,256, K = 1
   is 1.5 MB of float32), so these checks are sized for their own TV per named budget
   (:attr:`ProductionStepCheck.target_tvs`), stated in the report and in ``specverify audit --list``.
 
@@ -52,10 +53,11 @@ from specverify.auditing.checks import (
 from specverify.auditing.cost import Cost, step_cost
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.sampler import production_laws as laws
-from specverify.core import identity, outputs, rounding
+from specverify.core import coarse, identity, outputs, rounding, stats
 from specverify.core.chains import PositionalBank
 from specverify.core.exact_final import FinalDrawCase, integrate_final_draw, weighted_branches
 from specverify.core.seeding import derive_seed
+from specverify.core.stats import monte_carlo_draws
 from specverify.testing.harness import MAX_INPUT_ELEMENTS, Proposal, complete
 
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
@@ -293,6 +295,13 @@ def balanced_chains(rows: int, num_chains: int, generator: torch.Generator) -> t
     return (torch.arange(rows) % num_chains)[torch.randperm(rows, generator=generator)]
 
 
+IDENTITY_SHARE = 0.8
+"""Share of a production check's level for its token-level identity tests; each of the two coarse
+views (:func:`specverify.core.coarse.coarse_views`) takes half the rest."""
+
+COARSE_SHARE = (1.0 - IDENTITY_SHARE) / 2
+
+
 @dataclass
 class ProductionStepCheck(SequentialCheck):
     """One verification step per row at a production shape; the completed token of every position
@@ -301,11 +310,15 @@ class ProductionStepCheck(SequentialCheck):
     Under losslessness the completed tokens of a context-free step are independent with laws
     ``p_0 … p_K`` (Leviathan et al. 2023, Theorem 1, applied to one step completed by target
     sampling), so each (chain, position) marginal is tested with the token-level identity test
-    (:func:`specverify.core.identity.identity_test`) at level ``level / m``, ``m`` = chains × (K+1)
-    (Bonferroni within the check); the check fails when any one rejects.  Rows are spread evenly
-    over the chains (:func:`balanced_chains`).  Sized so that a TV of ε in any one marginal is
-    detected with the stated power at ``n / chains`` rows each, verified at that n for every
-    marginal (:func:`specverify.core.identity.identity_joint_sample_size`).
+    (:func:`specverify.core.identity.identity_test`) at level ``IDENTITY_SHARE · level / m``,
+    ``m`` = chains × (K+1), and the law of its id tile and of its probability level
+    (:func:`specverify.core.coarse.coarse_views`) with Pearson's goodness of fit at
+    ``COARSE_SHARE · level / m`` each (weighted Bonferroni within the check: the combined p-value
+    is the smallest ``p / share`` times m); the check fails when any one rejects.  Rows are spread
+    evenly over the chains (:func:`balanced_chains`).  Sized so that a TV of ε in any one marginal
+    is detected with the stated power at ``n / chains`` rows each, verified at that n for every
+    marginal (:func:`specverify.core.identity.identity_joint_sample_size`); at that n the coarse
+    tests detect the TV of :meth:`coarse_detectable_tv` between coarse laws, far smaller.
     """
 
     name: str
@@ -321,6 +334,7 @@ class ProductionStepCheck(SequentialCheck):
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     sizing_verifies_target: ClassVar[bool] = True
     production_shape: ClassVar[bool] = True
+    coarse_views: ClassVar[str] = "id tiles and probability levels"
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
 
@@ -343,8 +357,16 @@ class ProductionStepCheck(SequentialCheck):
             "family": self.family, "V": bank.vocab_size, "K": self.num_draft, "B": self.rows_per_call,
             "dtype": self.dtype, "layout": "strided views" if self.strided else "contiguous",
             "chains": bank.num_chains, "positions": f"0..{self.num_draft}",
-            "test": "token-level identity per chain and position (Bonferroni)",
+            "test": "token-level identity, and goodness of fit of id tiles and probability levels, per chain and "
+                    "position (weighted Bonferroni)",
+            "coarse views": [view.name for view in self._views[0][0]],
         }
+
+    @functools.cached_property
+    def _views(self) -> list[list[tuple[coarse.CoarseView, coarse.CoarseView]]]:
+        """The coarse views of every (chain, position) law, ``[chain][position]``."""
+        return [[coarse.coarse_views(self.bank.target[r, j]) for j in range(self.num_draft + 1)]
+                for r in range(self.bank.num_chains)]
 
     def _mass_profiles(self) -> list[np.ndarray]:
         """The distinct sorted mass vectors of the tested laws: the identity test's sample size
@@ -358,15 +380,23 @@ class ProductionStepCheck(SequentialCheck):
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
         """Chains × the per-chain n at which every chain's law, at level α / (chains × positions),
         is verified to detect ε (:func:`specverify.core.identity.identity_joint_sample_size`)."""
-        per_chain = identity.identity_joint_sample_size(self._mass_profiles(), epsilon, alpha=alpha / self.num_tests,
-                                                        power=power)
+        per_chain = identity.identity_joint_sample_size(self._mass_profiles(), epsilon,
+                                                        alpha=IDENTITY_SHARE * alpha / self.num_tests, power=power)
         return per_chain * self.bank.num_chains
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
-        level = alpha / self.num_tests
+        level = IDENTITY_SHARE * alpha / self.num_tests
         per_chain = max(1, n // self.bank.num_chains)
         return max(identity.identity_detectable_tv(masses, per_chain, alpha=level, power=power)
                    for masses in self._mass_profiles())
+
+    def coarse_detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
+        """The largest over (chain, position) of the TV between coarse laws their two views' tests
+        detect at ``n / chains`` rows (:func:`specverify.core.coarse.coarse_detectable_tv`)."""
+        level = COARSE_SHARE * alpha / self.num_tests
+        per_chain = max(1, n // self.bank.num_chains)
+        return max(coarse.coarse_detectable_tv(views, per_chain, alpha=level, power=power)
+                   for row in self._views for views in row)
 
     def cost(self, plan: Plan) -> Cost:
         return step_cost(plan.n, self.num_draft, self.bank.vocab_size)
@@ -397,30 +427,47 @@ class ProductionStepCheck(SequentialCheck):
             for j in range(k + 1):
                 if not counts[r, j].any():  # a chain no row was given yet (tiny fixed budgets): no evidence, p = 1
                     continue
-                test = identity.identity_test(counts[r, j], bank.target[r, j],
-                                              seed=derive_seed(plan.seed, "identity", r, j, look or 0) % (2**32))
-                results.append((test.pvalue, r, j, test))
-        pvalue, r, j, worst = min(results, key=lambda item: item[0])
-        combined = min(1.0, pvalue * self.num_tests)
+                results.append(self._tests(plan, counts[r, j], r, j, level, look))
+        combined, r, j, failing, worst = min(results, key=lambda item: item[0])
         failed = combined <= level
         where = level_phrase(plan, level, look)
         reached = tally.counts["accepted"][::-1].cumsum()[::-1] / max(1, tally.n)
         shown = ", ".join(f"{x:.2f}" for x in reached)
-        tv = max(test.empirical_tv for *_, test in results)
+        tv = max(item[4].empirical_tv for item in results)
         if worst.impossible_count and failed:
             message = (f"emitted {worst.impossible_count} token(s) of target probability 0 "
                        f"at position {j} of chain {r}: "
                        "certain loss")
         elif failed:
-            parts = "; ".join(f"{part.name} p={part.pvalue:.3g}" for part in worst.parts)
-            message = (f"the token at position {j} (chain {r}) does not follow the target's law: Bonferroni p-value "
-                       f"{combined:.3g} over {self.num_tests} (chain, position) tests ≤ {where} ({parts})")
+            message = (f"the token at position {j} (chain {r}) does not follow the target's law: {failing}; weighted "
+                       f"Bonferroni p-value {combined:.3g} over {self.num_tests} (chain, position) tests ≤ {where}")
         else:
-            message = (f"every position 0..{k} consistent with the target (smallest Bonferroni p-value {combined:.3g} "
-                       f"> {where}; share of rows whose step reached position j: {shown})")
+            message = (f"every position 0..{k} consistent with the target, token by token and in its id tiles and "
+                       f"probability levels (smallest weighted Bonferroni p-value {combined:.3g} > {where}; share of "
+                       f"rows whose step reached position j: {shown})")
         return self.report(plan, Verdict.FAIL if failed else Verdict.PASS, message, n=tally.n, num_cells=vocab,
                            statistic=float(worst.statistic), pvalue=float(combined), empirical_tv=float(tv),
                            **look_fields(plan, level, look))
+
+    def _tests(self, plan: Plan, counts: np.ndarray, chain: int, position: int, level: float,
+               look: int | None) -> tuple[float, int, int, str, identity.IdentityTest]:
+        """The tests of one (chain, position): the identity test and the goodness of fit of its two
+        coarse views, combined as ``m · min_i p_i / share_i`` (weighted Bonferroni, m tests in the
+        check); returns that p-value, the chain and position, what the smallest one says, and the
+        identity test."""
+        seed = derive_seed(plan.seed, "identity", chain, position, look or 0) % (2**32)
+        token_test = identity.identity_test(counts, self.bank.target[chain, position], seed=seed)
+        parts = "; ".join(f"{part.name} p={part.pvalue:.3g}" for part in token_test.parts)
+        scaled = [(token_test.pvalue * self.num_tests / IDENTITY_SHARE, f"token by token ({parts})")]
+        allotted = COARSE_SHARE * level / self.num_tests
+        for view in self._views[chain][position]:
+            fit = stats.goodness_of_fit(view.counts(counts), view.probs, seed=seed, confirm_below=allotted,
+                                        monte_carlo_draws=monte_carlo_draws(allotted))
+            scaled.append((fit.pvalue * self.num_tests / COARSE_SHARE,
+                           f"its {view.name} (χ² {fit.statistic:.4g}, {fit.dof} dof, p={fit.pvalue:.3g}, empirical "
+                           f"TV {fit.empirical_tv:.3g})"))
+        combined, said = min(scaled, key=lambda item: item[0])
+        return min(1.0, combined), chain, position, said, token_test
 
 
 # --------------------------------------------------------------------------------------------
