@@ -6,7 +6,7 @@ Algorithm 1): ``bonus-position`` has q = p, so every draft is accepted and only 
 correction from (p_2 − q_2)+; ``disjoint-supports`` rejects every draft, where (p − q)+ = p, so a
 residual confused with p passes there; ``step-K1`` is a single draft; ``markov-step-K3`` and the
 decoding loops add context and state across calls; the production-shape checks
-(``exact-large-vocabulary``, ``production-*``) run at real vocabularies, K up to 16, batches of
+(``exact-large-vocabulary``, ``production-*``) run at real vocabularies, K up to 32, batches of
 1,024, bf16/fp16 and strided views, mostly one chain each; ``exact-step`` integrates one row alone
 exactly at toy shapes.  The acceptance counts of the step
 checks are compared with the optimal rule's law P(A ≥ a) = Π_{i<a} α_i: a lossless rule accepts
