@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-PRODUCTION = ("production-qwen-K1", "production-gpt2-K4", "production-K16", "production-K12", "production-batch-1024",
+PRODUCTION = ("production-qwen-K1", "production-gpt2-K4", "production-K32", "production-K12", "production-batch-1024",
               "exact-large-vocabulary")
 
 

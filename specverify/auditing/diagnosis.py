@@ -8,7 +8,7 @@ every draft is accepted and only the bonus token, drawn from p_K, can be wrong),
 there), ``one-row-exact`` (one row alone, integrated exactly), ``single-draft`` / ``multi-draft``,
 ``context`` (context-dependent laws and whole decoding loops) and ``edge-case``; the
 production-shape checks declare :attr:`~specverify.auditing.checks.Check.production_shape` (real
-vocabularies, K up to 16, batches of 1,024, bf16/fp16, strided views).  The acceptance counts of
+vocabularies, K up to 32, batches of 1,024, bf16/fp16, strided views).  The acceptance counts of
 the step checks are compared with the optimal rule's law P(A ≥ a) = Π_{i<a} α_i: a lossless rule
 accepts exactly that often.  :func:`diagnose` combines these into a statement of *where* the loss
 is, reading loci and never check names.  It is a reading of the evidence, not a further test: the

@@ -105,6 +105,7 @@ def tree_omissions(session: TreeSession) -> list[Omission]:
     if missing and not session.scheme_error:
         names = tuple(f"tree-{kind}-{scheme}" for scheme in missing
                       for kind in ("siblings", "branches", "deep", "loop", "acceptance"))
+        names += ("tree-fan-out-independent",) if "independent" in missing else ()
         declared = ", ".join(repr(s) for s in schemes)
         found.append(Omission(names, f"the function declares draft_schemes = ({declared},), so trees drafted "
                               f"{' or '.join(missing)} are not audited",

@@ -82,6 +82,34 @@ def star_shape(num_nodes: int) -> tuple[int, ...]:
     return (-1,) * num_nodes
 
 
+def broom_shape(num_nodes: int) -> tuple[int, ...]:
+    """One child of the root with every other node as its child: ``num_nodes − 1`` children of
+    node 0, node ``n`` at index distance ``n`` from its parent (every distance 1 … N − 1)."""
+    return (-1,) + (0,) * (num_nodes - 1)
+
+
+def far_child_star_shape(num_nodes: int) -> tuple[int, ...]:
+    """``N − 1`` children of the root, the last node a child of the first: the root's first child,
+    tested first, has its only child ``N − 1`` indices after it."""
+    return (-1,) * (num_nodes - 1) + (0,)
+
+
+def mirrored_shape(num_nodes: int, shift: int) -> tuple[int, ...]:
+    """A chain of the first ``h = N // 2`` nodes whose second children come in mirror order at the
+    end: node ``j ≥ h`` is a child of node ``N − 1 − shift − j`` (where that is a chain node, else
+    of the chain's last node), at index distance ``2j − N + 1 + shift``.  Two children per node
+    at most; ``shift`` 0 and 1 together give every distance 1 … N − 1 (for even N, 0 the odd
+    ones and 1 the even ones)."""
+    if num_nodes < 2:
+        raise ValueError(f"num_nodes: a mirrored tree needs at least 2 nodes, got {num_nodes}")
+    half = num_nodes // 2
+    parents = [-1] + list(range(half - 1))
+    for node in range(half, num_nodes):
+        mirror = num_nodes - 1 - shift - node
+        parents.append(mirror if 0 <= mirror < half else half - 1)
+    return check_shape(parents)
+
+
 def binary_shape(num_nodes: int) -> tuple[int, ...]:
     """A complete binary tree in breadth-first order: node ``n``'s parent is ``(n − 2) // 2``
     (the root's two children first)."""
@@ -222,6 +250,54 @@ def _renumbered(shape: Sequence[int], order: list[int]) -> tuple[int, ...]:
 def max_children(parents: Sequence[int]) -> int:
     """The largest number of children of one node (the root included)."""
     return max(len(kids) for kids in children_of(check_shape(parents)).values())
+
+
+def far_parent_shapes(num_nodes: int) -> tuple[tuple[int, ...], ...]:
+    """Trees of ``num_nodes`` nodes at the depth and parent–child distance a tree of that size
+    allows, with at most two children per node (so under every sibling scheme at V ≥ 2), each in
+    the one node order that makes it extreme: a chain (depth N) and the two mirrored trees
+    (:func:`mirrored_shape`: every parent–child index distance 1 … N − 1)."""
+    return chain_shape(num_nodes), mirrored_shape(num_nodes, 0), mirrored_shape(num_nodes, 1)
+
+
+def fan_out_shapes(num_nodes: int) -> tuple[tuple[int, ...], ...]:
+    """Trees of ``num_nodes`` nodes at the fan-out a tree of that size allows, each in the one node
+    order that makes it extreme: the broom (a node with N − 1 children at index distances
+    1 … N − 1, :func:`broom_shape`: a child far from its parent is tested when an early sibling
+    was accepted, if its parent is misread) and the star with a far child (N − 1 children of the
+    root, :func:`far_child_star_shape`: a child N − 1 indices after its parent is tested
+    whenever that parent, the root's first child, is accepted).  Siblings drawn without
+    replacement or top-k number at most V."""
+    return broom_shape(num_nodes), far_child_star_shape(num_nodes)
+
+
+@dataclass(frozen=True)
+class ShapeSpan:
+    """What a set of tree shapes spans, in the node orders they are given in."""
+
+    distances: frozenset[int]
+    """``n − parents[n]`` over every node whose parent is a node (not the root)."""
+    depths: frozenset[int]
+    """The depth of every node (1 for a child of the root)."""
+    children: frozenset[int]
+    """The number of children of every node that has some, the root included."""
+
+    def missing_distances(self, num_nodes: int) -> tuple[int, ...]:
+        """The parent–child index distances 1 … ``num_nodes − 1`` that no shape has."""
+        return tuple(d for d in range(1, num_nodes) if d not in self.distances)
+
+
+def shape_span(shapes: Sequence[Sequence[int]]) -> ShapeSpan:
+    """The parent–child index distances, node depths and numbers of children that ``shapes`` span."""
+    distances: set[int] = set()
+    node_depths: set[int] = set()
+    children: set[int] = set()
+    for parents in shapes:
+        shape = check_shape(parents)
+        distances.update(node - parent for node, parent in enumerate(shape) if parent >= 0)
+        node_depths.update(depths(shape))
+        children.update(len(kids) for kids in children_of(shape).values())
+    return ShapeSpan(frozenset(distances), frozenset(node_depths), frozenset(children))
 
 
 def _check_scheme(scheme: str) -> None:

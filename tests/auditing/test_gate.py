@@ -82,7 +82,7 @@ def test_every_named_budget_is_within_the_ceiling(level):
 
 
 PRODUCTION_CHECKS = {
-    "sampler": ["production-qwen-K1", "production-gpt2-K4", "production-K16", "production-K12",
+    "sampler": ["production-qwen-K1", "production-gpt2-K4", "production-K32", "production-K12",
                 "production-batch-1024"],
     "tree": ["tree-large-vocabulary", "tree-dynamic-deep-independent", "tree-dynamic-wide-deterministic"],
 }

@@ -54,7 +54,7 @@ def test_pre_commit_runs_its_checks_at_quick_and_states_the_tv_it_detects():
     assert statistical and all(c.detectable_tv <= 0.05 + 1e-9 for c in statistical)  # the budget's claim
     assert report.detectable_tv == pytest.approx(0.05, abs=1e-4)
     note = report.settings.preset_note
-    assert "left out: exact-large-vocabulary, step-K1" in note and "production-K16" in note
+    assert "left out: exact-large-vocabulary, step-K1" in note and "production-K32" in note
     assert "; 8 checks; " in note
     assert report.settings.fail_fast
 

@@ -1,4 +1,4 @@
-"""The tree level at production shapes: the five production-shape catalog entries
+"""The tree level at production shapes: the six production-shape catalog entries
 are exact on small trees and lossy beyond them, the production checks plan the TV they state,
 and the standard tree audit kills the entries and other bugs of their classes.
 
@@ -15,6 +15,7 @@ from specverify.auditing.checks import resolve_budget
 from specverify.auditing.runner import audit, load_battery, plan_checks
 from specverify.auditing.tree.catalog import (
     TREE_CATALOG,
+    parent_offset_saturating_at,
     positions_capped_at,
     residual_in_slots,
     rows_at_a_time,
@@ -27,7 +28,7 @@ from specverify.core import tree_exact
 from specverify.core.chains import random_markov_chain
 
 PRODUCTION_ENTRIES = ("positions_capped_at_depth_three", "residual_in_three_slots", "siblings_assumed_contiguous",
-                      "target_law_cached_as_top_entries", "small_batch_path")
+                      "target_law_cached_as_top_entries", "small_batch_path", "parent_offset_saturates_at_32")
 
 
 @pytest.mark.parametrize("name", PRODUCTION_ENTRIES)
@@ -50,6 +51,8 @@ FOUR = random_markov_chain(4, 1, 1, closeness=0.0)
     ("siblings_assumed_contiguous", SMALL, (-1, -1, 0), "deterministic", None),
     ("target_law_cached_as_top_entries", FOUR, (-1, -1, 0), "independent", None),  # V = 4
     ("small_batch_path", FOUR, (-1, -1), "independent", None),  # one call of many rows
+    ("parent_offset_saturates_at_32", SMALL, (-1, -1, 0, 1), "independent", None),  # parents at most 3 back
+    ("parent_offset_saturates_at_32", FOUR, tree_exact.star_shape(4), "deterministic", None),
 ])
 def test_entry_is_exact_on_the_shapes_the_toy_checks_draw(name, chain, shape, scheme, rows):
     rule = TREE_CATALOG[name].fn if rows is None else rows_at_a_time(TREE_CATALOG[name].fn, rows)
@@ -62,8 +65,13 @@ def test_production_checks_state_their_shapes_and_detectable_tv():
     plans, _ = plan_checks(checks, resolve_budget("standard"), 0.001, 0, "tree")
     planned = {c.name: (c, p) for c, p in zip(checks, plans)}
     deep, plan = planned["tree-dynamic-deep-deterministic"]
-    assert deep.parameters["depth"] == 8 and deep.parameters["N"] == [60] and deep.parameters["B"][:4] == [1, 2, 3, 4]
+    assert deep.parameters["depth"] == 60 and deep.parameters["N"] == [60] and deep.parameters["B"][:4] == [1, 2, 3, 4]
+    assert deep.parameters["distance"] == 59 and deep.parameters["children"] == 4
     assert deep.parameters["orders"] == ["breadth_first", "depth_first", "interleaved"]
+    assert plan.detectable_tv == pytest.approx(0.05, abs=1e-4)
+    fan_out, plan = planned["tree-fan-out-independent"]
+    assert fan_out.parameters["children"] == 59 and fan_out.parameters["distance"] == 59
+    assert fan_out.parameters["L"] == 3
     assert plan.detectable_tv == pytest.approx(0.05, abs=1e-4)
     wide, plan = planned["tree-dynamic-wide-independent"]
     assert wide.parameters["children"] == 10 and wide.parameters["V"] == 12 and plan.detectable_tv <= 0.05 + 1e-9
@@ -80,6 +88,7 @@ FAST_KILLS = (
     ("siblings_assumed_contiguous", "tree-dynamic-wide-independent", "quick"),
     ("target_law_cached_as_top_entries", "tree-dynamic-wide-without_replacement", "quick"),
     ("small_batch_path", "tree-small-batches", "standard"),  # TV 0.08 in its cells: above standard's 0.05
+    ("parent_offset_saturates_at_32", "tree-fan-out-independent", "quick"),
 )
 
 
@@ -149,6 +158,8 @@ VARIANTS = {  # other bugs of the five classes, wrong only further out
     "target law cached as top 1024": target_law_cached_as_top(1024),
     "separate path for B = 1": small_batch_path_up_to(1),
     "separate path for B <= 2": small_batch_path_up_to(2),
+    "parent offset saturating at 16": parent_offset_saturating_at(16),
+    "parent offset saturating at 57": parent_offset_saturating_at(57),
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specverify.auditing.tree.battery import PRODUCTION_SEEDS, production_trees
+from specverify.auditing.runner import load_battery
+from specverify.auditing.tree.battery import DEEP_VOCAB, PRODUCTION_NODES, PRODUCTION_SEEDS, production_trees
 from specverify.core import tree_exact
 from specverify.core.tree_exact import (
     NODE_ORDERS,
@@ -17,6 +18,7 @@ from specverify.core.tree_exact import (
     interleaved_order,
     max_children,
     reorder,
+    shape_span,
     tree_depth,
 )
 
@@ -89,3 +91,39 @@ def test_production_tree_sets_reach_depth_eight_ten_children_and_every_order():
     # each dynamic tree appears in breadth-first, depth-first and interleaved order (three different layouts)
     assert all(len(set(deep[3 * i: 3 * i + 3])) == 3 for i in range(len(PRODUCTION_SEEDS)))
     assert tree_exact.depth_first_order(deep[0]) == deep[1]
+
+
+def test_limit_shapes_reach_every_distance_depth_and_fan_out():
+    assert tree_exact.broom_shape(5) == (-1, 0, 0, 0, 0)
+    assert tree_exact.far_child_star_shape(5) == (-1, -1, -1, -1, 0)
+    assert tree_exact.mirrored_shape(8, 0) == (-1, 0, 1, 2, 3, 2, 1, 0)  # distances 1, 3, 5, 7
+    assert tree_exact.mirrored_shape(8, 1) == (-1, 0, 1, 2, 2, 1, 0, 3)  # distances 2, 4, 6 and 4
+    for num_nodes in range(2, 61):
+        far = shape_span(tree_exact.far_parent_shapes(num_nodes))
+        assert far.missing_distances(num_nodes) == () and max(far.depths) == num_nodes and max(far.children) <= 2
+        wide = shape_span(tree_exact.fan_out_shapes(num_nodes))
+        assert wide.missing_distances(num_nodes) == () and max(wide.children) == num_nodes - 1
+    with pytest.raises(ValueError, match="num_nodes"):
+        tree_exact.mirrored_shape(1, 0)
+
+
+def test_shape_span_counts_distances_depths_and_children_in_the_given_order():
+    span = shape_span([(-1, -1, 0, 1), (-1, 0, -1, 2)])
+    assert span.distances == {2, 1} and span.depths == {1, 2} and span.children == {1, 2}
+    assert span.missing_distances(5) == (3, 4)
+
+
+def test_the_production_checks_span_what_a_60_node_tree_allows():
+    """Every parent–child index distance 1 … 59 and depth 60 in every deep check; 59 children of a
+    node and of the root in the fan-out check (independent siblings: without replacement or top-k
+    a node has at most V = 4)."""
+    battery = load_battery("tree")
+    checks = {c.name: c for c in battery.checks(battery.open_session("reference", device="cpu", timeout_s=60))}
+    for scheme in ("independent", "without_replacement", "deterministic"):
+        span = shape_span(checks[f"tree-dynamic-deep-{scheme}"].shapes)
+        assert span.missing_distances(PRODUCTION_NODES) == () and max(span.depths) == PRODUCTION_NODES
+        assert max(span.children) >= DEEP_VOCAB  # V = 4 bounds top-k and without-replacement siblings
+    broom, star = checks["tree-fan-out-independent"].shapes
+    span = shape_span((broom, star))
+    assert span.missing_distances(PRODUCTION_NODES) == () and max(span.children) == PRODUCTION_NODES - 1
+    assert len(children_of(broom)[0]) == len(children_of(star)[-1]) == PRODUCTION_NODES - 1

@@ -4,6 +4,6 @@
 - ``coverage.py`` — checks for how engines call a sampler (one row per call, ragged batches, late
   calls, truncated vocabularies, outputs that must stay valid);
 - ``production.py``, ``production_laws.py`` — checks and exact laws at the shapes engines serve
-  (vocabularies of real tokenizers, K up to 16, 1,024 rows, bf16/fp16 views);
+  (vocabularies of real tokenizers, K up to 32, 1,024 rows, bf16/fp16 views);
 - ``catalog.py`` — the known-bug catalog of chain rules, every check's proof that it can fail.
 """

@@ -16,7 +16,7 @@ The sampler battery (:class:`SamplerBattery`, in run order):
   ``exact-ragged-drafts`` (functions taking ``num_draft_tokens=``; the exact one with ``uniforms=``):
   rows with their own draft counts, as engines verify them;
 - ``exact-large-vocabulary`` (functions taking ``uniforms=``) and ``production-*``: production shapes
-  (V up to 151,936, K up to 16, batches of 1,024, bf16/fp16, strided views;
+  (V up to 151,936, K up to 32, batches of 1,024, bf16/fp16, strided views;
   :mod:`specverify.auditing.sampler.production`);
 - ``decoding-loop-order1/2`` (goodness of fit): whole decoding loops, continuous batching and K
   changing per call, the first L = 3 / 4 tokens of every sequence jointly;

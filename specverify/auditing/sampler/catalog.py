@@ -37,8 +37,8 @@ from specverify.core.rules import validate_verify_inputs
 from specverify.core.sampling import inverse_cdf, search_cdf
 
 __all__ = ["BuggyRule", "CATALOG", "COARSE_UNIFORM_STEP", "DRAFT_TEMPERATURE", "VOCABULARY_TILE", "LAST_TILE",
-           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "ROW_BLOCK", "Flattened",
-           "flatten_ragged", "verify_flattened", "ragged_reference"]
+           "HALF_PRECISION_FROM_VOCAB", "LIBRARY_TOP_K", "SPECIALISED_DRAFTS", "WIDE_SPECIALISED_DRAFTS", "ROW_BLOCK",
+           "Flattened", "flatten_ragged", "verify_flattened", "ragged_reference"]
 
 COARSE_UNIFORM_STEP = 2.0**-8  # resolution of the uniforms in `zero_uniform_accepts` (bfloat16-like)
 DRAFT_TEMPERATURE = 0.7  # the temperature `draft_temperature_in_acceptance` re-applies to q
@@ -47,6 +47,7 @@ LAST_TILE = 128  # `partial_last_tile_dropped` tiles V by 128 and drops the rema
 HALF_PRECISION_FROM_VOCAB = 32_768  # `half_precision_cdf_at_large_vocab` switches above this V
 LIBRARY_TOP_K = 50  # the top-k `bonus_library_top_k` applies to the bonus draw
 SPECIALISED_DRAFTS = 8  # `draft_length_specialised_kernel` is right for K <= 8
+WIDE_SPECIALISED_DRAFTS = 16  # `draft_length_specialised_to_16` is right for K <= 16
 ROW_BLOCK = 256  # `row_block_offset_dropped` launches blocks of 256 rows
 BONUS_TEMPERATURE = 1.1  # `bonus_tempered_at_large_vocab` draws the bonus at this temperature
 TEMPERED_FROM_VOCAB = 32_768  # ... above this V
@@ -484,14 +485,25 @@ def bonus_tempered_at_large_vocab(target_probs, draft_probs, draft_tokens, gener
     return _draw_final(draft_tokens, n, p, weights, u[:, -1])
 
 
-def draft_length_specialised_kernel(target_probs, draft_probs, draft_tokens, generator=None, *,
-                                    uniforms=None) -> torch.Tensor:
-    """For K > 8 the final draw reads target row ``min(n, 8)``: corrections at ``n ≥ 8`` use
-    ``(p_8 − q_n)_+`` and the bonus ``p_8``."""
+def _final_row_clamped(limit, target_probs, draft_probs, draft_tokens, generator, uniforms) -> torch.Tensor:
+    """The step whose final draw reads target row ``min(n, limit)``: corrections at ``n > limit``
+    use ``(p_limit − q_n)_+`` and the bonus ``p_limit``."""
     u, n = _production_step(target_probs, draft_probs, draft_tokens, generator, uniforms)
-    read = n.clamp(max=SPECIALISED_DRAFTS)  # BUG: 8 target rows in the kernel's registers
+    read = n.clamp(max=limit)  # BUG: `limit` target rows in the kernel's registers
     p, q = _final_laws(target_probs, draft_probs, n, target_row=read)
     return _draw_final(draft_tokens, n, p, (p - q).clamp(min=0), u[:, -1])
+
+
+def draft_length_specialised_kernel(target_probs, draft_probs, draft_tokens, generator=None, *,
+                                    uniforms=None) -> torch.Tensor:
+    """For K > 8 the final draw reads target row ``min(n, 8)``."""
+    return _final_row_clamped(SPECIALISED_DRAFTS, target_probs, draft_probs, draft_tokens, generator, uniforms)
+
+
+def draft_length_specialised_to_16(target_probs, draft_probs, draft_tokens, generator=None, *,
+                                   uniforms=None) -> torch.Tensor:
+    """For K > 16 the final draw reads target row ``min(n, 16)``."""
+    return _final_row_clamped(WIDE_SPECIALISED_DRAFTS, target_probs, draft_probs, draft_tokens, generator, uniforms)
 
 
 def row_block_offset_dropped(target_probs, draft_probs, draft_tokens, generator=None, *,
@@ -534,6 +546,7 @@ def bfloat16_cdf_path(target_probs, draft_probs, draft_tokens, generator=None, *
 
 for _production_bug in (vocabulary_tile_drops_high_ids, partial_last_tile_dropped, half_precision_cdf_at_large_vocab,
                         bonus_library_top_k, bonus_tempered_at_large_vocab, draft_length_specialised_kernel,
+                        draft_length_specialised_to_16,
                         row_block_offset_dropped,
                         contiguous_stride_reads, bfloat16_cdf_path):
     # exact apart from the one corrupted piece
@@ -964,11 +977,27 @@ _ENTRIES = [
         ),
         modelled_on=(
             "kernels specialised (templated / unrolled) for up to 8 speculative tokens whose generic K > 8 "
-            "path clamps the target row index; n-gram and suffix drafting use K up to 16"
+            "path clamps the target row index; n-gram and suffix drafting use K up to 32"
         ),
         bug_class="draft-length",
         fn=draft_length_specialised_kernel,
         min_num_draft=SPECIALISED_DRAFTS + 1,
+    ),
+    BuggyRule(
+        name="draft_length_specialised_to_16",
+        description=(
+            "Right for K <= 16; for K > 16 the final draw reads target row min(n, 16): a correction after a "
+            "rejection at n > 16 follows (p_16 - q_n)+ instead of (p_n - q_n)+, and the bonus follows p_16 "
+            "instead of p_K."
+        ),
+        modelled_on=(
+            "kernels specialised (templated / unrolled) for up to 16 speculative tokens whose generic K > 16 "
+            "path clamps the target row index; suffix decoding and n-gram drafting propose up to 32 tokens per "
+            "step (vLLM's num_speculative_tokens)"
+        ),
+        bug_class="draft-length",
+        fn=draft_length_specialised_to_16,
+        min_num_draft=WIDE_SPECIALISED_DRAFTS + 1,
     ),
     BuggyRule(
         name="row_block_offset_dropped",

@@ -1,4 +1,4 @@
-"""Sampler checks at the shapes engines serve (SPEC §1): real vocabularies, K up to 16, batches of
+"""Sampler checks at the shapes engines serve (SPEC §1): real vocabularies, K up to 32, batches of
 1,024 rows, bfloat16 / float16 inputs, strided views.
 
 The battery's other checks run at toy shapes (V ≤ 8, K ≤ 8, contiguous float32), where a
@@ -8,7 +8,7 @@ parameters, and draws its laws from :mod:`specverify.auditing.sampler.production
 input dtype, a third of the mass on the vocabulary's boundary ids).
 
 - :class:`ExactFinalDrawCheck` (functions taking ``uniforms=``): the exact law of the correction
-  and bonus draws at V up to 151,936 and K = 12, integrated over the final uniform by the
+  and bonus draws at V up to 151,936 and K = 32, integrated over the final uniform by the
   intervals of the inverse CDF (:mod:`specverify.core.exact_final`).  Deterministic.
 - :class:`ProductionStepCheck`: one step per row at a production shape; the completed token of
   every position ``0..K`` (emitted, or continued by target sampling) is tested against the target
@@ -167,8 +167,8 @@ def exact_shapes() -> tuple[ExactShape, ...]:
     return (
         ExactShape(bonus_case("bonus", v["llama3"], 1), "float32", True),
         ExactShape(correction_case("correction at position 0", v["gpt2"], 1, 0), "bfloat16", False),
-        ExactShape(bonus_case("bonus", 4_099, 12), "float16", True),
-        ExactShape(correction_case("correction at position 9", 4_099, 12, 9), "float16", True),
+        ExactShape(bonus_case("bonus", 4_099, 32), "float16", True),
+        ExactShape(correction_case("correction at position 25", 4_099, 32, 25), "float16", True),
     )
 
 
@@ -484,10 +484,11 @@ PRODUCTION_SHAPES: tuple[tuple[Any, ...], ...] = (
      {"quick": 0.9, "standard": 0.7, "thorough": 0.4},
      "GPT-2's 50,257-token vocabulary (not a multiple of 128), fp16, K=4 with acceptance 0.95 (the bonus is "
      "reached in 4 of 5 rows): every position 0-4, token by token."),
-    ("production-K16", "deep", 4_099, 16, 1, "bfloat16", True, None,
+    ("production-K32", "deeper", 2_053, 32, 1, "bfloat16", True, None,
      {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
-     "K=16 (n-gram / suffix drafting) at V=4,099, bf16 strided views, acceptance 0.92 so that the deep "
-     "positions and the bonus are reached: every position 0-16."),
+     "K=32 (n-gram / suffix drafting, vLLM's num_speculative_tokens up to 32) at V=2,053 (2,048 + 5), bf16 "
+     "strided views, acceptance 0.975 so that the deep positions are reached (0.44 of the rows reach the bonus "
+     "at position 32, 0.21 are corrected at a position 17-31): every position 0-32."),
     ("production-K12", "deep", 4_099, 12, 2, "float16", True, None,
      {"quick": 0.3, "standard": 0.2, "thorough": 0.1},
      "K=12 at V=4,099, fp16 strided views, two chains per batch, acceptance 0.92: every position 0-12."),
@@ -512,7 +513,7 @@ def exact_production_check() -> ExactFinalDrawCheck:
     return ExactFinalDrawCheck(
         "exact-large-vocabulary",
         "The function takes uniforms=, so the law of its correction and bonus draws at production shapes "
-        "(Llama-3's 128,256 and GPT-2's 50,257 vocabularies, K=12 at V=4,099; fp32, bf16, fp16; strided views) "
+        "(Llama-3's 128,256 and GPT-2's 50,257 vocabularies, K=32 at V=4,099; fp32, bf16, fp16; strided views) "
         "is integrated exactly over the final uniform, interval by interval of the inverse CDF.",
         exact_shapes())
 

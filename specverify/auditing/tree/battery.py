@@ -33,13 +33,20 @@ The battery (in run order), per declared scheme ``s``:
   compares the mean accepted length with recursive rejection sampling's exact expectation;
 - ``tree-dynamic-deep-s`` (transitions, :class:`TreeTransitionCheck`): EAGLE-2-like dynamic trees
   of 60 nodes and depth up to 8 (:func:`production_trees`), each in breadth-first, depth-first
-  and interleaved order, rows in calls of 1 to 64 (:data:`CALL_ROWS`); V = 4 on close drafts, so
-  paths are accepted deep: each of the first 9 tokens given the token before it;
+  and interleaved order, and 60-node trees at the limits of depth and parent–child distance (a
+  chain of depth 60, children 1 to 59 indices after their parents: :func:`deep_trees`), rows in
+  calls of 1 to 64 (:data:`CALL_ROWS`); V = 4 on close drafts, so paths are accepted deep: each
+  of the first 9 tokens given the token before it;
 - ``tree-dynamic-wide-s``: the same kind of trees with up to ten children per node, V = 12, on
   unrelated drafts (long sibling loops): the first two tokens jointly;
 
 and once for the whole battery:
 
+- ``tree-fan-out-independent`` (when the function declares independent siblings, the only scheme
+  that drafts more than V children): 60-node trees at the limit of fan-out, a node with 59
+  children 1 to 59 indices after it, and 59 children of the root the first of which has a child
+  59 indices after it (:func:`tree_exact.fan_out_shapes`), V = 4, calls of 1 to 64 rows: each of
+  the three tokens a step emits given the token before it;
 - ``tree-small-batches``: the wide trees, rows of every declared scheme mixed, in calls of 1 to
   4 rows (half of them single-row calls): the first token;
 - ``tree-large-vocabulary`` (token-level identity test, :class:`TreeIdentityCheck`): V = 32,768,
@@ -157,13 +164,15 @@ class TreeSession(AuditSession):
 def shape_parameters(shapes: tuple[tuple[int, ...], ...], call_rows: tuple[int, ...] | None,
                      orders: tuple[str, ...] | None, strided: tuple[bool, ...] | None = None) -> dict[str, Any]:
     """What a report says about a check's trees and calls: the shapes when there are a few
-    small ones, else their sizes (N), largest depth, most children of a node, number and node
-    orders; the call sizes (B)."""
+    small ones, else their sizes (N), largest depth, most children of a node, largest index
+    distance from a node to its parent, number and node orders; the call sizes (B)."""
     if len(shapes) <= 4 and max(len(s) for s in shapes) <= 8:
         described: dict[str, Any] = {"shapes": [list(s) for s in shapes]}
     else:
-        described = {"N": sorted({len(s) for s in shapes}), "depth": max(tree_exact.tree_depth(s) for s in shapes),
-                     "children": max(tree_exact.max_children(s) for s in shapes), "trees": len(shapes)}
+        span = tree_exact.shape_span(shapes)
+        described = {"N": sorted({len(s) for s in shapes}), "depth": max(span.depths),
+                     "children": max(span.children), "distance": max(span.distances, default=0),
+                     "trees": len(shapes)}
     if orders is not None:
         described["orders"] = list(orders)
     if call_rows is not None:
@@ -200,15 +209,29 @@ class ScaledTvCheck(Check):
 PRODUCTION_SEEDS = (0, 1, 2, 3)
 """The EAGLE-2-like trees of a production-shape check: :func:`tree_exact.dynamic_tree_shape` of these seeds."""
 
+PRODUCTION_NODES = 60
+"""Nodes of every production-shape tree (EAGLE-2's default draft tree size)."""
+
 
 def production_trees(*, top_k: int, concentration: float, expand: int,
                      seeds: tuple[int, ...] = PRODUCTION_SEEDS) -> tuple[tuple[int, ...], ...]:
     """60-node EAGLE-2-like dynamic trees of depth ≤ 8 (:func:`tree_exact.dynamic_tree_shape`),
     each in every node order of :data:`tree_exact.NODE_ORDERS` (breadth-first, depth-first,
     interleaved), so one call holds rows of different trees and different layouts."""
-    return tuple(tree_exact.reorder(tree_exact.dynamic_tree_shape(seed, top_k=top_k, concentration=concentration,
-                                                                  expand=expand), order, seed)
+    return tuple(tree_exact.reorder(tree_exact.dynamic_tree_shape(seed, num_nodes=PRODUCTION_NODES, top_k=top_k,
+                                                                  concentration=concentration, expand=expand),
+                                    order, seed)
                  for seed in seeds for order in tree_exact.NODE_ORDERS)
+
+
+def deep_trees(scheme: str) -> tuple[tuple[int, ...], ...]:
+    """The trees of ``tree-dynamic-deep-{scheme}``: the EAGLE-2-like ones of :func:`production_trees`
+    (depth ≤ 8; at most :data:`DEEP_VOCAB` children per node without replacement or top-k) and the
+    60-node trees at the limits of depth and parent–child distance
+    (:func:`tree_exact.far_parent_shapes`: a chain of depth 60, children 1 to 59 indices after
+    their parents)."""
+    return (production_trees(top_k=10 if scheme == "independent" else DEEP_VOCAB, concentration=0.15, expand=4)
+            + tree_exact.far_parent_shapes(PRODUCTION_NODES))
 
 
 @dataclass
@@ -682,6 +705,10 @@ path), the others in calls of 2, 3 and 4 rows."""
 DEEP_VOCAB = 4
 """V of the deep production-shape check: transition blocks (chain, position, state) × V tokens stay few."""
 
+FAN_OUT_LENGTH = 3
+"""Tokens ``tree-fan-out-independent`` tests: its trees have depth 2 at most, so a step emits at
+most three tokens."""
+
 WIDE_VOCAB = 12
 """V of the wide production-shape check: ten distinct children per node under every scheme, and
 laws with mass beyond their top entries."""
@@ -765,10 +792,10 @@ class TreeBattery(Battery):
                                     tree_bank(f"tree-acceptance-{scheme}", 4, 1), (-1, -1), scheme),
                 TreeTransitionCheck(
                     f"tree-dynamic-deep-{scheme}", f"EAGLE-2-like dynamic {scheme} trees of 60 nodes and depth up to 8 "
-                    "in breadth-first, depth-first and interleaved order, called with 1 to 64 rows: each of the first "
-                    "nine tokens given the token before it (paths accepted deep on close drafts).",
-                    tree_bank(f"tree-dynamic-deep-{scheme}", DEEP_VOCAB, 1, (0.9, 0.6)),
-                    production_trees(top_k=10 if scheme == "independent" else DEEP_VOCAB, concentration=0.15, expand=4),
+                    "in breadth-first, depth-first and interleaved order, and 60-node trees at the limits (a chain "
+                    "of depth 60; children 1 to 59 indices after their parents), called with 1 to 64 rows: each of "
+                    "the first nine tokens given the token before it (paths accepted deep on close drafts).",
+                    tree_bank(f"tree-dynamic-deep-{scheme}", DEEP_VOCAB, 1, (0.9, 0.6)), deep_trees(scheme),
                     scheme, 9, CALL_ROWS, tree_exact.NODE_ORDERS, PRODUCTION_TV_SCALE),
                 TreeLawCheck(
                     f"tree-dynamic-wide-{scheme}", f"EAGLE-2-like dynamic {scheme} trees of 60 nodes with up to ten "
@@ -778,6 +805,15 @@ class TreeBattery(Battery):
                     production_trees(top_k=10, concentration=1.0, expand=3), scheme, 2, call_rows=CALL_ROWS,
                     acceptance=False, orders=tree_exact.NODE_ORDERS, tv_scale=PRODUCTION_TV_SCALE),
             ]
+        if "independent" in schemes:
+            checks.append(TreeTransitionCheck(
+                "tree-fan-out-independent", "60-node trees at the limit of fan-out, independent siblings: a node "
+                "with 59 children (1 to 59 indices after it), and 59 children of the root the first of which has a "
+                "child 59 indices after it, called with 1 to 64 rows: each of the three tokens they emit given the "
+                "token before it.",
+                tree_bank("tree-fan-out-independent", DEEP_VOCAB, 1, (0.9, 0.6)),
+                tree_exact.fan_out_shapes(PRODUCTION_NODES), "independent", FAN_OUT_LENGTH, CALL_ROWS, None,
+                PRODUCTION_TV_SCALE))
         checks.append(TreeLawCheck(
             "tree-small-batches", "The wide 60-node trees of tree-dynamic-wide "
             f"(V={WIDE_VOCAB}), rows of every declared "

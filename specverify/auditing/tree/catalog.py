@@ -7,14 +7,15 @@ returning ``emitted [B, N+1]``) and follows the uniform convention of
 (:func:`specverify.core.tree_exact.exact_tree_step_tv`).  The entries aim at the failure classes
 of tree verification in real engines: the residual between siblings, the position a node's
 children are scored at, the bonus node, the accepted path's bookkeeping, duplicates, the sibling
-scheme the verifier assumes, thresholds and the last sibling's fallback; and five that are exact
+scheme the verifier assumes, thresholds and the last sibling's fallback; and six that are exact
 on small trees and wrong only at production shapes (positions below depth 3, a fourth child,
-depth-first layouts, V ≥ 5, calls of at most 4 rows), built by factories
-(:func:`positions_capped_at`, :func:`residual_in_slots`, :func:`target_law_cached_as_top`,
-:func:`small_batch_path_up_to`) whose other parameters give other bugs of the same classes.  ``witness`` is a small
-case (chain, shape, scheme) on which the entry's exact TV is positive; the self-test
-(``properties/test_tree_catalog_selftest.py``) computes it and checks that the tree audit kills
-every entry.
+depth-first layouts, V ≥ 5, calls of at most 4 rows, a parent more than 32 positions back),
+built by factories (:func:`positions_capped_at`, :func:`residual_in_slots`,
+:func:`target_law_cached_as_top`, :func:`small_batch_path_up_to`, :func:`parent_offset_saturating_at`)
+whose other parameters give other bugs of the same classes.  ``witness`` is a small case (chain,
+shape, scheme) on which the exact TV of the entry (or of its ``scale_model``) is positive; the
+self-test (``properties/test_tree_catalog_selftest.py``) computes it and checks that the tree
+audit kills every entry.
 
 The correct rule, for reference: at the current node with law ``p``, test its children in index
 order, accepting ``c`` iff ``u_c q_c(x_c) < p(x_c)``; after a rejection ``p ← (p − q_c)+``
@@ -39,7 +40,8 @@ from specverify.core.tree_rules import (
     validate_tree_inputs,
 )
 
-__all__ = ["TREE_CATALOG", "BuggyTreeRule", "positions_capped_at", "residual_in_slots", "rows_at_a_time",
+__all__ = ["PARENT_WINDOW", "TREE_CATALOG", "BuggyTreeRule", "parent_offset_saturating_at", "positions_capped_at",
+           "residual_in_slots", "rows_at_a_time",
            "small_batch_path_up_to", "target_law_cached_as_top", "witness_chain", "witness_rule"]
 
 
@@ -50,7 +52,11 @@ class BuggyTreeRule:
     scheme)``: on :func:`witness_chain` (``random_markov_chain(V, order, seed, closeness=closeness)``)
     with trees of shape ``parents`` drawn by ``scheme`` the entry's exact TV is positive.  An
     entry wrong only on calls of few rows has ``rows_per_call``: its witness TV is that of the
-    rule called on that many rows at a time (:func:`witness_rule`)."""
+    rule called on that many rows at a time (:func:`witness_rule`).  An entry wrong only on trees
+    too large to integrate exactly (a parent more than 32 positions before its child: 33 nodes or
+    more, and the integration grid is a product over every node's uniform) has a ``scale_model``:
+    the same mistake at a scale the witness reaches, whose exact TV the witness is; the
+    production-shape checks kill ``fn`` itself, and the exact check, whose trees are small, passes it."""
 
     name: str
     description: str
@@ -59,6 +65,7 @@ class BuggyTreeRule:
     fn: Callable[..., torch.Tensor]
     witness: tuple[int, int, int, float, tuple[int, ...], str]
     rows_per_call: int | None = None
+    scale_model: Callable[..., torch.Tensor] | None = None
 
 
 def witness_chain(entry: BuggyTreeRule) -> MarkovChain:
@@ -68,8 +75,10 @@ def witness_chain(entry: BuggyTreeRule) -> MarkovChain:
 
 
 def witness_rule(entry: BuggyTreeRule) -> Callable[..., torch.Tensor]:
-    """The entry's rule as its witness TV is computed: ``fn`` itself, or ``fn`` called on
-    ``rows_per_call`` rows at a time (:func:`rows_at_a_time`)."""
+    """The entry's rule as its witness TV is computed: ``fn`` itself, ``fn`` called on
+    ``rows_per_call`` rows at a time (:func:`rows_at_a_time`), or the entry's ``scale_model``."""
+    if entry.scale_model is not None:
+        return entry.scale_model
     return entry.fn if entry.rows_per_call is None else rows_at_a_time(entry.fn, entry.rows_per_call)
 
 
@@ -446,6 +455,34 @@ small_batch_path = _module_level(small_batch_path_up_to(SMALL_BATCH_ROWS), "smal
 Calls of at most 4 rows take a separate latency path whose final token after a rejection is
 drawn from the node's target law p instead of the residual; larger calls are exact.""")
 
+
+def parent_offset_saturating_at(window: int) -> Callable[..., torch.Tensor]:
+    """The rule that reads each node's parent as an offset of at most ``window`` positions back
+    (the root at position 0, node ``n`` at ``n + 1``): a node more than ``window`` positions after
+    its parent (``n − parents[n] > window``, the root's index being −1) is taken as a child of node
+    ``n − window``, so it is tested when that node is current, never under its own parent; the
+    accepted path is emitted along the real parents."""
+    def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
+        nodes = torch.arange(parents.shape[1])
+        read = torch.where(nodes - parents > window, nodes - window, parents)  # BUG: the offset saturates
+
+        def tested(step: _Step) -> torch.Tensor:
+            return read[:, step.node] == step.current
+
+        return _walk(target_probs, draft_probs, tree_tokens, parents, generator, uniforms, tested=tested)
+
+    return rule
+
+
+PARENT_WINDOW = 32
+"""The window of offsets :func:`parent_offset_saturates_at_32` reads parents in: trees of 33 nodes or more show it."""
+
+parent_offset_saturates_at_32 = _module_level(parent_offset_saturating_at(PARENT_WINDOW),
+                                              "parent_offset_saturates_at_32", """\
+Each node's parent is read as an offset of at most 32 positions back: a node more than 32
+positions after its parent (the root at position 0, node n at n + 1) is tested as a child of
+node n − 32 instead (exact on trees of up to 32 nodes).""")
+
 _ENTRIES = (
     BuggyTreeRule("residual_not_updated", "Each child tested against the parent's unchanged p, the final token "
                   "drawn from p: min(p, q) is accepted once per sibling, so drafted tokens are over-emitted.",
@@ -520,6 +557,13 @@ _ENTRIES = (
                   "rejection is drawn from the node's target law p instead of the residual; larger calls are exact.",
                   "a separate small-batch kernel", "batch", small_batch_path, (4, 1, 1, 0.0, (-1,), "independent"),
                   rows_per_call=SMALL_BATCH_ROWS),
+    BuggyTreeRule("parent_offset_saturates_at_32", "A node's parent is read as an offset of at most 32 positions "
+                  "back (the root at position 0, node n at n + 1): a node more than 32 positions after its parent is "
+                  "tested as a child of node n − 32 (against that node's law, when it is current) and never under "
+                  "its own parent; exact on trees of up to 32 nodes.",
+                  "parent pointers packed as offsets into a window of 32 nodes (a 32-bit ancestor mask per node), "
+                  "saturating for farther parents", "indexing", parent_offset_saturates_at_32,
+                  (3, 1, 1, 0.0, (-1, -1, 0), "independent"), scale_model=parent_offset_saturating_at(1)),
 )
 
 TREE_CATALOG: dict[str, BuggyTreeRule] = {entry.name: entry for entry in _ENTRIES}
