@@ -378,8 +378,8 @@ class ProductionStepCheck(SequentialCheck):
         return list(profiles.values())
 
     def required_samples(self, epsilon: float, *, alpha: float, power: float) -> int:
-        """Chains × the per-chain n at which every chain's law, at level α / (chains × positions),
-        is verified to detect ε (:func:`specverify.core.identity.identity_joint_sample_size`)."""
+        """Chains × the per-chain n at which every chain's law, at level IDENTITY_SHARE · α / (chains ×
+        positions), is verified to detect ε (:func:`specverify.core.identity.identity_joint_sample_size`)."""
         per_chain = identity.identity_joint_sample_size(self._mass_profiles(), epsilon,
                                                         alpha=IDENTITY_SHARE * alpha / self.num_tests, power=power)
         return per_chain * self.bank.num_chains
