@@ -139,13 +139,12 @@ def same_bits(tensor: torch.Tensor, other: torch.Tensor | float | int) -> bool:
     rest in steps of whole leading-dimension slices."""
     if tensor.numel() == 0:
         return True
-    if tensor.dim() and not isinstance(other, torch.Tensor):
-        row = torch.full(tensor.shape[-1:], other, dtype=tensor.dtype)  # the scalar as one row, broadcast
-        fast = _same_rows(tensor, row.expand(tensor.shape))
-    else:
-        fast = _same_rows(tensor, other) if isinstance(other, torch.Tensor) and tensor.dim() else None
-    if fast is not None:
-        return fast
+    if tensor.dim() and tensor.shape[-1] * tensor.element_size() >= MEMCMP_ROW_BYTES:
+        if not isinstance(other, torch.Tensor):  # the scalar as one row, broadcast
+            other = torch.full(tensor.shape[-1:], other, dtype=tensor.dtype).expand(tensor.shape)
+        fast = _same_rows(tensor, other)
+        if fast is not None:
+            return fast
     left = _bits(tensor)
     if isinstance(other, torch.Tensor):
         right: np.ndarray | np.generic = _bits(other)
