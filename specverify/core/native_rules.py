@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import torch
 
@@ -156,14 +156,19 @@ def build(source: bytes) -> ctypes.CDLL | None:
     return lib
 
 
+def _cpu_tensor_of(tensor: object, dtype: torch.dtype, shape: tuple[int, ...]) -> TypeGuard[torch.Tensor]:
+    """``tensor`` is a CPU tensor of that dtype and shape."""
+    return (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
+            and tensor.device.type == "cpu")
+
+
 def _fit(tensors: Sequence[tuple[object, torch.dtype, tuple[int, ...]]], uniforms: object,
          uniforms_shape: tuple[int, int], generator: object) -> bool:
     """Every ``(tensor, dtype, shape)`` is a contiguous CPU tensor of that dtype and shape, the
     uniforms (if given) a floating CPU tensor ``[B, K+1]``, the generator (if given) a CPU one,
     and the kernel enabled."""
     for tensor, dtype, shape in tensors:
-        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tuple(tensor.shape) == shape
-                and tensor.device.type == "cpu" and tensor.is_contiguous()):
+        if not (_cpu_tensor_of(tensor, dtype, shape) and tensor.is_contiguous()):
             return False
     if uniforms is not None and not (isinstance(uniforms, torch.Tensor) and uniforms.is_floating_point()
                                      and tuple(uniforms.shape) == uniforms_shape and uniforms.device.type == "cpu"):
@@ -191,10 +196,8 @@ def applies(target_probs: object, draft_probs: object, draft_tokens: object, num
     batch, positions, vocab = target_probs.shape
     if batch < 1 or positions < 2 or vocab < 1 or not rows_contiguous(target_probs):
         return False
-    if draft_probs is not None and not (
-            isinstance(draft_probs, torch.Tensor) and draft_probs.dtype == target_probs.dtype
-            and tuple(draft_probs.shape) == (batch, positions - 1, vocab) and draft_probs.device.type == "cpu"
-            and rows_contiguous(draft_probs)):
+    if draft_probs is not None and not (_cpu_tensor_of(draft_probs, target_probs.dtype, (batch, positions - 1, vocab))
+                                        and rows_contiguous(draft_probs)):
         return False
     tensors: list[tuple[object, torch.dtype, tuple[int, ...]]] = [(draft_tokens, torch.int64, (batch, positions - 1))]
     if num_draft is not None:

@@ -112,12 +112,12 @@ def _memcmp() -> Callable[[int, int, int], int] | None:
 def _same_rows(tensor: torch.Tensor, other: torch.Tensor) -> bool | None:
     """Whether ``tensor`` and ``other`` hold the same bytes, compared row by row (rows of the last
     dimension, contiguous in both, any other strides including 0) with ``memcmp``; None when the
-    rows are too short or not contiguous, or ``memcmp`` is not available."""
+    rows are not contiguous, or ``memcmp`` is not available."""
     compare = _memcmp()
-    row_bytes = tensor.shape[-1] * tensor.element_size()
-    if (compare is None or row_bytes < MEMCMP_ROW_BYTES or tensor.stride(-1) != 1 or other.stride(-1) != 1
-            or tensor.dtype != other.dtype or tensor.shape != other.shape):
+    if (compare is None or tensor.stride(-1) != 1 or other.stride(-1) != 1 or tensor.dtype != other.dtype
+            or tensor.shape != other.shape):
         return None
+    row_bytes = tensor.shape[-1] * tensor.element_size()
     for left, right in zip(_row_addresses(tensor), _row_addresses(other)):
         if compare(left, right, row_bytes):
             return False
