@@ -9,6 +9,10 @@ properties``: to pytest); any other subcommand refuses them.
 
 A mistyped option or subcommand gets the usage of the subcommand it was given to (not the
 top-level one) and the closest spelling (``did you mean --budget?``), exit status 2.
+
+:func:`main` sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the caller set it) before the subcommands
+import torch: an audit's process waits for its worker most of the time, and OpenMP threads that
+spin while it waits hold the cores the worker runs on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -87,6 +92,7 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit status."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch loads OpenMP
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     cut = words.index("--") if "--" in words else len(words)

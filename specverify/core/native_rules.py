@@ -4,7 +4,7 @@ build, load, call.
 :func:`specverify.core.rules.rejection_sample`, :func:`~specverify.core.rules.point_mass_verify` and
 :func:`~specverify.core.rules.greedy_verify` call :func:`verify` first; it returns ``None`` whenever
 the kernel does not apply, and the rule then runs its torch code, which stays the reference.  The
-kernel applies to contiguous CPU tensors of float32 or bfloat16 (target and draft of one dtype),
+kernel applies to CPU tensors of float32, bfloat16 or float16 (target and draft of one dtype),
 when a C compiler is found and ``$SPECVERIFY_NATIVE`` is not ``0``.  In one call it screens every
 input row in use, runs the accept tests and draws the final token of each row; its outputs are
 bit-identical to the torch rule's under the same uniforms (tests/core/test_native_rules.py).  When the
@@ -42,7 +42,9 @@ from specverify.core import native_cache
 
 SOURCE = native_cache.SOURCE
 FLAGS = native_cache.FLAGS
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+TREE_DTYPES = (torch.float32, torch.bfloat16)
+"""The dtypes of the tree walk (the chain kernel takes every dtype of :data:`DTYPE_CODES`)."""
 RULE_CODES = {"rejection": 0, "point_mass": 1, "greedy": 2}
 _FLAGGED, _NO_MEMORY = 1, 2
 
@@ -51,7 +53,8 @@ SCREEN_MARGIN_FRACTION = 0.25
 ``(1 - SCREEN_MARGIN_FRACTION) * row_sum_tolerance`` of 1; rows nearer the edge go to the torch
 check, whose own sum (in the input dtype, accumulated in float32) rounds differently.  The margin,
 1/4 of the tolerance, is 2.5e-5 for float32 (~420 float32 ulps of 1: torch's cascade sum errs by
-~100 at V = 128k) and 7.8e-3 for bfloat16 (twice the rounding of a bfloat16 sum near 1)."""
+~100 at V = 128k), 7.8e-3 for bfloat16 (twice the rounding of a bfloat16 sum near 1) and at least
+9.8e-4 for float16 (twice the rounding of a float16 sum near 1)."""
 
 
 class Outcome(NamedTuple):
@@ -186,7 +189,7 @@ def rows_contiguous(tensor: torch.Tensor) -> bool:
 
 def applies(target_probs: object, draft_probs: object, draft_tokens: object, num_draft: object,
             uniforms: object, generator: object) -> bool:
-    """Whether the kernel can take these inputs: CPU, float32/bfloat16 of one dtype with each row
+    """Whether the kernel can take these inputs: CPU, float32/bfloat16/float16 of one dtype with each row
     of the vocabulary contiguous (any batch and position strides), contiguous int64 tokens, shapes
     consistent (checked here too, since validation may be off), enabled."""
     if not (isinstance(target_probs, torch.Tensor) and isinstance(draft_tokens, torch.Tensor)):
@@ -263,7 +266,7 @@ def tree_applies(target_probs: object, draft_probs: object, tree_tokens: object,
                  uniforms: object, generator: object) -> bool:
     """Whether the kernel can take these tree inputs: CPU, contiguous, float32/bfloat16 of one dtype,
     int64 tokens and parents, shapes consistent (checked here too, since validation may be off), enabled."""
-    if not (isinstance(target_probs, torch.Tensor) and target_probs.dtype in DTYPE_CODES
+    if not (isinstance(target_probs, torch.Tensor) and target_probs.dtype in TREE_DTYPES
             and target_probs.device.type == "cpu" and target_probs.dim() == 3 and target_probs.is_contiguous()):
         return False
     batch, positions, vocab = target_probs.shape

@@ -29,7 +29,7 @@ Numerics: only the gathered scalars ``p_i(x_i)``, ``q_i(x_i)`` and the one final
 row (``[B, V]``) are upcast to float64; the inverse CDF runs in float64, so a mass of 1e-8 in a
 128k vocabulary keeps its probability, and it can never land on a token of zero mass.
 
-Two implementations: the torch code below is the reference; on CPU float32/bfloat16 inputs whose
+Two implementations: the torch code below is the reference; on CPU float32/bfloat16/float16 inputs whose
 rows of V entries are contiguous :func:`rejection_sample`, :func:`point_mass_verify` and
 :func:`greedy_verify` first try the fused C kernel of :mod:`specverify.core.native_rules` (one
 pass over the inputs: screen, accept tests, final draw), which returns bit-identical outputs
@@ -430,13 +430,11 @@ def _native_screen_limit(dtype: torch.dtype, vocab_size: int) -> float:
 
 
 def _kernel_input(tensor: Any) -> Any:
-    """``tensor`` as the kernel reads it (CPU tensors only): float16 widened to float32; laws
-    ``[B, K+1, V]`` in place when each row of V entries is contiguous (strided and expanded views
-    included), else copied contiguous; tokens contiguous."""
+    """``tensor`` as the kernel reads it (CPU tensors only): laws ``[B, K+1, V]`` in place when
+    each row of V entries is contiguous (strided and expanded views included), else copied
+    contiguous; tokens contiguous."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
         return tensor
-    if tensor.dtype == torch.float16:
-        tensor = tensor.to(torch.float32)
     if tensor.is_floating_point() and tensor.dim() == 3 and native_rules.rows_contiguous(tensor):
         return tensor
     return tensor.contiguous()
@@ -448,10 +446,10 @@ def _native(rule: str, target_probs: torch.Tensor, draft_probs: torch.Tensor | N
     """The rule's result from the fused kernel (:mod:`specverify.core.native_rules`), or ``None``
     when it does not apply or flagged the inputs (the caller then runs its torch code).
 
-    Engines pass strided views and half-precision laws: the kernel reads views whose rows of V
-    entries are contiguous in place (any batch and position strides), other CPU views are copied
-    to a contiguous tensor and float16 is widened to float32 (exactly) first, one pass that costs
-    far less than the torch code; the kernel only reads its inputs, so the copies change nothing
+    Engines pass strided views and half-precision laws: the kernel reads float32, bfloat16 and
+    float16 views whose rows of V entries are contiguous in place (any batch and position
+    strides); other CPU views are copied to a contiguous tensor first, one pass that costs far
+    less than the torch code; the kernel only reads its inputs, so the copies change nothing
     else."""
     target_probs, draft_probs, draft_tokens = (_kernel_input(t) for t in (target_probs, draft_probs, draft_tokens))
     if not native_rules.applies(target_probs, draft_probs, draft_tokens, num_draft, uniforms, generator):

@@ -51,6 +51,29 @@ static inline float bf16_value(uint16_t bits) {
     return value;
 }
 
+/* A float16 value, exactly (every float16 is a float32): the F16C instruction where the compiler
+ * targets it, else from the bits (a subnormal is its 10-bit mantissa times 2^-24). */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float f16_value(uint16_t bits) { return _cvtsh_ss(bits); }
+#else
+static inline float f16_value(uint16_t bits) {
+    uint32_t sign = (uint32_t)(bits & 0x8000u) << 16, exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
+    float value;
+    if (exponent == 0) {
+        value = (float)mantissa * 0x1p-24f;
+        uint32_t wide;
+        memcpy(&wide, &value, sizeof wide);
+        wide |= sign;
+        memcpy(&value, &wide, sizeof value);
+        return value;
+    }
+    uint32_t wide = sign | (exponent == 31 ? 0x7f800000u : (exponent + 112u) << 23) | (mantissa << 13);
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+#endif
+
 static inline float f32_value(uint32_t bits) {
     float value;
     memcpy(&value, &bits, sizeof value);
@@ -104,6 +127,12 @@ static inline void bf16_to_ps(__m512i x, __m512 *low, __m512 *high) {
     *high = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1)), 16));
 }
 
+/* 32 float16 values as two vectors of 16 floats (exact conversions). */
+static inline void f16_to_ps(__m512i x, __m512 *low, __m512 *high) {
+    *low = _mm512_cvtph_ps(_mm512_castsi512_si256(x));
+    *high = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(x, 1));
+}
+
 static int64_t f32_vector_row(const uint32_t *row, int64_t vocab, double *sum, uint32_t *bits) {
     __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
     __m512i any = _mm512_setzero_si512();
@@ -118,33 +147,6 @@ static int64_t f32_vector_row(const uint32_t *row, int64_t vocab, double *sum, u
     }
     *sum = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
     *bits = (uint32_t)_mm512_reduce_or_epi32(any);
-    return t;
-}
-
-/* bfloat16 rows are summed in float32 lanes (a bfloat16 value is a float32 with 16 zero bits),
- * flushed to float64 every 2048 values: relative error <= 64 * 2^-24 + V * 2^-53, far inside the
- * bfloat16 margin (7.8e-3), and half the conversions of a float64 sum. */
-static int64_t bf16_vector_row(const uint16_t *row, int64_t vocab, double *sum, uint16_t *bits) {
-    __m512d total = _mm512_setzero_pd();
-    __m512i any = _mm512_setzero_si512();
-    int64_t t = 0;
-    while (t + 32 <= vocab) {
-        __m512 f0 = _mm512_setzero_ps(), f1 = f0;
-        int64_t stop = t + 2048 < vocab ? t + 2048 : vocab;
-        for (; t + 32 <= stop; t += 32) {
-            __m512i x = _mm512_loadu_si512(row + t);
-            __m512 low, high;
-            any = _mm512_or_si512(any, x);
-            bf16_to_ps(x, &low, &high);
-            f0 = _mm512_add_ps(f0, low);
-            f1 = _mm512_add_ps(f1, high);
-        }
-        total = _mm512_add_pd(total, _mm512_add_pd(_mm512_add_pd(low_half_pd(f0), high_half_pd(f0)),
-                                                   _mm512_add_pd(low_half_pd(f1), high_half_pd(f1))));
-    }
-    *sum = _mm512_reduce_add_pd(total);
-    uint32_t wide = (uint32_t)_mm512_reduce_or_epi32(any);
-    *bits = (uint16_t)(wide | (wide >> 16));
     return t;
 }
 
@@ -171,29 +173,61 @@ static int64_t f32_vector_block(const uint32_t *p, const uint32_t *q, int64_t st
     return t;
 }
 
-static int64_t bf16_vector_block(const uint16_t *p, const uint16_t *q, int64_t start, int64_t end, double *sum) {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t t = start;
-    for (; t + 32 <= end; t += 32) {
-        __m512 pl, ph;
-        bf16_to_ps(_mm512_loadu_si512(p + t), &pl, &ph);
-        if (q) {
-            __m512 ql, qh;
-            bf16_to_ps(_mm512_loadu_si512(q + t), &ql, &qh);
-            a0 = _mm512_add_pd(a0, residual_pd(low_half_pd(pl), low_half_pd(ql)));
-            a1 = _mm512_add_pd(a1, residual_pd(high_half_pd(pl), high_half_pd(ql)));
-            a2 = _mm512_add_pd(a2, residual_pd(low_half_pd(ph), low_half_pd(qh)));
-            a3 = _mm512_add_pd(a3, residual_pd(high_half_pd(ph), high_half_pd(qh)));
-        } else {
-            a0 = _mm512_add_pd(a0, low_half_pd(pl));
-            a1 = _mm512_add_pd(a1, high_half_pd(pl));
-            a2 = _mm512_add_pd(a2, low_half_pd(ph));
-            a3 = _mm512_add_pd(a3, high_half_pd(ph));
-        }
-    }
-    *sum = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
-    return t;
+/* Half-precision rows (bfloat16, float16) are summed in float32 lanes (each value is exact in
+ * float32), flushed to float64 every 2048 values: relative error <= 64 * 2^-24 + V * 2^-53, far
+ * inside the half-precision margins (7.8e-3 for bfloat16, 9.8e-4 for float16), and half the
+ * conversions of a float64 sum. */
+#define DEFINE_HALF_VECTOR(NAME, TO_PS)                                                               \
+static int64_t NAME##_vector_row(const uint16_t *row, int64_t vocab, double *sum, uint16_t *bits) {  \
+    __m512d total = _mm512_setzero_pd();                                                              \
+    __m512i any = _mm512_setzero_si512();                                                             \
+    int64_t t = 0;                                                                                    \
+    while (t + 32 <= vocab) {                                                                         \
+        __m512 f0 = _mm512_setzero_ps(), f1 = f0;                                                     \
+        int64_t stop = t + 2048 < vocab ? t + 2048 : vocab;                                           \
+        for (; t + 32 <= stop; t += 32) {                                                             \
+            __m512i x = _mm512_loadu_si512(row + t);                                                  \
+            __m512 low, high;                                                                         \
+            any = _mm512_or_si512(any, x);                                                            \
+            TO_PS(x, &low, &high);                                                                    \
+            f0 = _mm512_add_ps(f0, low);                                                              \
+            f1 = _mm512_add_ps(f1, high);                                                             \
+        }                                                                                             \
+        total = _mm512_add_pd(total, _mm512_add_pd(_mm512_add_pd(low_half_pd(f0), high_half_pd(f0)),   \
+                                                   _mm512_add_pd(low_half_pd(f1), high_half_pd(f1)))); \
+    }                                                                                                 \
+    *sum = _mm512_reduce_add_pd(total);                                                               \
+    uint32_t wide = (uint32_t)_mm512_reduce_or_epi32(any);                                            \
+    *bits = (uint16_t)(wide | (wide >> 16));                                                          \
+    return t;                                                                                         \
+}                                                                                                     \
+                                                                                                      \
+static int64_t NAME##_vector_block(const uint16_t *p, const uint16_t *q, int64_t start, int64_t end,  \
+                                   double *sum) {                                                     \
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;                                      \
+    int64_t t = start;                                                                                \
+    for (; t + 32 <= end; t += 32) {                                                                  \
+        __m512 pl, ph;                                                                                \
+        TO_PS(_mm512_loadu_si512(p + t), &pl, &ph);                                                   \
+        if (q) {                                                                                      \
+            __m512 ql, qh;                                                                            \
+            TO_PS(_mm512_loadu_si512(q + t), &ql, &qh);                                               \
+            a0 = _mm512_add_pd(a0, residual_pd(low_half_pd(pl), low_half_pd(ql)));                    \
+            a1 = _mm512_add_pd(a1, residual_pd(high_half_pd(pl), high_half_pd(ql)));                  \
+            a2 = _mm512_add_pd(a2, residual_pd(low_half_pd(ph), low_half_pd(qh)));                    \
+            a3 = _mm512_add_pd(a3, residual_pd(high_half_pd(ph), high_half_pd(qh)));                  \
+        } else {                                                                                      \
+            a0 = _mm512_add_pd(a0, low_half_pd(pl));                                                  \
+            a1 = _mm512_add_pd(a1, high_half_pd(pl));                                                 \
+            a2 = _mm512_add_pd(a2, low_half_pd(ph));                                                  \
+            a3 = _mm512_add_pd(a3, high_half_pd(ph));                                                 \
+        }                                                                                             \
+    }                                                                                                 \
+    *sum = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));         \
+    return t;                                                                                         \
 }
+DEFINE_HALF_VECTOR(bf16, bf16_to_ps)
+DEFINE_HALF_VECTOR(f16, f16_to_ps)
 #else
 #define SV_VECTOR 0
 #define NO_VECTOR_ROW(NAME, BITS) \
@@ -203,9 +237,11 @@ static int64_t bf16_vector_block(const uint16_t *p, const uint16_t *q, int64_t s
         (void)p; (void)q; (void)end; *sum = 0; return start; }
 NO_VECTOR_ROW(f32, uint32_t)
 NO_VECTOR_ROW(bf16, uint16_t)
+NO_VECTOR_ROW(f16, uint16_t)
 #endif
 
-/* Everything element-type specific, instantiated for float32 (uint32_t bits) and bfloat16 (uint16_t). */
+/* Everything element-type specific, instantiated for float32 (uint32_t bits), bfloat16 and float16
+ * (uint16_t). */
 #define DEFINE_KERNELS(NAME, BITS, VALUE, SIGN)                                                        \
                                                                                                       \
 /* 1 when the row certainly passes the screen: no sign bit set, |float64 sum - 1| <= limit. */        \
@@ -374,8 +410,10 @@ static int NAME##_verify_row(int rule, const BITS *p, int64_t p_step, const BITS
 
 #define F32_VALUE(x) f32_value(x)
 #define BF16_VALUE(x) bf16_value(x)
+#define F16_VALUE(x) f16_value(x)
 DEFINE_KERNELS(f32, uint32_t, F32_VALUE, 0x80000000u)
 DEFINE_KERNELS(bf16, uint16_t, BF16_VALUE, 0x8000u)
+DEFINE_KERNELS(f16, uint16_t, F16_VALUE, 0x8000u)
 
 /* Common argument checks: num_draft in 0..K, the draft tokens in use in [0, V), the uniforms in
  * [0, 1).  These guard every memory access, so they run with validation off too. */
@@ -402,7 +440,7 @@ static void emit_row(int64_t *emitted, const int64_t *tokens, int64_t num_drafts
 }
 
 /* rule: 0 = rejection_sample, 1 = point_mass_verify, 2 = greedy_verify.  dtype: 0 = float32,
- * 1 = bfloat16.  target [B, K+1, V] and draft [B, K, V] are read at element strides
+ * 1 = bfloat16, 2 = float16.  target [B, K+1, V] and draft [B, K, V] are read at element strides
  * (*_batch_step, *_step, 1): any view whose last dimension is contiguous.  draft is NULL for rules
  * 1 and 2, uniforms NULL for rule 2.  validate: screen every
  * row in use (limit = tolerance - margin, one per tensor).  check_uniforms: the uniforms were
@@ -425,15 +463,22 @@ int sv_verify(int rule, int dtype, const void *target, const void *draft, int64_
         const int64_t *row_tokens = tokens + b * num_drafts;
         const double *u = uniforms ? uniforms + b * positions : NULL;
         int64_t accepted = 0, final_token = -1;
-        int status = dtype == 0
-            ? f32_verify_row(rule, (const uint32_t *)target + b * target_batch_step, target_step,
-                             draft ? (const uint32_t *)draft + b * draft_batch_step : NULL, draft_step,
-                             row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f800000u,
-                             exact_rows, &accepted, &final_token)
-            : bf16_verify_row(rule, (const uint16_t *)target + b * target_batch_step, target_step,
-                              draft ? (const uint16_t *)draft + b * draft_batch_step : NULL, draft_step,
-                              row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit, force_exact, 0x7f80u,
-                              exact_rows, &accepted, &final_token);
+        int status;
+        if (dtype == 0)
+            status = f32_verify_row(rule, (const uint32_t *)target + b * target_batch_step, target_step,
+                                    draft ? (const uint32_t *)draft + b * draft_batch_step : NULL, draft_step,
+                                    row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit,
+                                    force_exact, 0x7f800000u, exact_rows, &accepted, &final_token);
+        else if (dtype == 1)
+            status = bf16_verify_row(rule, (const uint16_t *)target + b * target_batch_step, target_step,
+                                     draft ? (const uint16_t *)draft + b * draft_batch_step : NULL, draft_step,
+                                     row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit,
+                                     force_exact, 0x7f80u, exact_rows, &accepted, &final_token);
+        else
+            status = f16_verify_row(rule, (const uint16_t *)target + b * target_batch_step, target_step,
+                                    draft ? (const uint16_t *)draft + b * draft_batch_step : NULL, draft_step,
+                                    row_tokens, drafts, num_drafts, vocab, u, validate, target_limit, draft_limit,
+                                    force_exact, 0x7c00u, exact_rows, &accepted, &final_token);
         if (status != SV_OK) return status;
         if (final_token == -3) return SV_NO_MEMORY;
         num_accepted[b] = accepted;
