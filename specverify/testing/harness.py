@@ -225,7 +225,7 @@ def sample_ragged_steps(function: GuardedFunction, bank: ChainBank, *, width: in
         initial = bank.initial_state(chain)
         state = RowState(initial.chain, start.clone(), initial.context)
         proposal = propose_ragged(bank, state, num_draft_tokens, width, generator)
-        groups = _groups(sizes, rows)
+        groups = group_sizes(sizes, rows)
         emitted, lengths = function.call_groups(proposal, function_generator, groups, where=where)
         windows.append(complete(bank, state, emitted, lengths, width + 1, generator))
         chains.append(chain)
@@ -234,11 +234,13 @@ def sample_ragged_steps(function: GuardedFunction, bank: ChainBank, *, width: in
     return RaggedSample(torch.cat(chains), torch.cat(start_list), torch.cat(drafts), torch.cat(windows))
 
 
-def _groups(sizes: Iterator[int], rows: int) -> list[int]:
+def group_sizes(sizes: Iterator[int], rows: int) -> list[int]:
     """Consecutive group sizes from ``sizes`` covering ``rows`` (the last one cut to fit)."""
     groups: list[int] = []
-    while sum(groups) < rows:
-        groups.append(min(next(sizes), rows - sum(groups)))
+    grouped = 0
+    while grouped < rows:
+        groups.append(min(next(sizes), rows - grouped))
+        grouped += groups[-1]
     return groups
 
 

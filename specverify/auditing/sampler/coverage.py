@@ -78,7 +78,7 @@ from specverify.auditing.sampler.battery import (
 )
 from specverify.core.chains import ChainBank, PositionalBank
 from specverify.core.seeding import derive_seed
-from specverify.testing.harness import RaggedSample, StepSample, complete, propose, sample_ragged_steps
+from specverify.testing.harness import RaggedSample, StepSample, complete, group_sizes, propose, sample_ragged_steps
 
 LATE_CALLS = 500
 """Calls of the function's life before the late-calls check samples (2.5× the 200 of
@@ -113,9 +113,7 @@ def sample_steps_in_groups(function: Any, bank: ChainBank, *, num_draft: int, wi
     first_is_draft = 0
     for offset in range(0, n, CHUNK_ROWS):
         rows = min(CHUNK_ROWS, n - offset)
-        groups: list[int] = []
-        while sum(groups) < rows:
-            groups.append(min(next(sizes), rows - sum(groups)))
+        groups = group_sizes(sizes, rows)
         chain = torch.randint(bank.num_chains, (rows,), generator=generator)
         state = bank.initial_state(chain)
         proposal = propose(bank, state, num_draft, generator)
