@@ -498,7 +498,7 @@ def rejection_sample(
     messages) reads every input value twice, a row sum and a sign-bit minimum
     (:func:`_rows_look_valid`), and shares the draft-token gathers with the rule.  No loop over
     positions; no host sync on CUDA besides validation's one.  Bit-identical on every fast path
-    (tests/core/test_rules_identity.py).  On CPU float32/bfloat16 inputs with contiguous rows the
+    (tests/core/test_rules_identity.py).  On CPU float32/bfloat16/float16 inputs with contiguous rows the
     fused kernel (:mod:`specverify.core.native_rules`) does all of this in one call, with the same
     outputs: one read of each input value, the final rows read twice from cache.
     """
