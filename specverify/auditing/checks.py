@@ -384,6 +384,10 @@ class Battery:
     that are not Python, such as the endpoint level's base URL)."""
 
     level: ClassVar[str]
+    first_looks_first: ClassVar[bool] = False
+    """Under fail-fast, run every sequential check's first look before any check runs its later
+    looks (:func:`specverify.auditing.runner.first_looks`): a gross loss is found within the first
+    sixteenth of the audit's work, whichever check sees it."""
 
     def open_session(self, fn: Any, *, device: str, timeout_s: float, isolation: str = "worker") -> AuditSession:
         raise NotImplementedError
@@ -549,6 +553,9 @@ class SequentialCheck(Check):
 
     statistical: ClassVar[bool] = True
     sequential: ClassVar[bool] = True
+    runs_in_parts: ClassVar[bool] = True
+    """Its looks may run apart (:meth:`run_looks` from where the run stands): its :meth:`run` is
+    the looks and nothing around them."""
 
     def sizing_level(self, share: float) -> float:
         """The final look's level (the share less what the earlier looks spend)."""
@@ -574,16 +581,38 @@ class SequentialCheck(Check):
         once, on ``plan.n`` samples at the whole share ``plan.alpha``."""
         if not plan.looks:
             return self.judge(plan, self.draw(session, plan, plan.n, 0), level_of(plan, None), None)
-        tally: Tally | None = None
-        result: CheckResult | None = None
-        for index, (size, level) in enumerate(zip(plan.looks, plan.look_alphas)):
+        reached = self.run_looks(session, plan, LooksReached(), len(plan.looks))
+        assert reached.result is not None
+        return reached.result
+
+    def run_looks(self, session: Any, plan: Plan, reached: LooksReached, stop: int) -> LooksReached:
+        """Go on from ``reached`` to look ``stop`` (a count of looks, at most ``len(plan.looks)``):
+        the same draws and judgements as :meth:`run` makes, wherever it is paused, so a run in
+        parts is the run in one."""
+        tally, result = reached.tally, reached.result
+        for index in range(reached.looks, stop):
+            if reached.finished(plan):
+                break
+            size, level = plan.looks[index], plan.look_alphas[index]
             part = self.draw(session, plan, size - (tally.n if tally else 0), index)
             tally = part if tally is None else tally + part
             result = self.judge(plan, tally, level, index + 1)
-            if result.verdict is Verdict.FAIL:
-                break
-        assert result is not None
-        return result
+            reached = LooksReached(tally, result, index + 1)
+        return reached
+
+
+@dataclass(frozen=True)
+class LooksReached:
+    """Where a :class:`SequentialCheck`'s run stands: the tally drawn so far, the judgement of the
+    last look and how many looks were judged (none yet: ``LooksReached()``)."""
+
+    tally: Tally | None = None
+    result: CheckResult | None = None
+    looks: int = 0
+
+    def finished(self, plan: Plan) -> bool:
+        """The run is over: a look failed, or the last one was judged."""
+        return self.result is not None and (self.result.verdict is Verdict.FAIL or self.looks >= len(plan.looks))
 
 
 @functools.lru_cache(maxsize=1024)

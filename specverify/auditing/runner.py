@@ -58,8 +58,10 @@ from specverify.auditing.checks import (
     Battery,
     Check,
     CheckResult,
+    LooksReached,
     Plan,
     SampleBudget,
+    SequentialCheck,
     Verdict,
     result_from_fault,
     skipped_result,
@@ -276,7 +278,8 @@ def audit(
             locating = tuple(c.name for c in selected if c.locus is not None and c.locus.locating) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, display, fail_fast, locating,
-                                                   post, stop_at_malformed=level != "endpoint")
+                                                   post, stop_at_malformed=level != "endpoint",
+                                                   first_looks_first=battery.first_looks_first)
                 post.open()
                 if level == "sampler" and not interrupted and any(r.verdict is Verdict.FAIL and r.kind.detects_loss
                                                                   for r in results):
@@ -418,17 +421,82 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
     return tuple(chosen), None
 
 
+@dataclasses.dataclass(frozen=True)
+class _FirstLook:
+    """A check's first look, run before any check runs in full (:func:`_first_looks`): where its
+    run stands, or its final result (a failure, a fault, an interrupt), and what the look spent."""
+
+    reached: LooksReached | None
+    result: CheckResult | None
+    seconds: float
+    calls: int
+    rows: int
+
+
+def first_looks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSession, seed: int,
+                display: AuditProgress, candidates: Sequence[int]) -> dict[int, _FirstLook]:
+    """The first look of each check of ``candidates`` (indices of sequential checks with several
+    looks that may run apart), in the battery's order, up to the first one that ends its check (a
+    failure, a fault) or an interrupt.
+
+    A check's looks spend its α share whatever the order they run in, and each look's samples are
+    seeded by the plan's seed and the look, so running every first look (1/16 of each check's
+    samples) before any check's later looks changes no test: a loss that any check sees at its
+    first look is found within the first sixteenth of the audit's work, wherever the check
+    stands in the battery."""
+    function = session.function
+    log = function.log
+    done: dict[int, _FirstLook] = {}
+    began = time.perf_counter()
+    display.note(f"first looks: {len(candidates)} statistical checks, each on the first sixteenth of its samples, "
+                 "before any runs in full")
+    for index in candidates:
+        check, plan = checks[index], plans[index]
+        if function.stop_reason() is not None:
+            break
+        started = time.perf_counter()
+        calls_before, rows_before = log.calls, log.rows
+        reached: LooksReached | None = None
+        result: CheckResult | None = None
+        seed_global_rng(derive_seed("global-rng-state", check.name, "first look", base=seed))
+        try:
+            reached = check.run_looks(session, plan, LooksReached(), 1)
+            if reached.result is not None and reached.result.verdict is Verdict.FAIL:
+                result, reached = reached.result, None
+        except Fault as fault:
+            result = result_from_fault(check, plan, fault)
+        except KeyboardInterrupt:
+            result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
+        done[index] = _FirstLook(reached, result, time.perf_counter() - started, log.calls - calls_before,
+                                 log.rows - rows_before)
+        if result is not None:
+            break
+    if all(look.result is None for look in done.values()):
+        display.note(f"first looks: no loss seen in {len(done)} checks ({time.perf_counter() - began:.1f} s); "
+                     "each check now runs its other looks")
+    return done
+
+
+def _first_look_candidates(checks: Sequence[Any], plans: Sequence[Plan]) -> list[int]:
+    """The checks whose first look runs before the others' later looks (:func:`first_looks`)."""
+    return [index for index, (check, plan) in enumerate(zip(checks, plans))
+            if isinstance(check, SequentialCheck) and check.runs_in_parts and len(plan.looks) > 1]
+
+
 def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSession, seed: int,
                 display: AuditProgress, fail_fast: bool = False, locating: Sequence[str] = (),
-                post: PostVerdict | None = None, *, stop_at_malformed: bool = True) -> tuple[list[CheckResult], bool]:
+                post: PostVerdict | None = None, *, stop_at_malformed: bool = True,
+                first_looks_first: bool = False) -> tuple[list[CheckResult], bool]:
     """Run every check in order and return the results and whether the user interrupted.
 
-    With ``fail_fast`` the checks after the first failing one are skipped (their message begins
-    with :data:`FAIL_FAST_SKIP`), except the ``locating`` ones, which still run (in the
-    battery's order) so that the report can say where the loss is: the first failure opens the
-    post-verdict budget ``post``, and the locating checks run until its locating share ends
-    (the function is cut off then; a check it stops or leaves no time for is skipped with
-    :data:`LOCATING_CUT_SKIP`); their time goes into ``post``.
+    With ``fail_fast`` and ``first_looks_first``, on reaching the first sequential check the
+    checks from there on run their first looks (:func:`first_looks`), then every check runs in
+    order from where it stands.  With ``fail_fast`` the checks after the first failing one
+    are skipped (their message begins with :data:`FAIL_FAST_SKIP`), except the ``locating`` ones,
+    which still run (in the battery's order) so that the report can say where the loss is: the
+    first failure opens the post-verdict budget ``post``, and the locating checks run until its
+    locating share ends (the function is cut off then; a check it stops or leaves no time for is
+    skipped with :data:`LOCATING_CUT_SKIP`); their time goes into ``post``.
 
     A fault stops only its own check: after a deadline or an abnormal end the worker is restarted
     and the next checks still run, until the function has hung or ended its process
@@ -446,23 +514,52 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
     interrupted = False
     first_failure: str | None = None
     locating_left = [c.name for c in checks if c.name in locating]
+    after_verdict: list[CheckResult] = []
     malformed_in: str | None = None
+
+    def settled(check: Any, result: CheckResult) -> None:
+        """What a check's final result sets: a malformed output, an interrupt, the first failure."""
+        nonlocal malformed_in, interrupted, first_failure
+        if stop_at_malformed and result.fault is FaultKind.MALFORMED and malformed_in is None:
+            malformed_in = check.name
+        if result.verdict is Verdict.SKIPPED and result.message.startswith("interrupted by the user"):
+            interrupted = True
+        if fail_fast and first_failure is None and result.verdict is Verdict.FAIL:
+            first_failure = check.name
+            done = {r.name for r in results} | {check.name}
+            following = [name for name in locating_left if name not in done]
+            if post is not None and following:
+                _open_locating(post, function, display, following)
+
+    candidates = _first_look_candidates(checks, plans) if fail_fast and first_looks_first else []
+    looked: dict[int, _FirstLook] = {}
     try:
         with preserved_global_rng():
             for index, (check, plan) in enumerate(zip(checks, plans)):
+                if candidates and index == candidates[0] and first_failure is None and malformed_in is None \
+                        and not interrupted:
+                    looked = first_looks(checks, plans, session, seed, display, candidates)
+                    for looked_index, look in looked.items():
+                        if look.result is not None:
+                            settled(checks[looked_index], look.result)
                 display.check_started(index, check, plan)
                 started = time.perf_counter()
                 calls_before, rows_before = log.calls, log.rows
+                first = looked.get(index)
                 stop = function.stop_reason()
-                if interrupted:
+                ran_after_verdict = first_failure is not None
+                if first is not None and first.result is not None:
+                    result, ran_after_verdict = first.result, False
+                elif interrupted:
                     result = skipped_result(check, plan, "not run: the audit was interrupted by the user")
                 elif check.calls_nothing:
                     result = check.run(session, plan)
                 elif malformed_in is not None:
                     result = skipped_result(check, plan, f"{MALFORMED_SKIP} (in {malformed_in})")
                 elif first_failure is not None and check.name not in locating:
-                    result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}); run with --no-fail-fast "
-                                                         "(fail_fast=False) for every check")
+                    passed = "" if first is None else "; its first look passed"
+                    result = skipped_result(check, plan, f"{FAIL_FAST_SKIP} ({first_failure}){passed}; run with "
+                                                         "--no-fail-fast (fail_fast=False) for every check")
                 elif first_failure is not None and post is not None and started >= post.locating_deadline():
                     result = skipped_result(check, plan, _locating_cut(first_failure, post))
                 elif stop is not None:
@@ -470,28 +567,36 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
                 else:
                     seed_global_rng(derive_seed("global-rng-state", check.name, base=seed))
                     try:
-                        result = check.run(session, plan)
+                        if first is not None and first.reached is not None:
+                            result = _rest_of_looks(check, plan, session, first.reached)
+                        else:
+                            result = check.run(session, plan)
                     except Fault as fault:
                         result = result_from_fault(check, plan, fault)
                     except KeyboardInterrupt:
-                        interrupted = True
                         result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
                     except CutOff:
                         result = skipped_result(check, plan, _locating_cut(first_failure, post))
-                results.append(dataclasses.replace(result, seconds=time.perf_counter() - started,
-                                                   calls=log.calls - calls_before, rows=log.rows - rows_before))
-                if stop_at_malformed and results[-1].fault is FaultKind.MALFORMED:
-                    malformed_in = check.name
+                spent = (first.seconds, first.calls, first.rows) if first is not None else (0.0, 0, 0)
+                results.append(dataclasses.replace(result, seconds=time.perf_counter() - started + spent[0],
+                                                   calls=log.calls - calls_before + spent[1],
+                                                   rows=log.rows - rows_before + spent[2]))
+                if ran_after_verdict and check.name in locating:
+                    after_verdict.append(results[-1])
+                if first is None or first.result is None:
+                    settled(check, results[-1])
                 display.check_finished(index, results[-1])
-                if fail_fast and first_failure is None and results[-1].verdict is Verdict.FAIL:
-                    first_failure = check.name
-                    following = [name for name in locating_left if name not in {r.name for r in results}]
-                    if post is not None and following:
-                        _open_locating(post, function, display, following)
     finally:
         if post is not None and post.verdict_at is not None and first_failure is not None:
-            _close_locating(post, function, results, locating_left, first_failure)
+            _close_locating(post, function, after_verdict)
     return results, interrupted
+
+
+def _rest_of_looks(check: SequentialCheck, plan: Plan, session: AuditSession, reached: LooksReached) -> CheckResult:
+    """The result of ``check`` run on from its first look to its last."""
+    result = check.run_looks(session, plan, reached, len(plan.looks)).result
+    assert result is not None
+    return result
 
 
 def _open_locating(post: PostVerdict, function: AuditedFunction, display: AuditProgress,
@@ -504,11 +609,10 @@ def _open_locating(post: PostVerdict, function: AuditedFunction, display: AuditP
                                             f"{_locating_s(post):.0f} s"))
 
 
-def _close_locating(post: PostVerdict, function: AuditedFunction, results: Sequence[CheckResult],
-                    locating: Sequence[str], first_failure: str) -> None:
-    """Lift the cutoff and record the locating checks' step: their time and how many ran."""
+def _close_locating(post: PostVerdict, function: AuditedFunction, after: Sequence[CheckResult]) -> None:
+    """Lift the cutoff and record the locating checks' step: their time and how many ran
+    (``after``: the results of the locating checks run after the verdict)."""
     function.cut_off_at(None)
-    after = [r for r in results[[r.name for r in results].index(first_failure) + 1:] if r.name in locating]
     if not after:
         return
     cut = sum(r.message.startswith(LOCATING_CUT_SKIP) for r in after)

@@ -5,6 +5,9 @@
 - Fail-fast: the default for ``quick`` and ``standard``, off for ``thorough`` and fixed budgets,
   switchable both ways; skipped checks say why, the diagnosis says it cannot locate the loss from
   an incomplete pattern, and the replay line repeats a non-default choice.
+- First looks first: under fail-fast, every statistical check runs its first look before any
+  check runs its later looks, so a loss that only a late check sees ends the audit within the
+  first sixteenth of its work; a run in parts draws and judges exactly as a run in one.
 - Calibration: the false-positive rate of the sequential checks on the lossless reference, over
   all their looks, with seeds drawn from the run's base seed (``--specverify-seed random`` for
   fresh ones), is at most the level they were given (printed with its interval).
@@ -17,8 +20,10 @@ from pathlib import Path
 import pytest
 
 import specverify
-from specverify.auditing.checks import Plan, Verdict
+from specverify.auditing.checks import LooksReached, Plan, SequentialCheck, Verdict
 from specverify.auditing.defaults import FAIL_FAST_SKIP
+from specverify.auditing.endpoint import context_law, load
+from specverify.auditing.runner import plan_checks
 from specverify.auditing.sampler.battery import SamplerBattery
 from specverify.core import rules, stats
 from specverify.core.seeding import derive_seed
@@ -72,6 +77,45 @@ def test_no_fail_fast_runs_every_check_and_the_replay_says_so():
 def test_default_fail_fast_per_budget(budget, expected):
     report = specverify.audit("reference", budget=budget, checks=["inputs-unchanged"], isolation="none")
     assert report.settings.fail_fast is expected
+
+
+def test_a_run_in_parts_is_the_run_in_one():
+    battery = SamplerBattery()
+    session = battery.open_session("reference", device="cpu", timeout_s=60, isolation="none")
+    checks = [c for c in battery.checks(session) if c.name in ("step-K2", "production-K12")]
+    plans = plan_checks(checks, battery.resolve_budget("quick"), 1e-3, 0, "sampler")[0]
+    for check, plan in zip(checks, plans):
+        assert isinstance(check, SequentialCheck) and check.runs_in_parts and len(plan.looks) == 5
+        whole = check.run(session, plan)
+        first = check.run_looks(session, plan, LooksReached(), 1)
+        rest = check.run_looks(session, plan, first, len(plan.looks))
+        assert first.looks == 1 and rest.looks == 5 and rest.result is not None
+        assert (rest.result.n, rest.result.statistic, rest.result.pvalue) == (whole.n, whole.statistic, whole.pvalue)
+
+
+def test_the_first_looks_find_a_loss_that_only_a_late_check_sees():
+    """High vocabulary ids dropped, found by sampling: only production-qwen-K1 (V = 151,936) sees
+    it; its first look ends the audit before the earlier checks run in full."""
+    report = specverify.audit(f"{WITHOUT_UNIFORMS}:vocabulary_tile_drops_high_ids", budget="standard",
+                              isolation="none")
+    failed = report.failed[0]
+    assert report.exit_code == 1 and failed.name == "production-qwen-K1" and failed.look == 1
+    earlier = next(c for c in report.checks if c.name == "step-K2")
+    assert earlier.verdict is Verdict.SKIPPED and earlier.message.startswith(FAIL_FAST_SKIP)
+    assert "its first look passed" in earlier.message
+
+
+def test_a_check_whose_run_does_more_than_its_looks_does_not_run_in_parts():
+    """A check with work of its own around its looks (a warm-up, counts started afresh) runs whole."""
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    assert context_law.ContextLawCheck in set(subclasses(SequentialCheck))
+    assert load.LoadThresholdCheck in set(subclasses(SequentialCheck))
+    for cls in subclasses(SequentialCheck):
+        assert cls.run is SequentialCheck.run or not cls.runs_in_parts, cls.__name__
 
 
 def test_fail_fast_must_be_a_bool():

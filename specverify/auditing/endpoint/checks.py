@@ -427,6 +427,8 @@ class TwoSampleCheck(SequentialCheck):
                        seed=request_seed(seed, *roles, i)) for i in range(count)]
         return [(i % len(self.prompts), c.text) for i, c in enumerate(client.complete_many(bodies))]
 
+    runs_in_parts: ClassVar[bool] = False  # its cells come from a pilot run first
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         """Fix the cells from a pilot of both servers, then test at each look (:class:`SequentialCheck`)."""
         self.pilot_n = max(4 * self.max_cells, plan.n // 10)

@@ -200,6 +200,8 @@ class ContextLawCheck(SequentialCheck):
         return dict(NEUTRAL_PROCESSING, prompt=prompt.text, max_tokens=CONTEXT_TOKENS, temperature=self.temperature,
                     top_k=self.top_k, top_p=1.0, min_p=0.0, seed=seed, logprobs=max(self.top_k, 8))
 
+    runs_in_parts: ClassVar[bool] = False  # its counts start afresh with each run
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         self.counts = ContextCounts()
         return super().run(session, plan)

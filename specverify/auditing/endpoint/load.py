@@ -111,6 +111,8 @@ class LoadThresholdCheck(SequentialCheck):
         return stats.detectable_tv(max(1, n // len(self.sides)), alpha=alpha / (TESTS_PER_SIDE * len(self.sides)),
                                    power=power, num_cells=self.num_cells)
 
+    runs_in_parts: ClassVar[bool] = False  # its counts start afresh with each run
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         self.counts = [ContextCounts() for _ in self.sides]
         self.evidence = [CoBatching() for _ in self.sides]

@@ -137,6 +137,8 @@ class CaseLawCheck(SequentialCheck):
         return stats.detectable_tv(max(1, n // len(self.cases)), alpha=alpha / len(self.cases), power=power,
                                    num_cells=PIT_BINS)
 
+    runs_in_parts: ClassVar[bool] = False  # its evidence starts afresh with each run
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         self.prompt_tokens: dict[str, list[int]] = {c.label: [] for c in self.cases}
         self.evidence: dict[str, CoBatching] = {c.label: CoBatching() for c in self.cases}
@@ -278,6 +280,8 @@ class PenaltyCheck(SequentialCheck):
         return math.sqrt(2.0) * stats.detectable_tv(max(1, n // len(self.penalties)), alpha=alpha / len(self.penalties),
                                                     power=power, num_cells=PENALTY_TOKENS)
 
+    runs_in_parts: ClassVar[bool] = False  # its coverage is recorded after the run
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         result = super().run(session, plan)
         for name, value in self.penalties:
@@ -378,6 +382,8 @@ class ChoicesJointCheck(SequentialCheck):
 
     def detectable_tv(self, n: int, *, alpha: float, power: float) -> float:
         return stats.detectable_tv(n, alpha=alpha / 2, power=power, num_cells=PAIR_BINS**2)
+
+    runs_in_parts: ClassVar[bool] = False  # its agreement starts afresh with each run
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         self.agreement: list[float] = []  # Σ p² of each pair's first-token law

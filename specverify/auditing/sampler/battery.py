@@ -551,6 +551,7 @@ class SamplerBattery(Battery):
     """SPEC §1 battery: one verification step, and whole decoding loops, driven by the harness."""
 
     level = "sampler"
+    first_looks_first = True
 
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
         self.batch_rows = batch_rows

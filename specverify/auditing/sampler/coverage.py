@@ -164,6 +164,8 @@ class LateCallsCheck(GroupedStepCheck):
     :data:`LATE_ROWS` rows (fewer under a small fixed budget: :data:`LATE_ROWS_PER_SAMPLE`); a
     stateful implementation that drifts fails here."""
 
+    runs_in_parts: ClassVar[bool] = False  # the warm-up comes first
+
     def run(self, session: Any, plan: Plan) -> CheckResult:
         function = session.function
         life_calls, life_rows = LATE_CALLS, LATE_ROWS

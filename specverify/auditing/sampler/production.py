@@ -50,7 +50,7 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
-from specverify.auditing.cost import Cost, step_cost
+from specverify.auditing.cost import Cost, production_step_cost
 from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.sampler import production_laws as laws
 from specverify.core import coarse, identity, outputs, rounding, stats
@@ -399,7 +399,8 @@ class ProductionStepCheck(SequentialCheck):
                    for row in self._views for views in row)
 
     def cost(self, plan: Plan) -> Cost:
-        return step_cost(plan.n, self.num_draft, self.bank.vocab_size)
+        entry_bytes = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return production_step_cost(plan.n, self.num_draft, self.bank.vocab_size, entry_bytes)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size

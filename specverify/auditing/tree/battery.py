@@ -744,6 +744,7 @@ class TreeBattery(Battery):
     """SPEC §3 battery: tree steps and whole tree decoding loops, per declared sibling scheme."""
 
     level = "tree"
+    first_looks_first = True
 
     def __init__(self, batch_rows: int = DEFAULT_TREE_ROWS) -> None:
         self.batch_rows = batch_rows
