@@ -58,19 +58,13 @@ static inline float bf16_value(uint16_t bits) {
 static inline float f16_value(uint16_t bits) { return _cvtsh_ss(bits); }
 #else
 static inline float f16_value(uint16_t bits) {
-    uint32_t sign = (uint32_t)(bits & 0x8000u) << 16, exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
-    float value;
-    if (exponent == 0) {
-        value = (float)mantissa * 0x1p-24f;
-        uint32_t wide;
-        memcpy(&wide, &value, sizeof wide);
-        wide |= sign;
-        memcpy(&value, &wide, sizeof value);
-        return value;
+    uint32_t exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
+    float magnitude = (float)mantissa * 0x1p-24f;
+    if (exponent != 0) {
+        uint32_t wide = (exponent == 31 ? 0x7f800000u : (exponent + 112u) << 23) | (mantissa << 13);
+        memcpy(&magnitude, &wide, sizeof magnitude);
     }
-    uint32_t wide = sign | (exponent == 31 ? 0x7f800000u : (exponent + 112u) << 23) | (mantissa << 13);
-    memcpy(&value, &wide, sizeof value);
-    return value;
+    return (bits & 0x8000u) ? -magnitude : magnitude; /* negation flips the sign bit alone */
 }
 #endif
 
