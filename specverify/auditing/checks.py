@@ -581,9 +581,13 @@ class SequentialCheck(Check):
         once, on ``plan.n`` samples at the whole share ``plan.alpha``."""
         if not plan.looks:
             return self.judge(plan, self.draw(session, plan, plan.n, 0), level_of(plan, None), None)
-        reached = self.run_looks(session, plan, LooksReached(), len(plan.looks))
-        assert reached.result is not None
-        return reached.result
+        return self.run_from(session, plan, LooksReached())
+
+    def run_from(self, session: Any, plan: Plan, reached: LooksReached) -> CheckResult:
+        """The result of the run gone on from ``reached`` to its end (:meth:`run_looks`)."""
+        result = self.run_looks(session, plan, reached, len(plan.looks)).result
+        assert result is not None, "a plan with looks judges at least one"
+        return result
 
     def run_looks(self, session: Any, plan: Plan, reached: LooksReached, stop: int) -> LooksReached:
         """Go on from ``reached`` to look ``stop`` (a count of looks, at most ``len(plan.looks)``):

@@ -421,9 +421,13 @@ def _replay_selection(checks: Sequence[Any], results: Sequence[CheckResult], pla
     return tuple(chosen), None
 
 
+INTERRUPTED_WHILE_RUNNING = "interrupted by the user (Ctrl-C) while running"
+"""The message of the check a Ctrl-C stopped."""
+
+
 @dataclasses.dataclass(frozen=True)
 class _FirstLook:
-    """A check's first look, run before any check runs in full (:func:`_first_looks`): where its
+    """A check's first look, run before any check runs in full (:func:`first_looks`): where its
     run stands, or its final result (a failure, a fault, an interrupt), and what the look spent."""
 
     reached: LooksReached | None
@@ -431,6 +435,7 @@ class _FirstLook:
     seconds: float
     calls: int
     rows: int
+    interrupted: bool = False
 
 
 def first_looks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSession, seed: int,
@@ -458,6 +463,7 @@ def first_looks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
         calls_before, rows_before = log.calls, log.rows
         reached: LooksReached | None = None
         result: CheckResult | None = None
+        interrupted = False
         seed_global_rng(derive_seed("global-rng-state", check.name, "first look", base=seed))
         try:
             reached = check.run_looks(session, plan, LooksReached(), 1)
@@ -466,9 +472,10 @@ def first_looks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
         except Fault as fault:
             result = result_from_fault(check, plan, fault)
         except KeyboardInterrupt:
-            result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
+            interrupted = True
+            result = skipped_result(check, plan, INTERRUPTED_WHILE_RUNNING)
         done[index] = _FirstLook(reached, result, time.perf_counter() - started, log.calls - calls_before,
-                                 log.rows - rows_before)
+                                 log.rows - rows_before, interrupted)
         if result is not None:
             break
     if all(look.result is None for look in done.values()):
@@ -518,12 +525,10 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
     malformed_in: str | None = None
 
     def settled(check: Any, result: CheckResult) -> None:
-        """What a check's final result sets: a malformed output, an interrupt, the first failure."""
-        nonlocal malformed_in, interrupted, first_failure
+        """What a check's final result sets: a malformed output, the first failure."""
+        nonlocal malformed_in, first_failure
         if stop_at_malformed and result.fault is FaultKind.MALFORMED and malformed_in is None:
             malformed_in = check.name
-        if result.verdict is Verdict.SKIPPED and result.message.startswith("interrupted by the user"):
-            interrupted = True
         if fail_fast and first_failure is None and result.verdict is Verdict.FAIL:
             first_failure = check.name
             done = {r.name for r in results} | {check.name}
@@ -540,6 +545,7 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
                         and not interrupted:
                     looked = first_looks(checks, plans, session, seed, display, candidates)
                     for looked_index, look in looked.items():
+                        interrupted = interrupted or look.interrupted
                         if look.result is not None:
                             settled(checks[looked_index], look.result)
                 display.check_started(index, check, plan)
@@ -568,13 +574,14 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
                     seed_global_rng(derive_seed("global-rng-state", check.name, base=seed))
                     try:
                         if first is not None and first.reached is not None:
-                            result = _rest_of_looks(check, plan, session, first.reached)
+                            result = check.run_from(session, plan, first.reached)
                         else:
                             result = check.run(session, plan)
                     except Fault as fault:
                         result = result_from_fault(check, plan, fault)
                     except KeyboardInterrupt:
-                        result = skipped_result(check, plan, "interrupted by the user (Ctrl-C) while running")
+                        interrupted = True
+                        result = skipped_result(check, plan, INTERRUPTED_WHILE_RUNNING)
                     except CutOff:
                         result = skipped_result(check, plan, _locating_cut(first_failure, post))
                 spent = (first.seconds, first.calls, first.rows) if first is not None else (0.0, 0, 0)
@@ -590,13 +597,6 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
         if post is not None and post.verdict_at is not None and first_failure is not None:
             _close_locating(post, function, after_verdict)
     return results, interrupted
-
-
-def _rest_of_looks(check: SequentialCheck, plan: Plan, session: AuditSession, reached: LooksReached) -> CheckResult:
-    """The result of ``check`` run on from its first look to its last."""
-    result = check.run_looks(session, plan, reached, len(plan.looks)).result
-    assert result is not None
-    return result
 
 
 def _open_locating(post: PostVerdict, function: AuditedFunction, display: AuditProgress,
