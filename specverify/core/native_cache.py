@@ -1,9 +1,12 @@
-"""Where the native kernel (``native/verify_kernel.c``) is compiled to, importable without torch:
-:mod:`specverify.core.native_rules` builds and loads it there, ``specverify doctor`` looks for it.
+"""Where the native sources (``native/*.c``) are compiled to, and their build; importable without
+torch.  :mod:`specverify.core.native_rules` loads the verification kernel (``verify_kernel.c``),
+:mod:`specverify.auditing.isolation.write_guard` the worker's write guard (``write_guard.c``),
+``specverify doctor`` looks for the kernel.
 
-The compiled file is ``$SPECVERIFY_CACHE/native/verify_kernel-KEY.so`` (default cache
-``~/.cache/specverify``), KEY the hash of the source, the compiler, the flags, the machine and the
-CPU's flags: a new source or another CPU gets its own file.
+A compiled file is ``$SPECVERIFY_CACHE/native/NAME-KEY.so`` (default cache ``~/.cache/specverify``),
+KEY the hash of the source, the compiler, the flags, the machine and the CPU's flags: a new source
+or another CPU gets its own file.  It is renamed into place atomically, so concurrent processes
+may build it at the same time.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import hashlib
 import os
 import platform
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,8 +45,8 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
-def library_path(source: bytes, compiler_path: str, flags: Sequence[str]) -> Path:
-    """The file ``source`` compiled by ``compiler_path`` with ``flags`` is cached in."""
+def library_path(source: bytes, compiler_path: str, flags: Sequence[str], name: str = "verify_kernel") -> Path:
+    """The file ``source`` (the C file ``name``) compiled by ``compiler_path`` with ``flags`` is cached in."""
     key = hashlib.sha256(
         b"\0".join(
             [
@@ -53,4 +58,33 @@ def library_path(source: bytes, compiler_path: str, flags: Sequence[str]) -> Pat
             ]
         )
     ).hexdigest()[:20]
-    return cache_dir() / f"verify_kernel-{key}.so"
+    return cache_dir() / f"{name}-{key}.so"
+
+
+def compiled(source: bytes, name: str = "verify_kernel") -> Path | None:
+    """The shared library of the C ``source`` (the file ``name``), compiled with :data:`FLAGS` on
+    first use and cached (:func:`library_path`); None when there is no compiler or it fails."""
+    compiler_path = compiler()
+    if compiler_path is None:
+        return None
+    target = library_path(source, compiler_path, FLAGS, name)
+    if target.exists():
+        return target
+    folder, partial = target.parent, None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=folder)
+        os.close(handle)
+        source_file = partial.removesuffix(".tmp") + ".c"
+        Path(source_file).write_bytes(source)
+        try:
+            subprocess.run([compiler_path, *FLAGS, "-o", partial, source_file], check=True, capture_output=True,
+                           timeout=120)
+        finally:
+            os.unlink(source_file)
+        os.replace(partial, target)  # atomic: a concurrent build renames an identical file
+    except (OSError, subprocess.SubprocessError):
+        if partial is not None and os.path.exists(partial):
+            os.unlink(partial)
+        return None
+    return target

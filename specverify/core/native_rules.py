@@ -20,8 +20,7 @@ calls :func:`tree_greedy` (tests/core/test_native_tree_rules.py).
 
 The kernel is plain C (no torch headers): ``$CC`` (default ``cc``) compiles it once in about a
 second with ``-O3 -march=native`` into ``$SPECVERIFY_CACHE`` (default ``~/.cache/specverify``),
-named by the hash of the source, the command and the CPU's flags; the compiled file is renamed
-into place atomically, so concurrent test workers may build it at the same time.
+named by the hash of the source, the command and the CPU's flags (:mod:`specverify.core.native_cache`).
 """
 
 from __future__ import annotations
@@ -30,10 +29,7 @@ import contextlib
 import ctypes
 import functools
 import os
-import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NamedTuple, TypeGuard
 
 import torch
@@ -113,29 +109,9 @@ def build(source: bytes) -> ctypes.CDLL | None:
     """Compile the C ``source`` (cached by its hash, the command and the CPU) and load it with its
     ``sv_verify`` signature; ``None`` when there is no compiler or it fails.  Tests build mutated
     copies of the kernel with it, to show that the identity tests catch them."""
-    compiler = native_cache.compiler()
-    if compiler is None:
+    target = native_cache.compiled(source)
+    if target is None:
         return None
-    target = native_cache.library_path(source, compiler, FLAGS)
-    folder = target.parent
-    if not target.exists():
-        partial = None
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            handle, partial = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=folder)
-            os.close(handle)
-            source_file = partial.removesuffix(".tmp") + ".c"
-            Path(source_file).write_bytes(source)
-            try:
-                subprocess.run([compiler, *FLAGS, "-o", partial, source_file], check=True, capture_output=True,
-                               timeout=120)
-            finally:
-                os.unlink(source_file)
-            os.replace(partial, target)  # atomic: a concurrent build renames an identical file
-        except (OSError, subprocess.SubprocessError):
-            if partial is not None and os.path.exists(partial):
-                os.unlink(partial)
-            return None
     try:
         lib = ctypes.CDLL(str(target))
     except OSError:

@@ -6,5 +6,6 @@
   by killing, restarts, the mapping of every abnormal end to a fault;
 - ``faults.py`` — the kinds of fault and the in-process probes (deadline, input mutation, global RNG);
 - ``presentation.py`` — how inputs reach the function: contiguous, or as strided views;
+- ``write_guard.py`` — the worker's inputs read-only while the function runs (writes recorded);
 - ``captured.py`` — third-party warnings kept out of the terminal and in the report.
 """

@@ -6,6 +6,8 @@ call.  Each call gets a deadline judged against the function's measured speed
 detection; with ``isolation="process"`` the call runs in a worker
 (:mod:`specverify.auditing.isolation.process`) that is killed at the deadline and restarted after any
 abnormal end.  Everything that goes wrong becomes a :class:`~specverify.auditing.isolation.faults.Fault`.
+Input mutation: after a request the inputs are compared with what was presented, unless the
+worker's write guard (:mod:`specverify.auditing.isolation.write_guard`) saw no write reach them.
 
 Call plan and speed.  Which rows go into which call is the caller's (the harness's batches, a
 check's group sizes) and nothing else: the partition, like every draw, is a function of the seed,
@@ -77,6 +79,12 @@ arithmetic, :mod:`specverify.core.rounding`; the input dtypes it accepts), read 
 
 MAX_WORKER_LOSSES = 2
 """After this many deadlines or abnormal ends, the audit stops calling the function."""
+
+GUARD_AUDIT_EVERY = 16
+"""Of the requests whose inputs the worker's write guard saw untouched, every this-many-th is
+compared with what was presented all the same: a write the guard cannot see (through another
+mapping, or after the function changed the pages' protection itself) is found within this many
+requests, at 1/16 of the comparisons' cost."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +237,7 @@ class _Session(AuditedFunction):
         self.info: dict[str, Any] = {}
         self.buffer: SharedBuffer | None = None  # shared memory of the calls' tensors (worker sessions)
         self.presenter = Presenter()  # the storages of the inputs, kept across calls
+        self.settled = 0  # requests whose inputs were settled (the mutation check)
         self.isolation = check_isolation(isolation)
         self.life_calls = self.life_rows = 0  # calls and rows since the current worker started
         self.fn: Callable[..., Any] | None = None if isinstance(fn, str) else fn
@@ -400,11 +409,11 @@ class _Session(AuditedFunction):
         shapes = [tuple(t.shape) for t in inputs.values()] + [output_shape]
         parts = [(t.dtype, storage_shape(tuple(t.shape),
                                          strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
-        offsets, nbytes = layout(parts)
+        offsets, nbytes = layout(parts, last_on_page=True)
         buffer = self._ensure_buffer(nbytes)
         header = {"buffer": (buffer.path, buffer.size), "offsets": offsets,
                   "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
-                  "shapes": [shape for _, shape in parts], "views": shapes}
+                  "shapes": [shape for _, shape in parts], "views": shapes, "inputs_bytes": offsets[-1]}
         self.presenter.use_layout((buffer.path, buffer.size, tuple(offsets), tuple(parts)))
         storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
         views = [self.presenter.present(self.presenter.adopt(name, storage), tensor, decoy_value(name, vocab))
@@ -419,10 +428,15 @@ class _Session(AuditedFunction):
                                                        self.device), tensor, decoy_value(name, vocab))
                 for name, tensor in inputs.items()}
 
-    def _mutated(self, inputs: dict[str, torch.Tensor]) -> list[str]:
-        """The inputs a call modified in place (compared with what was presented,
-        :meth:`~specverify.auditing.isolation.presentation.Presenter.settle`)."""
-        return [name for name, tensor in inputs.items() if self.presenter.settle(self.presenter.slots[name], tensor)]
+    def _mutated(self, inputs: dict[str, torch.Tensor], untouched: bool = False) -> list[str]:
+        """The inputs a request's calls modified in place, compared with what was presented
+        (:meth:`~specverify.auditing.isolation.presentation.Presenter.settle`) unless the worker's
+        write guard saw them ``untouched``; one such request in :data:`GUARD_AUDIT_EVERY` is
+        compared all the same, so a write the guard cannot see is found too."""
+        self.settled += 1
+        trusted = untouched and self.settled % GUARD_AUDIT_EVERY != 0
+        return [name for name, tensor in inputs.items()
+                if self.presenter.settle(self.presenter.slots[name], tensor, compare=not trusted)]
 
     def declared(self, name: str) -> Any:
         """The function's declared attribute ``name`` (one of :data:`DECLARED_ATTRIBUTES`), None when absent."""
@@ -576,6 +590,7 @@ class GuardedFunction(_Session):
         first_row = [0]
         for size in sizes:
             first_row.append(first_row[-1] + size)
+        untouched = True
         for start, stop in self._chunks(sizes, per_row):
             rows = first_row[stop] - first_row[start]
             calls = stop - start
@@ -590,13 +605,14 @@ class GuardedFunction(_Session):
                 self._returned(returned, sum(sizes[start:start + returned]))
                 call = f"call {start + number + 1} of {len(sizes)}, " if len(sizes) > 1 else ""
                 raise Fault(kind, message.replace("{what}", f"the function (in {call}{where})"))
-            _, seconds, aliased = reply
+            _, seconds, aliased, guarded = reply
+            untouched = untouched and guarded
             self._returned(calls, rows)
             self.speed.record(calls, rows * per_row, seconds)
             self.log.function_seconds += seconds
             if aliased and not self.log.aliasing:
                 self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
-        changed = self._mutated(inputs)
+        changed = self._mutated(inputs, untouched)
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return views[-1].clone()
@@ -790,11 +806,11 @@ class GuardedTreeFunction(_Session):
             returned = kind in ("malformed", "impossible")
             self._returned(int(returned), batch if returned else 0)
             raise Fault(kind, text.replace("{what}", what))
-        _, seconds, aliased = reply
+        _, seconds, aliased, untouched = reply
         self._returned(1, batch)
         if aliased and not self.log.aliasing:
             self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
-        changed = self._mutated(named)
+        changed = self._mutated(named, untouched)
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
         return views[4].clone(), seconds

@@ -247,11 +247,14 @@ class Presenter:
             slot.source, slot.version, slot.decoy = tensor, tensor._version, decoy
         return block
 
-    def settle(self, slot: _Slot, tensor: torch.Tensor) -> bool:
+    def settle(self, slot: _Slot, tensor: torch.Tensor, *, compare: bool = True) -> bool:
         """After a call: True when the block's values no longer equal ``tensor`` (``torch.equal``:
         the function modified its input in place).  The slot keeps its content only when block and
-        padding are bit for bit as presented."""
+        padding are bit for bit as presented.  ``compare=False``: the caller knows that nothing
+        wrote the storage during the call (the worker's write guard), and nothing is read."""
         slot.pending = False
+        if not compare:
+            return False
         block = view_of(slot.storage, tuple(tensor.shape))
         if slot.source is not None and same_bits(block, tensor) and \
                 all(same_bits(part, slot.decoy) for part in padding_of(slot.storage, tuple(tensor.shape))):

@@ -45,6 +45,7 @@ torch thread count and numpy error state are saved and restored around the audit
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import mmap
 import os
@@ -195,6 +196,11 @@ class SharedBuffer:
     def open(cls, path: str, size: int) -> SharedBuffer:
         return cls(path, size, owner=False)
 
+    @functools.cached_property
+    def address(self) -> int:
+        """Where this process maps the buffer (a page boundary)."""
+        return torch.frombuffer(self.map, dtype=torch.uint8, count=1).data_ptr()
+
     def tensor(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         count = int(np.prod(shape)) if shape else 1
         if count == 0:
@@ -221,10 +227,15 @@ def _has_room(directory: str, size: int) -> bool:
     return stat.f_bavail * stat.f_frsize > size
 
 
-def layout(parts: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[list[int], int]:
-    """Aligned byte offsets of consecutive tensors and the bytes they need in all."""
+def layout(parts: list[tuple[torch.dtype, tuple[int, ...]]], *,
+           last_on_page: bool = False) -> tuple[list[int], int]:
+    """Aligned byte offsets of consecutive tensors and the bytes they need in all; ``last_on_page``:
+    the last tensor starts on a page boundary, so that the ones before it fill whole pages of their
+    own (:class:`~specverify.auditing.isolation.write_guard.WriteGuard`)."""
     offsets, position = [], 0
-    for dtype, shape in parts:
+    for number, (dtype, shape) in enumerate(parts):
+        if last_on_page and number == len(parts) - 1:
+            position = -(-position // mmap.PAGESIZE) * mmap.PAGESIZE
         offsets.append(position)
         nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size() if shape else 8
         position += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN

@@ -9,15 +9,19 @@ and answers each one; it never raises out of a request (every exception of the f
   ``("loaded", {"parameters": ...})`` or ``("load-failed", message)``;
 - ``steps``: call the SPEC §1 function once per group of consecutive rows of the shared buffer
   with one persistent generator (and, for a ragged request, the group's ``num_draft_tokens=``),
-  validate each output and copy it into the buffer at once; answer ``("ok", seconds, aliased)``
-  or ``("fault", kind, message, group)``;
+  validate each output and copy it into the buffer at once; answer ``("ok", seconds, aliased,
+  untouched)`` or ``("fault", kind, message, group)``;
 - ``tree``: one SPEC §3 call on the four tensors of the shared buffer with a persistent
   generator, the output validated (a root-to-node path) and copied into the buffer; answer
-  ``("ok", seconds, aliased)`` or ``("fault", kind, message, 0)``;
+  ``("ok", seconds, aliased, untouched)`` or ``("fault", kind, message, 0)``;
 - ``raw``: call the function with the given (small) arguments, answer its result;
 - ``generate``: one SPEC §2 call on the worker's own models; answer the tokens and whether
   ``input_ids`` or the models' parameters changed (the models are then restored);
 - ``stop``: end at once with ``os._exit`` (threads the function started do not keep it alive).
+
+On the CPU, ``steps`` and ``tree`` run the function with its inputs' pages read-only
+(:class:`~specverify.auditing.isolation.write_guard.WriteGuard`); ``untouched`` says that no
+write reached them, so the audit need not compare them with what it presented.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Any
+
+from specverify.auditing.isolation.write_guard import WriteGuard
 
 
 def _die_with_parent() -> None:
@@ -50,6 +56,7 @@ class Worker:
         self.generators: dict[int, Any] = {}
         self.alias_watch: Any = None
         self.models: Any = None
+        self.guard = WriteGuard()
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -115,6 +122,7 @@ class Worker:
         generator = self._generator(request["generator"])
         on_cpu = self.device == "cpu"
         start, seconds, aliased = request["row"], 0.0, False
+        clean = self._cover(request)
         for number, rows in enumerate(request["groups"]):
             rows_slice = slice(start, start + rows)
             inputs = (target[rows_slice], draft[rows_slice], tokens[rows_slice])
@@ -138,7 +146,7 @@ class Worker:
                 for view, tensor in zip(inputs, passed):
                     view.copy_(tensor)
             start += rows
-        return ("ok", seconds, aliased)
+        return ("ok", seconds, aliased, clean and self.guard.untouched())
 
     def _buffer(self, request: dict[str, Any]) -> Any:
         """The shared buffer ``request["buffer"]`` names, mapped once and kept while it stays the same."""
@@ -146,10 +154,18 @@ class Worker:
 
         path, size = request["buffer"]
         if self.buffer is None or self.buffer.path != path:
+            self.guard.release()
             if self.buffer is not None:
                 self.buffer.close()
             self.buffer = SharedBuffer.open(path, size)
         return self.buffer
+
+    def _cover(self, request: dict[str, Any]) -> bool:
+        """Guard the request's inputs (the buffer up to the output's page) against writes; on
+        another device than the CPU the worker copies the inputs back itself, and nothing is
+        guarded.  True when they are guarded and nothing wrote them since the last request."""
+        length = request["inputs_bytes"] if self.device == "cpu" else 0
+        return self.guard.cover(self._buffer(request).address, length)
 
     def _views(self, request: dict[str, Any]) -> list[Any]:
         import torch
@@ -173,12 +189,14 @@ class Worker:
         generator = self._generator(request["generator"])
         on_cpu = self.device == "cpu"
         passed = inputs if on_cpu else [_on_device(t, self.device) for t in inputs]
+        clean = self._cover(request)
         started = time.perf_counter()
         try:
             result = self.fn(*passed, generator)
         except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt/SystemExit are the function's
             return ("fault", "exception", exception_message(error, "{what}"), 0)
         seconds = time.perf_counter() - started
+        untouched = clean and self.guard.untouched()
         aliased = self.alias_watch.after_call(result)
         try:
             emitted, _, _ = validate_tree_emitted(result, tree_tokens, parents, inputs[0].shape[-1])
@@ -191,7 +209,7 @@ class Worker:
         if not on_cpu:
             for view, tensor in zip(inputs, passed):
                 view.copy_(tensor)
-        return ("ok", seconds, aliased)
+        return ("ok", seconds, aliased, untouched)
 
     def raw(self, request: dict[str, Any]) -> tuple:
         import torch
@@ -291,6 +309,8 @@ def main(descriptor: int) -> None:
             os._exit(0)
         if request.get("op") == "stop":
             os._exit(0)
+        if request["op"] not in ("steps", "tree"):
+            worker.guard.release()
         try:
             reply = handlers[request["op"]](request)
         except BaseException as error:  # noqa: BLE001 - a failure of the worker itself
