@@ -132,7 +132,8 @@ def cuda_row() -> Row:
 def native_kernel_row() -> Row:
     from specverify.core import native_cache
 
-    enables = "the fast CPU path of the chain and tree rules (the torch code is the fallback)"
+    enables = ("the fast CPU path of the chain and tree rules (the torch code is the fallback) and the worker's "
+               "write guard (without it the audit compares every input after every call)")
     compiler = native_cache.compiler()
     if os.environ.get("SPECVERIFY_NATIVE", "1") == "0":
         return Row("C kernel", False, "switched off by SPECVERIFY_NATIVE=0", enables, "unset SPECVERIFY_NATIVE")

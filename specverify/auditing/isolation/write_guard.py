@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import sys
 
 from specverify.core import native_cache
 
@@ -35,7 +36,10 @@ PAGE_BYTES = mmap.PAGESIZE
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled guard (built on first use), None where no C compiler builds it."""
+    """The compiled guard (built on first use); None where no C compiler builds it, and off Linux
+    (where a write to a read-only shared page may raise SIGBUS, which the guard does not handle)."""
+    if not sys.platform.startswith("linux"):
+        return None
     built = native_cache.compiled(SOURCE.read_bytes(), "write_guard")
     if built is None:
         return None
