@@ -61,13 +61,13 @@ def library_path(source: bytes, compiler_path: str, flags: Sequence[str], name: 
     return cache_dir() / f"{name}-{key}.so"
 
 
-def compiled(source: bytes, name: str = "verify_kernel") -> Path | None:
-    """The shared library of the C ``source`` (the file ``name``), compiled with :data:`FLAGS` on
-    first use and cached (:func:`library_path`); None when there is no compiler or it fails."""
+def compiled(source: bytes, name: str = "verify_kernel", flags: Sequence[str] = FLAGS) -> Path | None:
+    """The shared library of the C ``source`` (the file ``name``), compiled with ``flags`` on first
+    use and cached (:func:`library_path`); None when there is no compiler or it fails."""
     compiler_path = compiler()
     if compiler_path is None:
         return None
-    target = library_path(source, compiler_path, FLAGS, name)
+    target = library_path(source, compiler_path, flags, name)
     if target.exists():
         return target
     folder, partial = target.parent, None
@@ -78,7 +78,7 @@ def compiled(source: bytes, name: str = "verify_kernel") -> Path | None:
         source_file = partial.removesuffix(".tmp") + ".c"
         Path(source_file).write_bytes(source)
         try:
-            subprocess.run([compiler_path, *FLAGS, "-o", partial, source_file], check=True, capture_output=True,
+            subprocess.run([compiler_path, *flags, "-o", partial, source_file], check=True, capture_output=True,
                            timeout=120)
         finally:
             os.unlink(source_file)

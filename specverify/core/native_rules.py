@@ -109,7 +109,7 @@ def build(source: bytes) -> ctypes.CDLL | None:
     """Compile the C ``source`` (cached by its hash, the command and the CPU) and load it with its
     ``sv_verify`` signature; ``None`` when there is no compiler or it fails.  Tests build mutated
     copies of the kernel with it, to show that the identity tests catch them."""
-    target = native_cache.compiled(source)
+    target = native_cache.compiled(source, flags=FLAGS)
     if target is None:
         return None
     try:
