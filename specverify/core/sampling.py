@@ -66,22 +66,24 @@ class TableSampler:
         table = torch.as_tensor(np.ascontiguousarray(table), dtype=torch.float64)
         flat = table.reshape(-1, table.shape[-1])
         cumulative = flat.cumsum(dim=-1)
-        self.totals = cumulative[:, -1].clone()
         offsets = torch.arange(flat.shape[0], dtype=torch.float64)[:, None]
-        self.shifted = (cumulative + offsets).reshape(-1)
-        self._shifted_array = self.shifted.numpy()
         self.vocab_size = flat.shape[-1]
         positive = (flat > 0).long()
-        self.first_positive = positive.argmax(dim=-1)
-        self.last_positive = self.vocab_size - 1 - positive.flip(-1).argmax(dim=-1)
+        # numpy arrays: a draw is a handful of small vector operations, each a few times cheaper
+        # in numpy than in torch at a thousand values; numpy's search (the same index as
+        # torch.searchsorted(..., right=True)) runs on one thread, where torch's costs several
+        # times its CPU time in thread hand-offs.
+        self._totals = cumulative[:, -1].numpy().copy()
+        self._shifted = (cumulative + offsets).reshape(-1).numpy()
+        self._first_positive = positive.argmax(dim=-1).numpy()
+        self._last_positive = (self.vocab_size - 1 - positive.flip(-1).argmax(dim=-1)).numpy()
 
     def sample(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """int64 ``[N]``: one token from each listed row (``rows [N]`` index the flattened table),
         one float64 uniform per row from ``generator``."""
-        u = torch.rand(rows.shape[0], generator=generator, dtype=torch.float64)
-        values = rows.to(torch.float64) + u * self.totals[rows]
-        # numpy's search (the same index as torch.searchsorted(..., right=True)) runs on one thread:
-        # torch's costs several times its CPU time in thread hand-offs at a thousand values.
-        found = np.searchsorted(self._shifted_array, values.numpy(), side="right")
-        tokens = torch.from_numpy(found).to(torch.int64) - rows * self.vocab_size
-        return torch.maximum(torch.minimum(tokens, self.last_positive[rows]), self.first_positive[rows])
+        u = torch.rand(rows.shape[0], generator=generator, dtype=torch.float64).numpy()
+        index = rows.numpy()
+        values = index.astype(np.float64) + u * self._totals[index]
+        tokens = np.searchsorted(self._shifted, values, side="right") - index * self.vocab_size
+        clipped = np.maximum(np.minimum(tokens, self._last_positive[index]), self._first_positive[index])
+        return torch.from_numpy(clipped.astype(np.int64, copy=False))
