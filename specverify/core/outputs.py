@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from specverify.errors import SpecverifyError
@@ -114,42 +115,44 @@ def validate_emitted(result: Any, draft_tokens: torch.Tensor | None, vocab_size:
     emitted = _integral_values(tensor) if tuple(tensor.shape) == (batch, width) else None
     if emitted is None:
         raise MalformedOutput(problems)
-    padding = emitted == -1
-    out_of_range = ~padding & ((emitted < 0) | (emitted >= vocab_size))
-    if bool(out_of_range.any()):
-        row, col = (int(i) for i in out_of_range.nonzero()[0])
-        problems.append(f"returned token id {int(emitted[row, col])} outside [0, {vocab_size}) (row {row}, slot "
+    values = emitted.numpy()  # the layout checks below are a few small vector operations: numpy's are cheaper
+    padding = values == -1
+    out_of_range = ~padding & ((values < 0) | (values >= vocab_size))
+    if out_of_range.any():
+        row, col = (int(i) for i in np.argwhere(out_of_range)[0])
+        problems.append(f"returned token id {int(values[row, col])} outside [0, {vocab_size}) (row {row}, slot "
                         f"{col}; -1 is the only allowed padding)")
-    lengths = (~padding).long().cumprod(dim=-1).sum(dim=-1)
-    after_padding = ~padding & (torch.arange(width) >= lengths[:, None])
-    if bool(after_padding.any()):
-        row = int(after_padding.any(dim=-1).nonzero()[0, 0])
-        problems.append(f"emitted a token after -1 padding (row {row}: {emitted[row].tolist()})")
-    if bool((lengths == 0).any()):
-        row = int((lengths == 0).nonzero()[0, 0])
+    first_padding = np.where(padding.any(axis=-1), padding.argmax(axis=-1), width)
+    after_padding = ~padding & (np.arange(width) >= first_padding[:, None])
+    if after_padding.any():
+        row = int(np.argwhere(after_padding.any(axis=-1))[0, 0])
+        problems.append(f"emitted a token after -1 padding (row {row}: {values[row].tolist()})")
+    if (first_padding == 0).any():
+        row = int(np.argwhere(first_padding == 0)[0, 0])
         problems.append(f"emitted no token in row {row} (every step emits at least the correction-or-bonus token)")
     if problems:
         raise MalformedOutput(problems)
     if draft_tokens is not None:
-        accepted_slot = torch.arange(width - 1)[None, :] < (lengths[:, None] - 1)
-        wrong_slot = accepted_slot & (emitted[:, : width - 1] != draft_tokens.cpu())
-        if bool(wrong_slot.any()):
-            rows = wrong_slot.any(dim=-1).nonzero().squeeze(-1)
-            row, col = (int(i) for i in wrong_slot.nonzero()[0])
+        accepted_slot = np.arange(width - 1)[None, :] < (first_padding[:, None] - 1)
+        wrong_slot = accepted_slot & (values[:, : width - 1] != draft_tokens.cpu().numpy())
+        if wrong_slot.any():
+            rows = int(wrong_slot.any(axis=-1).sum())
+            row, col = (int(i) for i in np.argwhere(wrong_slot)[0])
             raise ImpossibleOutput([
-                f"emitted {int(emitted[row, col])} in accepted slot {col} of row {row}, but the draft token there "
-                f"is {int(draft_tokens[row, col])} ({len(rows)} of {batch} rows hold a non-draft token in an "
+                f"emitted {int(values[row, col])} in accepted slot {col} of row {row}, but the draft token there "
+                f"is {int(draft_tokens[row, col])} ({rows} of {batch} rows hold a non-draft token in an "
                 "accepted slot): only the row's own accepted draft tokens may precede its one correction-or-bonus "
                 "token; a rule that reads another row's drafts (or shifts them) emits exactly this"])
     if num_draft_tokens is not None:
-        too_long = lengths > num_draft_tokens.cpu() + 1
-        if bool(too_long.any()):
-            row = int(too_long.nonzero()[0, 0])
+        too_long = first_padding > num_draft_tokens.cpu().numpy() + 1
+        if too_long.any():
+            row = int(np.argwhere(too_long)[0, 0])
             raise ImpossibleOutput([
-                f"emitted {int(lengths[row])} tokens in row {row}, which has num_draft_tokens = "
+                f"emitted {int(first_padding[row])} tokens in row {row}, which has num_draft_tokens = "
                 f"{int(num_draft_tokens[row])} ({int(too_long.sum())} of {batch} rows too long): a row with k_b drafts "
                 "emits at most k_b + 1 tokens; a rule that reads the padding after a row's drafts as drafts emits "
                 "exactly this"])
+    lengths = torch.from_numpy(first_padding.astype(np.int64))
     if target_probs is not None:
         impossible = zero_probability_tokens(emitted, lengths, target_probs)
         if impossible is not None:
