@@ -172,6 +172,14 @@ def _run(args: argparse.Namespace) -> int:
 
         print(listing())
         return 0
+    from specverify.auditing.isolation.spawn import prestarted
+
+    # The worker starts importing torch now, while this process imports the audit.
+    with prestarted(enabled=bool(args.target) and args.isolation == "process" and args.level != "endpoint"):
+        return _audit(args)
+
+
+def _audit(args: argparse.Namespace) -> int:
     from specverify.auditing.progress import progress_for
     from specverify.auditing.reports.terminal import format_report, verdict_line
 

@@ -4,6 +4,7 @@
   outputs validated against the layout and the law;
 - ``process.py``, ``worker.py`` — the worker process: shared-memory transport, deadlines enforced
   by killing, restarts, the mapping of every abnormal end to a fault;
+- ``spawn.py`` — starting a worker (the CLI starts the first one before it imports the audit);
 - ``faults.py`` — the kinds of fault and the in-process probes (deadline, input mutation, global RNG);
 - ``presentation.py`` — how inputs reach the function: contiguous, or as strided views;
 - ``write_guard.py`` — the worker's inputs read-only while the function runs (writes recorded);

@@ -13,7 +13,8 @@ harness, the statistics and the verdict stay in the parent, which the function c
   It loads the target itself from its target string (``file.py:fn``, ``pkg.mod:fn``, a built-in
   name, ``catalog:<name>``), or unpickles a module-level callable by reference.  (A
   ``multiprocessing`` spawn context would re-import the caller's ``__main__`` in the worker,
-  re-running an unguarded user script; a plain interpreter does not.)
+  re-running an unguarded user script; a plain interpreter does not.)  Starting it is
+  :mod:`specverify.auditing.isolation.spawn`'s; ``specverify audit`` starts the first one early.
 - **Shared memory.**  Tensors cross through one memory-mapped file (in ``/dev/shm`` where there is
   room), preallocated and reused by every call, grown by doubling when a call needs more: the
   parent writes a call's inputs into it, the worker passes views of it to the function and copies
@@ -53,24 +54,21 @@ import pickle
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-import specverify
 from specverify.auditing.isolation.faults import Fault
+from specverify.auditing.isolation.spawn import spawn, take
 from specverify.errors import SpecverifyError
 
 ISOLATION_MODES = ("process", "none")
@@ -341,23 +339,6 @@ class WorkerLost(SpecverifyError):
         self.fault = fault
 
 
-WORKER_ENVIRONMENT: dict[str, str] = {
-    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-    "MALLOC_TOP_PAD_": str(1 << 28),
-    "OMP_WAIT_POLICY": "PASSIVE",
-}
-"""The worker's environment defaults (a variable the caller set is kept).
-
-- glibc's allocator: inputs of 1–2 MB a row at V = 151,936 would otherwise be mapped and unmapped
-  on every call, and the page faults cost as much CPU as the function (production-gpt2-K4 on
-  lmdeploy: 43 s of system time, 1.1 s with these).
-- OpenMP's idle threads sleep instead of spinning: the worker and the audit take turns (one waits
-  while the other works), and a worker's threads spinning after each call hold cores the audit's
-  own threads need (standard audit of ``reference`` on 2 cores: 29.5 CPU-s with spinning threads,
-  20.3 without)."""
-
-
 class WorkerProcess:
     """One worker process: start, load the target, exchange messages with deadlines, stop.
 
@@ -371,28 +352,15 @@ class WorkerProcess:
                  stdout: CapturedStream, stderr: CapturedStream) -> None:
         self.target, self.level, self.device = target, level, device
         self.stdout, self.stderr = stdout, stderr
-        self.scratch = tempfile.mkdtemp(prefix="specverify-worker-")
-        parent_end, child_end = socket.socketpair()
-        environment = dict(os.environ)
-        package_root = str(Path(specverify.__file__).resolve().parents[1])
-        inherited = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
-        environment["PYTHONPATH"] = os.pathsep.join([package_root] + inherited)
-        environment["PYTHONUNBUFFERED"] = "1"
-        environment.update({name: value for name, value in WORKER_ENVIRONMENT.items() if name not in environment})
-        self.process = subprocess.Popen(
-            [sys.executable, "-u", "-m", "specverify.auditing.isolation.worker", str(child_end.fileno())],
-            pass_fds=(child_end.fileno(),), cwd=self.scratch, env=environment, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        child_end.close()
-        self.connection = Connection(os.dup(parent_end.fileno()))
-        parent_end.close()
+        spawned = take() or spawn()
+        self.process, self.connection, self.scratch = spawned.process, spawned.connection, spawned.scratch
         self.drains = [threading.Thread(target=capture.drain, args=(stream,), name="specverify-capture", daemon=True)
                        for stream, capture in ((self.process.stdout, stdout), (self.process.stderr, stderr))]
         for drain in self.drains:
             drain.start()
         self.killed_by_audit = False
         self.info: dict[str, Any] = {}
-        self.started = time.perf_counter()
+        self.started = spawned.started
         self.start_timeout_s = start_timeout_s
         self.loaded = False
 

@@ -299,6 +299,8 @@ def main(descriptor: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the user's Ctrl-C is for the audit, not the function
     _die_with_parent()
     connection = Connection(descriptor)
+    import specverify.auditing.isolation.guarded  # noqa: F401 - torch and what every load needs, before the request
+
     worker = Worker()
     handlers = {"load": worker.load, "steps": worker.steps, "tree": worker.tree, "raw": worker.raw,
                 "generate": worker.generate}
