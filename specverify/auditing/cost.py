@@ -39,18 +39,25 @@ SECONDS_PER_CHECK = 0.05
 SECONDS_UNSAMPLED = 0.1
 """The seconds of a check that draws no samples (exact and contract checks)."""
 
-HARNESS_S_PER_ROW = 3e-6
+HARNESS_S_PER_ROW = 0.5e-6
 """The audit's own seconds per row of a sampled step (drawing the inputs, counting the outputs)."""
 
-HARNESS_S_PER_ENTRY = 1.5e-9
+HARNESS_S_PER_ENTRY = 0.4e-9
 """The audit's own seconds per probability entry of a row (building the laws, presenting them to
-the function and checking them unchanged after the call, the token-level tests)."""
+the function, the token-level tests)."""
 
 PRIOR_S_PER_ENTRY = 1e-9
 """The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
 
-PRIOR_S_PER_ROW = 2e-6
-"""The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised)."""
+PRIOR_S_PER_ROW = 0.5e-6
+"""The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised
+over the thousands of rows of a call)."""
+
+PRIOR_S_PER_CALL = 25e-6
+"""The reference rule's seconds per call of its own beyond its rows (the call, the worker's
+validation and copy of its output), which a check calling it with one row or a few pays per row.
+With the per-row and per-entry constants above, fitted on the toy-shaped checks of the sampler
+battery at standard (2-core AMD EPYC)."""
 
 PRIOR_S_PER_DECODER_CALL = 0.1
 """The reference decoder's seconds per call (a request of a few dozen tokens on the tiny models)."""
@@ -98,13 +105,14 @@ class Cost:
         return self.own_s + self.rows * self.prior_per_row
 
 
-def step_cost(rows: int, num_draft: float, vocab_size: int) -> Cost:
-    """``rows`` steps of ``num_draft`` drafts at ``vocab_size``: (2K + 1)·V entries a row."""
+def step_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: float = math.inf) -> Cost:
+    """``rows`` steps of ``num_draft`` drafts at ``vocab_size``: (2K + 1)·V entries a row, in calls
+    of ``rows_per_call`` rows on average (default: large batches, the per-call cost negligible)."""
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
     return Cost(rows, SECONDS_PER_CHECK, HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY, entries,
-                PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW)
+                PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW + PRIOR_S_PER_CALL / rows_per_call)
 
 
 PRODUCTION_FIXED_S = 0.3

@@ -138,6 +138,10 @@ class GroupedStepCheck(StepLawCheck):
         super().__post_init__()
         self.parameters["batch sizes"] = list(self.pattern)
 
+    def cost(self, plan: Plan) -> Cost:
+        rows_per_call = sum(self.pattern) / len(self.pattern)
+        return step_cost(plan.n, self.num_draft, self.bank.vocab_size, rows_per_call=rows_per_call)
+
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         sample, calls = sample_steps_in_groups(
             session.function, self.bank, num_draft=self.num_draft, window=self.window, n=n, pattern=self.pattern,
