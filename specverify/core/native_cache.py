@@ -1,7 +1,7 @@
 """Where the native sources (``native/*.c``) are compiled to, and their build; importable without
 torch.  :mod:`specverify.core.native_rules` loads the verification kernel (``verify_kernel.c``),
 :mod:`specverify.auditing.isolation.write_guard` the worker's write guard (``write_guard.c``),
-``specverify doctor`` looks for the kernel.
+``specverify doctor`` looks for the kernel; :func:`loaded` builds and loads either.
 
 A compiled file is ``$SPECVERIFY_CACHE/native/NAME-KEY.so`` (default cache ``~/.cache/specverify``),
 KEY the hash of the source, the compiler, the flags, the machine and the CPU's flags: a new source
@@ -11,6 +11,7 @@ may build it at the same time.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -88,3 +89,14 @@ def compiled(source: bytes, name: str = "verify_kernel", flags: Sequence[str] = 
             os.unlink(partial)
         return None
     return target
+
+
+def loaded(source: bytes, name: str = "verify_kernel", flags: Sequence[str] = FLAGS) -> ctypes.CDLL | None:
+    """The library of :func:`compiled`, loaded; None when it cannot be built or loaded."""
+    built = compiled(source, name, flags)
+    if built is None:
+        return None
+    try:
+        return ctypes.CDLL(str(built))
+    except OSError:
+        return None

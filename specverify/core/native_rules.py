@@ -109,12 +109,8 @@ def build(source: bytes) -> ctypes.CDLL | None:
     """Compile the C ``source`` (cached by its hash, the command and the CPU) and load it with its
     ``sv_verify`` signature; ``None`` when there is no compiler or it fails.  Tests build mutated
     copies of the kernel with it, to show that the identity tests catch them."""
-    target = native_cache.compiled(source, flags=FLAGS)
-    if target is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError:
+    lib = native_cache.loaded(source, flags=FLAGS)
+    if lib is None:
         return None
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
     lib.sv_verify.argtypes = [ctypes.c_int, ctypes.c_int, pointer, pointer, int64, int64, int64, int64, int64, int64,

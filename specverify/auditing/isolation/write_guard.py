@@ -40,12 +40,8 @@ def library() -> ctypes.CDLL | None:
     (where a write to a read-only shared page may raise SIGBUS, which the guard does not handle)."""
     if not sys.platform.startswith("linux"):
         return None
-    built = native_cache.compiled(SOURCE.read_bytes(), "write_guard")
-    if built is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(built))
-    except OSError:
+    lib = native_cache.loaded(SOURCE.read_bytes(), "write_guard")
+    if lib is None:
         return None
     lib.sv_guard_cover.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     for function in (lib.sv_guard_cover, lib.sv_guard_release, lib.sv_guard_written):
