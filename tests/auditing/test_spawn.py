@@ -31,9 +31,8 @@ def test_an_untaken_worker_is_stopped_when_the_block_ends(monkeypatch):
 
 def test_the_audit_runs_on_the_prestarted_worker(monkeypatch):
     with spawn.prestarted():
-        held = spawn._HELD[-1].spawned
-        assert held is not None
+        held = spawn._HELD[-1]
         report = audit("reference", budget=600, checks=["step-K2"])
         assert report.exit_code == EXIT_PASS, report.summary
-        assert spawn._HELD[-1].spawned is None  # taken by the session
+        assert held not in spawn._HELD  # taken by the session
         assert held.process.poll() is not None  # and stopped with it

@@ -52,7 +52,6 @@ import mmap
 import os
 import pickle
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -352,15 +351,14 @@ class WorkerProcess:
                  stdout: CapturedStream, stderr: CapturedStream) -> None:
         self.target, self.level, self.device = target, level, device
         self.stdout, self.stderr = stdout, stderr
-        spawned = take() or spawn()
-        self.process, self.connection, self.scratch = spawned.process, spawned.connection, spawned.scratch
+        self.spawned = take() or spawn()
+        self.process, self.connection = self.spawned.process, self.spawned.connection
         self.drains = [threading.Thread(target=capture.drain, args=(stream,), name="specverify-capture", daemon=True)
                        for stream, capture in ((self.process.stdout, stdout), (self.process.stderr, stderr))]
         for drain in self.drains:
             drain.start()
         self.killed_by_audit = False
         self.info: dict[str, Any] = {}
-        self.started = spawned.started
         self.start_timeout_s = start_timeout_s
         self.loaded = False
 
@@ -389,17 +387,7 @@ class WorkerProcess:
     def kill(self) -> None:
         if self.process.poll() is None:
             self.killed_by_audit = True
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    self.process.kill()
-                except ProcessLookupError:
-                    pass
-        try:
-            self.process.wait(timeout=REAP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
+        self.spawned.kill(REAP_TIMEOUT_S)
         self._cleanup()
 
     def stop(self, grace_s: float | None = None) -> None:
@@ -416,11 +404,7 @@ class WorkerProcess:
     def _cleanup(self) -> None:
         for drain in self.drains:  # the last output of a dead worker is still in its pipes
             drain.join(timeout=DRAIN_TIMEOUT_S)
-        try:
-            self.connection.close()
-        except OSError:
-            pass
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.spawned.close()
 
     # -- messages ----------------------------------------------------------------------------
 

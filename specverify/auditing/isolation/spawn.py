@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+DISCARD_REAP_S = 5.0
+"""The longest :meth:`Spawned.discard` waits for a killed worker to be reaped."""
 
 WORKER_ENVIRONMENT: dict[str, str] = {
     "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
@@ -45,30 +48,43 @@ WORKER_ENVIRONMENT: dict[str, str] = {
 @dataclass
 class Spawned:
     """A started worker process: the process (pipes on stdout and stderr), the parent's end of
-    its control socket, its scratch directory and when it started (``time.perf_counter()``)."""
+    its control socket and its scratch directory."""
 
     process: subprocess.Popen[bytes]
     connection: Connection
     scratch: str
-    started: float
 
-    def discard(self) -> None:
-        """Kill the worker's process group and remove its scratch directory (a worker never used)."""
+    def kill(self, reap_timeout_s: float) -> None:
+        """SIGKILL the worker's process group (the process alone where the group cannot be
+        signalled) if it still runs, and reap it, waiting at most ``reap_timeout_s`` seconds."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    self.process.kill()
+                except ProcessLookupError:
+                    pass
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=reap_timeout_s)
         except subprocess.TimeoutExpired:
             pass
+
+    def close(self) -> None:
+        """Close the control socket and remove the scratch directory (the process has ended)."""
+        try:
+            self.connection.close()
+        except OSError:
+            pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def discard(self) -> None:
+        """End a worker no session took: kill it, close its pipes, :meth:`close`."""
+        self.kill(DISCARD_REAP_S)
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
-        self.connection.close()
-        import shutil
-
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.close()
 
 
 def spawn() -> Spawned:
@@ -90,17 +106,11 @@ def spawn() -> Spawned:
     child_end.close()
     connection = Connection(os.dup(parent_end.fileno()))
     parent_end.close()
-    return Spawned(process, connection, scratch, time.perf_counter())
+    return Spawned(process, connection, scratch)
 
 
-@dataclass
-class _Held:
-    """The worker :func:`prestarted` holds until a session takes it (None once taken)."""
-
-    spawned: Spawned | None
-
-
-_HELD: list[_Held] = []
+_HELD: list[Spawned] = []
+"""The workers :func:`prestarted` holds until a session takes one."""
 
 
 @contextlib.contextmanager
@@ -110,22 +120,21 @@ def prestarted(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    held = _Held(spawn())
+    held = spawn()
     _HELD.append(held)
     try:
         yield
     finally:
-        _HELD.remove(held)
-        if held.spawned is not None:
-            held.spawned.discard()
+        if held in _HELD:
+            _HELD.remove(held)
+            held.discard()
 
 
 def take() -> Spawned | None:
     """The prestarted worker, if one is held and still running (then no longer held); else None."""
-    for held in reversed(_HELD):
-        spawned, held.spawned = held.spawned, None
-        if spawned is not None and spawned.process.poll() is None:
+    while _HELD:
+        spawned = _HELD.pop()
+        if spawned.process.poll() is None:
             return spawned
-        if spawned is not None:
-            spawned.discard()
+        spawned.discard()
     return None
