@@ -12,7 +12,9 @@ top-level one) and the closest spelling (``did you mean --budget?``), exit statu
 
 :func:`main` sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the caller set it) before the subcommands
 import torch: an audit's process waits for its worker most of the time, and OpenMP threads that
-spin while it waits hold the cores the worker runs on.
+spin while it waits hold the cores the worker runs on.  It also tells glibc's allocator to keep
+large freed blocks (:mod:`specverify.auditing.isolation.allocator`), as the worker's is: the
+audit allocates tens of MB a call for production-shape inputs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from specverify import __version__
+from specverify.auditing.isolation import allocator
 
 SUBCOMMAND_MODULES = ("specverify.cli.audit", "specverify.cli.properties", "specverify.cli.speedup",
                       "specverify.cli.models", "specverify.cli.demo_server", "specverify.cli.doctor")
@@ -93,6 +96,7 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit status."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch loads OpenMP
+    allocator.apply()
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     cut = words.index("--") if "--" in words else len(words)

@@ -35,7 +35,7 @@ import functools
 import inspect
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,15 +321,33 @@ class _Session(AuditedFunction):
         return (left, True) if left < deadline_s else (deadline_s, False)
 
     def _request(self, message: dict[str, Any], deadline_s: float, what: str, where: str) -> tuple:
+        self._send(message, what, where)
+        return self._receive(deadline_s, what, where)
+
+    def _send(self, message: dict[str, Any], what: str, where: str) -> None:
+        """Send a request to the worker (started first when none runs), not waiting for its reply."""
         try:
             worker = self._worker()
         except WorkerLost:
             if self.cutoff is not None:
                 raise CutOff(f"{what}: the worker process did not start before the caller's cutoff") from None
             raise
-        deadline_s, cut = self._within_cutoff(deadline_s, what)
+        self._within_cutoff(0.0, what)
         try:
-            return worker.request(message, deadline_s, what)
+            worker.send(message, what)
+        except WorkerLost as lost:
+            self.log.losses.append(f"{where}: {lost.fault.message}")
+            raise lost.fault from None
+
+    def _receive(self, deadline_s: float, what: str, where: str) -> tuple:
+        """The reply to the oldest request sent, within ``deadline_s`` seconds and the cutoff (a
+        request still running at the cutoff is stopped: :class:`CutOff`)."""
+        assert self.worker is not None, "a reply is awaited only after a request was sent"
+        cut = self.cutoff is not None and self.cutoff - time.perf_counter() < deadline_s
+        if self.cutoff is not None and cut:
+            deadline_s = max(0.0, self.cutoff - time.perf_counter())
+        try:
+            return self.worker.receive(deadline_s, what)
         except WorkerLost as lost:
             if cut and lost.fault.kind == "timeout":
                 raise CutOff(f"{what}: stopped at the caller's cutoff (the worker process was killed)") from None
@@ -525,8 +543,7 @@ class GuardedFunction(_Session):
     def _probe_first(self, proposal: Any, sizes: Sequence[int], where: str, strided: bool) -> None:
         """Before a first call of unknown speed and more than PROBE_ELEMENTS entries, call the
         function on a few of its rows (throwaway generator, output validated and discarded)."""
-        batch, width, vocab = proposal.target_probs.shape
-        per_row = (2 * width - 1) * vocab
+        per_row = _entries_per_row(proposal)
         if self.speed.known or sizes[0] == 1 or sizes[0] * per_row <= PROBE_ELEMENTS:
             return
         rows = max(1, min(sizes[0] - 1, PROBE_ELEMENTS // per_row))
@@ -539,8 +556,8 @@ class GuardedFunction(_Session):
     def _groups_in_process(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str,
                            strided: bool) -> torch.Tensor:
         self._probe_first(proposal, sizes, where, strided)
-        batch, width, vocab = proposal.target_probs.shape
-        per_row = (2 * width - 1) * vocab
+        vocab = proposal.target_probs.shape[-1]
+        per_row = _entries_per_row(proposal)
         names = ("target_probs", "draft_probs", "draft_tokens")
         passed = self._present({name: getattr(proposal, name) for name in names}, strided, vocab)
         ragged = _num_draft_tokens(proposal)
@@ -575,47 +592,154 @@ class GuardedFunction(_Session):
 
     def _groups_in_worker(self, proposal: Any, generator: Any, sizes: Sequence[int], where: str,
                           strided: bool) -> torch.Tensor:
-        if not isinstance(generator, FunctionGenerator):
-            raise ValueError("generator: pass a generator made by GuardedFunction.generator(seed)")
         self._probe_first(proposal, sizes, where, strided)
-        target, draft, tokens = proposal.target_probs, proposal.draft_probs, proposal.draft_tokens
-        batch, width, vocab = target.shape
-        per_row = (2 * width - 1) * vocab
-        inputs = {"target_probs": target, "draft_probs": draft, "draft_tokens": tokens}
-        ragged = _num_draft_tokens(proposal)
-        if ragged is not None:
-            inputs["num_draft_tokens"] = ragged
-        views, header = self._share(inputs, (batch, width), strided, vocab)
-        header.update(op="steps", generator=generator, where=where, ragged=ragged is not None)
+        inputs, views, header = self._shared_proposal(proposal, generator, where, strided)
+        per_row = _entries_per_row(proposal)
         first_row = [0]
         for size in sizes:
             first_row.append(first_row[-1] + size)
         untouched = True
         for start, stop in self._chunks(sizes, per_row):
             rows = first_row[stop] - first_row[start]
-            calls = stop - start
-            deadline = self.speed.deadline(calls, rows * per_row, self.timeout_s)
+            deadline = self.speed.deadline(stop - start, rows * per_row, self.timeout_s)
             what = (f"the function (in {where})" if len(sizes) == 1 else
                     f"the function (in {where}, calls {start + 1}–{stop} of {len(sizes)})")
             header.update(groups=list(sizes[start:stop]), row=first_row[start])
-            reply = self._request(dict(header), deadline, what, where)
-            if reply[0] == "fault":
-                _, kind, message, number = reply
-                returned = number + (kind in ("malformed", "impossible"))
-                self._returned(returned, sum(sizes[start:start + returned]))
-                call = f"call {start + number + 1} of {len(sizes)}, " if len(sizes) > 1 else ""
-                raise Fault(kind, message.replace("{what}", f"the function (in {call}{where})"))
-            _, seconds, aliased, guarded = reply
-            untouched = untouched and guarded
-            self._returned(calls, rows)
-            self.speed.record(calls, rows * per_row, seconds)
-            self.log.function_seconds += seconds
-            if aliased and not self.log.aliasing:
-                self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
+            self._send(dict(header), what, where)
+            reply = self._receive(deadline, what, where)
+            untouched = self._accounted(reply, sizes, start, stop, per_row, where) and untouched
+        self._settle(inputs, untouched, where)
+        return views[-1].clone()
+
+    def _shared_proposal(self, proposal: Any, generator: Any, where: str,
+                         strided: bool) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], dict[str, Any]]:
+        """The proposal's inputs by name, their views in the shared buffer (the output region last)
+        and the header of a ``steps`` request on them (:meth:`_share`)."""
+        if not isinstance(generator, FunctionGenerator):
+            raise ValueError("generator: pass a generator made by GuardedFunction.generator(seed)")
+        target, draft, tokens = proposal.target_probs, proposal.draft_probs, proposal.draft_tokens
+        batch, width, vocab = target.shape
+        inputs = {"target_probs": target, "draft_probs": draft, "draft_tokens": tokens}
+        ragged = _num_draft_tokens(proposal)
+        if ragged is not None:
+            inputs["num_draft_tokens"] = ragged
+        views, header = self._share(inputs, (batch, width), strided, vocab)
+        header.update(op="steps", generator=generator, where=where, ragged=ragged is not None)
+        return inputs, views, header
+
+    def _accounted(self, reply: tuple, sizes: Sequence[int], start: int, stop: int, per_row: int,
+                   where: str) -> bool:
+        """Count the calls ``start..stop−1`` of a ``steps`` reply (a fault reply raises its Fault,
+        counting the calls that returned); True when the write guard saw the inputs untouched."""
+        if reply[0] == "fault":
+            _, kind, message, number = reply
+            returned = number + (kind in ("malformed", "impossible"))
+            self._returned(returned, sum(sizes[start:start + returned]))
+            call = f"call {start + number + 1} of {len(sizes)}, " if len(sizes) > 1 else ""
+            raise Fault(kind, message.replace("{what}", f"the function (in {call}{where})"))
+        _, seconds, aliased, untouched = reply
+        rows = sum(sizes[start:stop])
+        self._returned(stop - start, rows)
+        self.speed.record(stop - start, rows * per_row, seconds)
+        self.log.function_seconds += seconds
+        if aliased and not self.log.aliasing:
+            self.log.aliasing.append(f"{where}: {ALIASING_MESSAGE}")
+        return bool(untouched)
+
+    def _settle(self, inputs: dict[str, torch.Tensor], untouched: bool, where: str) -> None:
         changed = self._mutated(inputs, untouched)
         if changed:
             self.log.mutations.append(f"{where}: modified {', '.join(changed)} in place")
-        return views[-1].clone()
+
+    # -- calls whose audit work overlaps the function's --------------------------------------
+
+    def call_each(self, items: Iterable[tuple[Any, Any]], generator: Any, *, where: str,
+                  strided: bool = False) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        """One call on each ``(tag, proposal)`` of ``items``, in order, all with ``generator``;
+        yields ``(tag, emitted, lengths)``, each as :meth:`__call__` returns it (``tag`` is
+        whatever the caller needs back, e.g. the rows' chains).
+
+        The audit's work overlaps the function's: ``items`` is advanced (building proposal i+1)
+        before the output of call i is awaited, and in a worker proposal i+1 is sent before the
+        output of call i is validated and yielded, so the function runs on i+1 while the caller
+        uses the output of i.  The calls, their arguments and their order are those of one
+        :meth:`__call__` per proposal; in-process the items are taken in the same order.  A
+        request still running when the caller stops (an exception, a ``break``) is awaited and
+        its output discarded, so the next call finds the worker idle."""
+        iterator = iter(items)
+        current = next(iterator, None)
+        if self.isolation == "none":
+            while current is not None:
+                upcoming = next(iterator, None)
+                tag, proposal = current
+                yield (tag, *self(proposal, generator, where=where, strided=strided))
+                current = upcoming
+            return
+        in_flight: _InFlight | None = None
+        try:
+            while current is not None:
+                tag, proposal = current
+                if in_flight is None:
+                    in_flight = self._sent(proposal, generator, where, strided)
+                upcoming = next(iterator, None)
+                done, in_flight = in_flight, None
+                output = self._output(done)
+                if upcoming is not None:
+                    in_flight = self._sent(upcoming[1], generator, where, strided)
+                yield (tag, *validate_emitted(output, proposal.draft_tokens, proposal.target_probs.shape[-1],
+                                              proposal.target_probs, num_draft_tokens=_num_draft_tokens(proposal)))
+                current = upcoming
+        finally:
+            if in_flight is not None and in_flight.header is not None:
+                try:
+                    self._output(in_flight)
+                except (Fault, CutOff):  # counted in the log; the caller's own exception is what propagates
+                    pass
+
+    def _sent(self, proposal: Any, generator: Any, where: str, strided: bool) -> _InFlight:
+        """One call on ``proposal`` sent to the worker, not awaited; while the function's speed is
+        not known yet (the first call of a session, its speed probe), made at once instead."""
+        rows = proposal.target_probs.shape[0]
+        if not self.speed.known:
+            return _InFlight(output=self._groups_in_worker(proposal, generator, [rows], where, strided))
+        inputs, views, header = self._shared_proposal(proposal, generator, where, strided)
+        per_row = _entries_per_row(proposal)
+        header.update(groups=[rows], row=0)
+        what = f"the function (in {where})"
+        self._send(header, what, where)
+        return _InFlight(header=header, inputs=inputs, output=views[-1], rows=rows, per_row=per_row, where=where,
+                         deadline_s=self.speed.deadline(1, rows * per_row, self.timeout_s))
+
+    def _output(self, call: _InFlight) -> torch.Tensor:
+        """The output of ``call`` (awaited when it was sent), accounted and settled as
+        :meth:`_groups_in_worker` does; a fresh tensor."""
+        if call.header is None:
+            return call.output
+        reply = self._receive(call.deadline_s, f"the function (in {call.where})", call.where)
+        untouched = self._accounted(reply, [call.rows], 0, 1, call.per_row, call.where)
+        self._settle(call.inputs, untouched, call.where)
+        return call.output.clone()
+
+
+@dataclass
+class _InFlight:
+    """A call of :meth:`GuardedFunction.call_each`: sent to the worker (``header`` set; ``output``
+    is its output region, ``inputs`` what it was given) or already made (``header`` None,
+    ``output`` its output)."""
+
+    output: torch.Tensor
+    header: dict[str, Any] | None = None
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: int = 0
+    per_row: int = 0
+    where: str = ""
+    deadline_s: float = 0.0
+
+
+def _entries_per_row(proposal: Any) -> int:
+    """Probability entries of one row of ``proposal`` (K+1 target and K draft laws of V entries)."""
+    _, width, vocab = proposal.target_probs.shape
+    return (2 * width - 1) * vocab
 
 
 def _num_draft_tokens(proposal: Any) -> torch.Tensor | None:

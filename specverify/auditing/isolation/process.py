@@ -409,8 +409,24 @@ class WorkerProcess:
     # -- messages ----------------------------------------------------------------------------
 
     def request(self, message: dict[str, Any], deadline_s: float, what: str) -> tuple:
+        self.send(message, what)
+        return self.receive(deadline_s, what)
+
+    def send(self, message: dict[str, Any], what: str) -> None:
+        """Send ``message`` without waiting for the reply (the worker answers requests in order;
+        :meth:`receive` takes the oldest reply)."""
         try:
             self.connection.send_bytes(pickle.dumps(message))
+        except OSError as error:
+            raise WorkerLost(self._ended(what, error)) from None
+        except BaseException:
+            self.kill()
+            raise
+
+    def receive(self, deadline_s: float, what: str) -> tuple:
+        """The reply to the oldest request sent, waited for at most ``deadline_s`` seconds (past
+        it the worker is killed and :class:`WorkerLost` raised)."""
+        try:
             if not self.connection.poll(deadline_s):
                 self.kill()
                 raise WorkerLost(Fault("timeout", f"{what} did not return within the per-call timeout of "

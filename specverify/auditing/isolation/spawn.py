@@ -25,20 +25,18 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from specverify.auditing.isolation import allocator
+
 DISCARD_REAP_S = 5.0
 """The longest :meth:`Spawned.discard` waits for a killed worker to be reaped."""
 
-WORKER_ENVIRONMENT: dict[str, str] = {
-    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-    "MALLOC_TOP_PAD_": str(1 << 28),
-    "OMP_WAIT_POLICY": "PASSIVE",
-}
+WORKER_ENVIRONMENT: dict[str, str] = {**allocator.environment(), "OMP_WAIT_POLICY": "PASSIVE"}
 """The worker's environment defaults (a variable the caller set is kept).
 
-- glibc's allocator: inputs of 1–2 MB a row at V = 151,936 would otherwise be mapped and unmapped
-  on every call, and the page faults cost as much CPU as the function (production-gpt2-K4 on
-  lmdeploy: 43 s of system time, 1.1 s with these).
+- glibc's allocator keeps large freed blocks (:mod:`~specverify.auditing.isolation.allocator`):
+  inputs of 1–2 MB a row at V = 151,936 would otherwise be mapped and unmapped on every call, and
+  the page faults cost as much CPU as the function (production-gpt2-K4 on lmdeploy: 43 s of
+  system time, 1.1 s with these).
 - OpenMP's idle threads sleep instead of spinning: the worker and the audit take turns (one waits
   while the other works), and a worker's threads spinning after each call hold cores the audit's
   own threads need (standard audit of ``reference`` on 2 cores: 29.5 CPU-s with spinning threads,

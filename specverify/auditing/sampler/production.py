@@ -27,7 +27,7 @@ at moderate V.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -403,18 +403,26 @@ class ProductionStepCheck(SequentialCheck):
         return production_step_cost(plan.n, self.num_draft, self.bank.vocab_size, entry_bytes)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
+        """``n`` rows in calls of :attr:`rows_per_call`: the proposals are drawn from one generator
+        and the completions from another, so the audit builds the next call's proposal while the
+        function runs (:meth:`~specverify.auditing.isolation.guarded.GuardedFunction.call_each`)
+        and the draws do not depend on that order."""
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
-        generator = torch.Generator().manual_seed(derive_seed(plan.seed, "harness", look))
+        proposing = torch.Generator().manual_seed(derive_seed(plan.seed, "harness", look))
+        completing = torch.Generator().manual_seed(derive_seed(plan.seed, "completion", look))
         function_generator = session.function.generator(derive_seed(plan.seed, "function", look))
         dtype = getattr(torch, self.dtype)
+
+        def proposals() -> Iterator[tuple[torch.Tensor, Proposal]]:
+            for offset in range(0, n, self.rows_per_call):
+                chain = balanced_chains(min(self.rows_per_call, n - offset), bank.num_chains, proposing)
+                yield chain, production_proposal(bank, chain, k, proposing, dtype)
+
         counts = torch.zeros(bank.num_chains * (k + 1) * vocab, dtype=torch.int64)
         accepted = torch.zeros(k + 1, dtype=torch.int64)
-        for offset in range(0, n, self.rows_per_call):
-            rows = min(self.rows_per_call, n - offset)
-            chain = balanced_chains(rows, bank.num_chains, generator)
-            proposal = production_proposal(bank, chain, k, generator, dtype)
-            emitted, lengths = session.function(proposal, function_generator, where=self.name, strided=self.strided)
-            completed = complete(bank, bank.initial_state(chain), emitted, lengths, k + 1, generator)
+        calls = session.function.call_each(proposals(), function_generator, where=self.name, strided=self.strided)
+        for chain, emitted, lengths in calls:
+            completed = complete(bank, bank.initial_state(chain), emitted, lengths, k + 1, completing)
             index = (chain[:, None] * (k + 1) + torch.arange(k + 1)) * vocab + completed
             counts.index_add_(0, index.reshape(-1), torch.ones(index.numel(), dtype=torch.int64))
             accepted += torch.bincount(lengths - 1, minlength=k + 1)
