@@ -185,8 +185,10 @@ class Speeds:
     A row the reference reads in under :data:`ENTRY_BOUND_S` (a small vocabulary) costs a function
     its per-row and per-call overheads, whatever its entries; above it, its entries.  So a check is
     priced from the measurements of its own regime only: an entry-bound one at the seconds per unit
-    measured at its scale (or the nearest entry-bound scale measured), an overhead-bound one at the
-    seconds per row measured at its scale (or the nearest overhead-bound scale measured)."""
+    measured at its scale (or the nearest entry-bound scale measured), an overhead-bound one at its
+    prior seconds per row times the slowdown against the prior measured at its scale (or the
+    nearest overhead-bound scale measured): its prior counts its calls' overheads per row, so a
+    check of one row a call and one of thousands at the same scale are each priced as such."""
 
     def __init__(self) -> None:
         self.per_unit: dict[tuple[bool, float], float] = {}
@@ -199,7 +201,7 @@ class Speeds:
         own seconds, within ``wall_s`` of the check's wall time."""
         bound = entry_bound(cost)
         if rows > 0 and function_s > 0 and cost.work > 0:
-            self.per_unit[bound, cost.scale] = function_s / (rows * (cost.work if bound else 1.0))
+            self.per_unit[bound, cost.scale] = function_s / (rows * _units_per_row(cost))
             if cost.prior_per_row > 0:
                 self.slowdown[bound].append(function_s / rows / cost.prior_per_row)
         done = min(1.0, rows / cost.rows) if cost.rows else 1.0
@@ -227,7 +229,7 @@ class Speeds:
         the other regime (a function 6× slower than the reference on small vocabularies may be so
         on large ones too: the range says it, the estimate waits for a measurement)."""
         bound = entry_bound(cost)
-        units = cost.work if bound else 1.0
+        units = _units_per_row(cost)
         measured = {scale: speed for (regime, scale), speed in self.per_unit.items() if regime == bound}
         if not measured:  # the prior; its range: the slowdown against the prior measured in the other regime
             prior, other = cost.prior_per_row, self.slowdown[not bound]
@@ -249,6 +251,13 @@ class Speeds:
             row, low, high = self.per_row(cost)
             total += Estimate(own + cost.rows * row, own + cost.rows * low, own + cost.rows * high)
         return total
+
+
+def _units_per_row(cost: Cost) -> float:
+    """What :class:`Speeds` measures a row of ``cost`` in: its entries when it is entry-bound; else
+    its prior seconds, per-call overheads included, so that a speed measured with one row a call
+    prices a check of large calls at the same scale by the same slowdown, not the same seconds."""
+    return cost.work if entry_bound(cost) else (cost.prior_per_row or 1.0)
 
 
 def entry_bound(cost: Cost) -> bool:

@@ -54,7 +54,20 @@ def test_speeds_price_a_check_from_its_own_regime_at_the_nearest_measured_scale(
     expected, low, high = speeds.per_row(gpt2)  # nearer 151,936 than 4,099 in log scale
     assert expected == pytest.approx(gpt2.work * SLOWDOWN * PRIOR_S_PER_ENTRY) and expected == pytest.approx(high)
     assert low == pytest.approx(gpt2.work * PRIOR_S_PER_ENTRY)
-    assert speeds.per_row(step_cost(1_000, 2, 6))[0] == pytest.approx(1e-3)  # the tiny scale's per-row time
+    near_tiny = step_cost(1_000, 2, 6)  # the tiny scale's slowdown against the prior
+    assert speeds.per_row(near_tiny)[0] == pytest.approx(near_tiny.prior_per_row * slowdown)
+
+
+def test_one_row_a_call_prices_a_check_of_large_calls_at_the_same_scale_by_its_slowdown():
+    """A check calling with one row a call measures the function's per-call overheads (here 20 µs a
+    row, near the prior's 25.5 µs); a later check at the same scale in calls of a thousand rows is
+    priced at its own prior per row times that slowdown, not at 20 µs a row."""
+    speeds = Speeds()
+    one_row, batched = step_cost(1_000, 2, 10, rows_per_call=1), step_cost(100_000, 4, 10, rows_per_call=1_000)
+    speeds.record(one_row, 1_000, function_s=1_000 * 20e-6, wall_s=0.1)
+    slowdown = 20e-6 / one_row.prior_per_row
+    assert speeds.per_row(batched)[0] == pytest.approx(batched.prior_per_row * slowdown)
+    assert speeds.estimate([batched]).seconds < 0.2 < 100_000 * 20e-6
 
 
 def _result(name: str, n: int, seconds: float) -> CheckResult:
