@@ -587,6 +587,7 @@ def identity_test(
     id_block_count: int = 64,
     block_min_expected: float = 16.0,
     shares: Mapping[str, float] | None = None,
+    design: IdentityDesign | None = None,
 ) -> IdentityTest:
     """Test H0: the n = Σ counts samples were drawn i.i.d. from ``probs`` (counts[x] = how many
     samples were token x; both of length V).
@@ -594,6 +595,8 @@ def identity_test(
     ``seed`` drives the Poisson sub-sample and the thinning (derive it from the check's
     parameters and look with :func:`specverify.core.seeding.derive_seed`).  The p-value is valid
     at every level a: P(pvalue ≤ a | H0) ≤ a (module docstring); its floor is about 1e-13 / share.
+    ``design``: :func:`identity_design` of these ``probs`` and n with these options, made ahead
+    (e.g. while the samples were drawn); made here when None.
     """
     observed = _counts_array(counts, "counts")
     p = _probability_array(probs, "probs")
@@ -603,8 +606,12 @@ def identity_test(
     n = int(observed.sum())
     if n == 0:
         raise ValueError("counts: no samples (all counts are 0); the identity test needs n ≥ 1")
-    design = identity_design(p, n, flatten=flatten, id_block_count=id_block_count,
-                             block_min_expected=block_min_expected, shares=shares)
+    if design is None:
+        design = identity_design(p, n, flatten=flatten, id_block_count=id_block_count,
+                                 block_min_expected=block_min_expected, shares=shares)
+    elif (design.n, design.vocab_size) != (n, p.size):
+        raise ValueError(f"design: made for n = {design.n} samples of V = {design.vocab_size} tokens, the counts "
+                         f"hold n = {n} of V = {p.size}; pass identity_design(probs, n) of these counts, or None")
     empirical_tv = 0.5 * float(np.abs(observed / n - p).sum())
     impossible = int(observed[design.zero_ids].sum())
     zeros = IdentityPart("zeros", float(impossible), 0.0 if impossible else 1.0, 0.0, int(design.zero_ids.size),

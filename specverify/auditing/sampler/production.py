@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -337,6 +338,9 @@ class ProductionStepCheck(SequentialCheck):
     coarse_views: ClassVar[str] = "id tiles and probability levels"
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
+    _designs: dict[tuple[int, int, int], Future[dict[tuple[int, int], identity.IdentityDesign]]] = field(
+        init=False, default_factory=dict, repr=False, compare=False)
+    """The identity tests' designs of a look, made while its samples are drawn, until it is judged."""
 
     def target_tv(self, budget: SampleBudget) -> float | None:
         if budget.name in self.target_tvs:
@@ -406,7 +410,40 @@ class ProductionStepCheck(SequentialCheck):
         """``n`` rows in calls of :attr:`rows_per_call`: the proposals are drawn from one generator
         and the completions from another, so the audit builds the next call's proposal while the
         function runs (:meth:`~specverify.auditing.isolation.guarded.GuardedFunction.call_each`)
-        and the draws do not depend on that order."""
+        and the draws do not depend on that order; meanwhile a thread makes the look's identity
+        designs for :meth:`judge` (:meth:`look_designs`)."""
+        with ThreadPoolExecutor(1, thread_name_prefix="specverify-designs") as designing:
+            key = (plan.seed, plan.n, look)
+            self._designs[key] = designing.submit(self.look_designs, plan, look)
+            try:
+                return self._draw(session, plan, n, look)
+            except BaseException:
+                self._designs.pop(key, None)
+                raise
+
+    def look_designs(self, plan: Plan, look: int) -> dict[tuple[int, int], identity.IdentityDesign]:
+        """The identity tests' designs at look ``look`` (0-based), by (chain, position): each law at
+        the rows its chain holds by then (:meth:`chain_rows`).  A pure function of the plan: made
+        in a thread while the look's samples are drawn, it changes no test."""
+        rows = self.chain_rows(plan, look)
+        return {(r, j): identity.identity_design(self.bank.target[r, j], int(rows[r]))
+                for r in range(self.bank.num_chains) if rows[r] for j in range(self.num_draft + 1)}
+
+    def chain_rows(self, plan: Plan, look: int) -> np.ndarray:
+        """Rows of each chain once look ``look`` (0-based) is drawn: every look's rows in calls of
+        :attr:`rows_per_call`, of which :func:`balanced_chains` gives chain r ⌊rows / C⌋, one more
+        when r < rows mod C."""
+        chains = self.bank.num_chains
+        per_chain = np.zeros(chains, dtype=np.int64)
+        drawn = 0
+        for size in plan.looks[:look + 1]:
+            for offset in range(0, size - drawn, self.rows_per_call):
+                rows = min(self.rows_per_call, size - drawn - offset)
+                per_chain += rows // chains + (np.arange(chains) < rows % chains)
+            drawn = size
+        return per_chain
+
+    def _draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
         proposing = torch.Generator().manual_seed(derive_seed(plan.seed, "harness", look))
         completing = torch.Generator().manual_seed(derive_seed(plan.seed, "completion", look))
@@ -431,12 +468,17 @@ class ProductionStepCheck(SequentialCheck):
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
         counts = tally.counts["counts"].reshape(bank.num_chains, k + 1, vocab)
+        made = self._designs.pop((plan.seed, plan.n, (look or 1) - 1), None)
+        designs = made.result() if made is not None else {}
         results = []
         for r in range(bank.num_chains):
             for j in range(k + 1):
                 if not counts[r, j].any():  # a chain no row was given yet (tiny fixed budgets): no evidence, p = 1
                     continue
-                results.append(self._tests(plan, counts[r, j], r, j, level, look))
+                design = designs.get((r, j))
+                if design is not None and design.n != int(counts[r, j].sum()):
+                    design = None
+                results.append(self._tests(plan, counts[r, j], r, j, level, look, design))
         combined, r, j, failing, worst = min(results, key=lambda item: item[0])
         failed = combined <= level
         where = level_phrase(plan, level, look)
@@ -459,13 +501,14 @@ class ProductionStepCheck(SequentialCheck):
                            **look_fields(plan, level, look))
 
     def _tests(self, plan: Plan, counts: np.ndarray, chain: int, position: int, level: float,
-               look: int | None) -> tuple[float, int, int, str, identity.IdentityTest]:
-        """The tests of one (chain, position): the identity test and the goodness of fit of its two
-        coarse views, combined as ``m · min_i p_i / share_i`` (weighted Bonferroni, m tests in the
-        check); returns that p-value, the chain and position, what the smallest one says, and the
-        identity test."""
+               look: int | None, design: identity.IdentityDesign | None = None,
+               ) -> tuple[float, int, int, str, identity.IdentityTest]:
+        """The tests of one (chain, position): the identity test (on ``design`` when it was made
+        ahead) and the goodness of fit of its two coarse views, combined as ``m · min_i p_i /
+        share_i`` (weighted Bonferroni, m tests in the check); returns that p-value, the chain and
+        position, what the smallest one says, and the identity test."""
         seed = derive_seed(plan.seed, "identity", chain, position, look or 0) % (2**32)
-        token_test = identity.identity_test(counts, self.bank.target[chain, position], seed=seed)
+        token_test = identity.identity_test(counts, self.bank.target[chain, position], seed=seed, design=design)
         parts = "; ".join(f"{part.name} p={part.pvalue:.3g}" for part in token_test.parts)
         scaled = [(token_test.pvalue * self.num_tests / IDENTITY_SHARE, f"token by token ({parts})")]
         allotted = COARSE_SHARE * level / self.num_tests
