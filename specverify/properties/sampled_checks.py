@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,11 @@ class DirectCall:
     def __call__(self, proposal: Proposal, generator: torch.Generator, *,
                  where: str) -> tuple[torch.Tensor, torch.Tensor]:
         return call_impl(self.impl, *proposal, generator)
+
+    def call_each(self, items: Iterable[tuple[Any, Proposal]], generator: torch.Generator, *,
+                  where: str) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        for tag, proposal in items:
+            yield (tag, *self(proposal, generator, where=where))
 
 
 def _array_key(*arrays: np.ndarray) -> str:

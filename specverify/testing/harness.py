@@ -20,7 +20,7 @@ and tests the first L tokens jointly.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -29,6 +29,7 @@ import torch
 from specverify.auditing.isolation.guarded import CallLog, GuardedFunction  # noqa: F401 - re-exported
 from specverify.auditing.isolation.presentation import decoy_value
 from specverify.core.chains import ChainBank, MarkovBank, PositionalBank, RowState
+from specverify.core.seeding import derive_seed
 
 DEFAULT_BATCH_ROWS = 4096
 """Rows per call: large batches amortise the per-call overhead of the function and the harness."""
@@ -135,6 +136,11 @@ class ProposalFunction(Protocol):
     def __call__(self, proposal: Proposal, generator: Any, *, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         """One call on the whole proposal; returns ``(emitted, lengths)``."""
 
+    def call_each(self, items: Iterable[tuple[Any, Proposal]], generator: Any, *,
+                  where: str) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        """One call on each ``(tag, proposal)`` in order, yielding ``(tag, emitted, lengths)``; the
+        next proposal may be taken from ``items`` before an output is yielded."""
+
 
 def rows_per_call(batch_rows: int, num_draft: int, vocab_size: int) -> int:
     """Rows per call: ``batch_rows``, fewer when one call's inputs would exceed MAX_INPUT_ELEMENTS."""
@@ -166,30 +172,37 @@ def sample_steps(function: ProposalFunction, bank: ChainBank, *, num_draft: int,
                  chains: torch.Tensor | None = None) -> StepSample:
     """Run ``n`` independent single steps with K = ``num_draft`` drafts and collect each row's
     completed tokens in ``window`` (``(start, length)``).  Row ``b`` belongs to chain ``chains[b]``
-    (int64 ``[n]``); by default rows are spread uniformly at random over the bank's chains."""
+    (int64 ``[n]``); by default rows are spread uniformly at random over the bank's chains.  The
+    rows and proposals are drawn from ``harness_seed``, the completions from a seed derived from
+    it, so that the next call's proposal can be built while the function runs
+    (:meth:`ProposalFunction.call_each`) without changing any draw."""
     start, length = window
-    generator = torch.Generator().manual_seed(harness_seed)
+    proposing = torch.Generator().manual_seed(harness_seed)
+    completing = torch.Generator().manual_seed(derive_seed(harness_seed, "completion"))
     function_generator = function.generator(function_seed)
     per_call = rows_per_call(batch_rows, num_draft, bank.vocab_size)
     if chains is not None and tuple(chains.shape) != (n,):
         raise ValueError(f"chains: expected the chain of each of the n = {n} rows, got shape {list(chains.shape)}")
+
+    def proposals() -> Iterator[tuple[tuple[torch.Tensor, RowState, torch.Tensor], Proposal]]:
+        for offset in range(0, n, per_call):
+            rows = min(per_call, n - offset)
+            chain = (torch.randint(bank.num_chains, (rows,), generator=proposing) if chains is None
+                     else chains[offset : offset + rows])
+            state = bank.initial_state(chain)
+            proposal = propose(bank, state, num_draft, proposing)
+            yield (chain, state, proposal.draft_tokens[:, 0]), proposal
+
     chain_list, windows = [], []
     accepted = torch.zeros(num_draft + 1, dtype=torch.int64)
     first_is_draft = 0
-    for offset in range(0, n, per_call):
-        rows = min(per_call, n - offset)
-        if chains is None:
-            chain = torch.randint(bank.num_chains, (rows,), generator=generator)
-        else:
-            chain = chains[offset : offset + rows]
-        state = bank.initial_state(chain)
-        proposal = propose(bank, state, num_draft, generator)
-        emitted, lengths = function(proposal, function_generator, where=where)
-        completed = complete(bank, state, emitted, lengths, start + length, generator)
+    for (chain, state, first_drafts), emitted, lengths in function.call_each(proposals(), function_generator,
+                                                                              where=where):
+        completed = complete(bank, state, emitted, lengths, start + length, completing)
         chain_list.append(chain)
         windows.append(completed[:, start:])
         accepted += torch.bincount(lengths - 1, minlength=num_draft + 1)
-        first_is_draft += int((emitted[:, 0] == proposal.draft_tokens[:, 0]).sum())
+        first_is_draft += int((emitted[:, 0] == first_drafts).sum())
     return StepSample(torch.cat(chain_list), torch.cat(windows), accepted, first_is_draft)
 
 
