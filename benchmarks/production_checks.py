@@ -15,7 +15,10 @@ machine:
   reading and writing the inputs once costs;
 - ``of copy``: the ratio of the two (1.0: the check runs at the copy bandwidth of its inputs);
 - ``function``: the share of the check's CPU spent inside the function (``--isolation none``
-  only: the function is timed in this process).
+  only: the function is timed in this process);
+- ``wall-s`` and ``rows/wall-s``: the check's wall seconds, and rows per wall second, in which
+  the audit's work overlaps the function's (:meth:`GuardedFunction.call_each`, the identity
+  designs made while a look draws) where CPU seconds add both.
 
 ``exact-large-vocabulary`` has no rows of its own size; its CPU seconds are printed alone.  The
 package under test is whatever ``PYTHONPATH`` points to (another checkout: the "before" figures).
@@ -35,6 +38,11 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as ``specverify audit`` sets it, before torch loads
 
 import torch  # noqa: E402
+
+try:  # glibc's allocator as ``specverify audit`` sets it, in a checkout that does
+    from specverify.auditing.isolation import allocator
+except ImportError:
+    allocator = None
 
 PRODUCTION = ("production-qwen-K1", "production-gpt2-K4", "production-K32", "production-K12", "production-batch-1024",
               "exact-large-vocabulary")
@@ -88,6 +96,8 @@ def main() -> None:
     parser.add_argument("--isolation", choices=("none", "process"), default="none")
     parser.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args()
+    if allocator is not None:
+        allocator.apply()
 
     from specverify.auditing.runner import load_battery, plan_checks
 
@@ -100,7 +110,7 @@ def main() -> None:
     print(f"budget {arguments.budget}, isolation {arguments.isolation}, torch threads {torch.get_num_threads()}, "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}; CPU seconds")
     print(f"{'check':24s} {'n':>7s} {'CPU-s':>7s} {'rows/CPU-s':>11s} {'copy rows/CPU-s':>16s} {'of copy':>8s} "
-          f"{'function':>9s}")
+          f"{'function':>9s} {'wall-s':>7s} {'rows/wall-s':>12s}")
     total = 0.0
     for check in checks:
         if check.name not in PRODUCTION:
@@ -108,21 +118,22 @@ def main() -> None:
         target: Any = "reference" if arguments.isolation == "process" else timed
         session = battery.open_session(target, device="cpu", timeout_s=600, isolation=arguments.isolation)
         timed.seconds = 0.0
-        started = cpu_seconds()
+        started, began = cpu_seconds(), time.perf_counter()
         try:
             result = check.run(session, plans[check.name])
+            wall = time.perf_counter() - began
         finally:
             session.function.close()
         seconds = cpu_seconds() - started
         total += seconds
         if check.name == "exact-large-vocabulary":
-            print(f"{check.name:24s} {'':>7s} {seconds:7.2f}   ({result.verdict.value}, exact)")
+            print(f"{check.name:24s} {'':>7s} {seconds:7.2f} {'':>50s} {wall:7.2f}   ({result.verdict.value}, exact)")
             continue
         rows = session.function.log.rows
         copy = copy_rows_per_cpu_s(check)
         inside = f"{timed.seconds / seconds:9.2f}" if arguments.isolation == "none" else f"{'':>9s}"
         print(f"{check.name:24s} {rows:7d} {seconds:7.2f} {rows / seconds:11.0f} {copy:16.0f} "
-              f"{rows / seconds / copy:8.3f} {inside}   ({result.verdict.value})")
+              f"{rows / seconds / copy:8.3f} {inside} {wall:7.2f} {rows / wall:12.0f}   ({result.verdict.value})")
     print(f"{'all six':24s} {'':>7s} {total:7.2f}")
 
 

@@ -343,9 +343,11 @@ class _Session(AuditedFunction):
         """The reply to the oldest request sent, within ``deadline_s`` seconds and the cutoff (a
         request still running at the cutoff is stopped: :class:`CutOff`)."""
         assert self.worker is not None, "a reply is awaited only after a request was sent"
-        cut = self.cutoff is not None and self.cutoff - time.perf_counter() < deadline_s
-        if self.cutoff is not None and cut:
-            deadline_s = max(0.0, self.cutoff - time.perf_counter())
+        cut = False
+        if self.cutoff is not None:
+            left = max(0.0, self.cutoff - time.perf_counter())
+            if left < deadline_s:
+                deadline_s, cut = left, True
         try:
             return self.worker.receive(deadline_s, what)
         except WorkerLost as lost:
