@@ -8,7 +8,8 @@ it when freed, so every call's fresh tensors page-fault on first touch: the 42 M
 freed (no trim, a generous top pad), and the next call reuses the same pages.
 
 The worker gets them as environment variables (:func:`environment`, read when glibc starts);
-``specverify audit`` applies them to its own running process with ``mallopt`` (:func:`apply`).
+the ``specverify`` command (:func:`specverify.cli.main`) applies them to its own running process
+with ``mallopt`` (:func:`apply`).
 """
 
 from __future__ import annotations

@@ -709,15 +709,15 @@ class GuardedFunction(_Session):
         header.update(groups=[rows], row=0)
         what = f"the function (in {where})"
         self._send(header, what, where)
-        return _InFlight(header=header, inputs=inputs, output=views[-1], rows=rows, per_row=per_row, where=where,
-                         deadline_s=self.speed.deadline(1, rows * per_row, self.timeout_s))
+        return _InFlight(header=header, inputs=inputs, output=views[-1], rows=rows, per_row=per_row, what=what,
+                         where=where, deadline_s=self.speed.deadline(1, rows * per_row, self.timeout_s))
 
     def _output(self, call: _InFlight) -> torch.Tensor:
         """The output of ``call`` (awaited when it was sent), accounted and settled as
         :meth:`_groups_in_worker` does; a fresh tensor."""
         if call.header is None:
             return call.output
-        reply = self._receive(call.deadline_s, f"the function (in {call.where})", call.where)
+        reply = self._receive(call.deadline_s, call.what, call.where)
         untouched = self._accounted(reply, [call.rows], 0, 1, call.per_row, call.where)
         self._settle(call.inputs, untouched, call.where)
         return call.output.clone()
@@ -734,6 +734,7 @@ class _InFlight:
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     rows: int = 0
     per_row: int = 0
+    what: str = ""
     where: str = ""
     deadline_s: float = 0.0
 

@@ -468,7 +468,8 @@ class ProductionStepCheck(SequentialCheck):
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
         counts = tally.counts["counts"].reshape(bank.num_chains, k + 1, vocab)
-        made = self._designs.pop((plan.seed, plan.n, (look or 1) - 1), None)
+        drawn = (look or 1) - 1  # the look drawn last: judged looks count from 1; a plan without looks draws look 0
+        made = self._designs.pop((plan.seed, plan.n, drawn), None)
         designs = made.result() if made is not None else {}
         results = []
         for r in range(bank.num_chains):
