@@ -267,26 +267,32 @@ def production_bank(name: str, family: str, vocab_size: int, num_draft: int, num
     return PositionalBank(*laws.step_family(name, family, vocab_size, num_draft, num_chains))
 
 
-def production_proposal(bank: PositionalBank, chain: torch.Tensor, num_draft: int, generator: torch.Generator,
-                        dtype: torch.dtype) -> Proposal:
-    """Drafts ``x_i ~ q_i`` per row (one inverse-CDF uniform each, as :func:`specverify.testing.harness.propose`)
-    and the rows' laws; with one chain the laws are one copy expanded over the rows (the guarded
-    call copies them into the function's buffer), with several a gather per row."""
+def chain_laws(bank: PositionalBank, chain: torch.Tensor, num_draft: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target laws ``[B, K+1, V]`` and draft laws ``[B, K, V]`` in ``dtype`` of rows on the
+    chains ``chain [B]``: with one chain, one copy expanded over the rows; with several, a gather
+    per row."""
+    target_table, draft_table = bank.rows_in(dtype)
+    rows = len(chain)
+    if bank.num_chains == 1:
+        return (target_table[: num_draft + 1].unsqueeze(0).expand(rows, -1, -1),
+                draft_table[:num_draft].unsqueeze(0).expand(rows, -1, -1))
+    first = chain[:, None] * bank.num_states + torch.arange(num_draft + 1)
+    return target_table[first], draft_table[first[:, :num_draft]]
+
+
+def production_proposal(bank: PositionalBank, chain: torch.Tensor, laws: tuple[torch.Tensor, torch.Tensor],
+                        num_draft: int, generator: torch.Generator) -> Proposal:
+    """Drafts ``x_i ~ q_i`` per row (one inverse-CDF uniform each, as
+    :func:`specverify.testing.harness.propose`) on the rows' chains ``chain``, whose laws are
+    ``laws`` (:func:`chain_laws`)."""
     state = bank.initial_state(chain)
     tokens = []
     for _ in range(num_draft):
         token = bank.draft_sampler.sample(bank.rows_of(state), generator)
         tokens.append(token)
         state = bank.advance(state, token)
-    target_table, draft_table = bank.rows_in(dtype)
-    rows = len(chain)
-    if bank.num_chains == 1:
-        target = target_table[: num_draft + 1].unsqueeze(0).expand(rows, -1, -1)
-        draft = draft_table[:num_draft].unsqueeze(0).expand(rows, -1, -1)
-    else:
-        first = chain[:, None] * bank.num_states + torch.arange(num_draft + 1)
-        target, draft = target_table[first], draft_table[first[:, :num_draft]]
-    return Proposal(target, draft, torch.stack(tokens, dim=1))
+    return Proposal(*laws, torch.stack(tokens, dim=1))
 
 
 def balanced_chains(rows: int, num_chains: int, generator: torch.Generator) -> torch.Tensor:
@@ -316,7 +322,10 @@ class ProductionStepCheck(SequentialCheck):
     (:func:`specverify.core.coarse.coarse_views`) with Pearson's goodness of fit at
     ``COARSE_SHARE · level / m`` each (weighted Bonferroni within the check: the combined p-value
     is the smallest ``p / share`` times m); the check fails when any one rejects.  Rows are spread
-    evenly over the chains (:func:`balanced_chains`).  Sized so that a TV of ε in any one marginal
+    evenly over the chains (:func:`balanced_chains`), in an order drawn once per look and call size:
+    the rows of a call are independent given their chains, and the calls of a look then share one
+    tensor of laws, which reaches the function's buffer once
+    (:class:`~specverify.auditing.isolation.presentation.Presenter`).  Sized so that a TV of ε in any one marginal
     is detected with the stated power at ``n / chains`` rows each, verified at that n for every
     marginal (:func:`specverify.core.identity.identity_joint_sample_size`); at that n the coarse
     tests detect the TV of :meth:`coarse_detectable_tv` between coarse laws, far smaller.
@@ -451,9 +460,14 @@ class ProductionStepCheck(SequentialCheck):
         dtype = getattr(torch, self.dtype)
 
         def proposals() -> Iterator[tuple[torch.Tensor, Proposal]]:
+            placed: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}
             for offset in range(0, n, self.rows_per_call):
-                chain = balanced_chains(min(self.rows_per_call, n - offset), bank.num_chains, proposing)
-                yield chain, production_proposal(bank, chain, k, proposing, dtype)
+                rows = min(self.rows_per_call, n - offset)
+                if rows not in placed:
+                    chain = balanced_chains(rows, bank.num_chains, proposing)
+                    placed[rows] = chain, chain_laws(bank, chain, k, dtype)
+                chain, rows_laws = placed[rows]
+                yield chain, production_proposal(bank, chain, rows_laws, k, proposing)
 
         counts = torch.zeros(bank.num_chains * (k + 1) * vocab, dtype=torch.int64)
         accepted = torch.zeros(k + 1, dtype=torch.int64)
@@ -574,7 +588,7 @@ def exact_production_check() -> ExactFinalDrawCheck:
 
 
 __all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck",
-           "balanced_chains", "bonus_case",
+           "balanced_chains", "bonus_case", "chain_laws",
            "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype",
            "production_bank",
            "production_checks", "production_proposal", "rows_per_call", "sparse_law"]
