@@ -67,10 +67,16 @@ def propose(bank: ChainBank, state: RowState, num_draft: int, generator: torch.G
         state = bank.advance(state, token)
     target_table, draft_table = bank.rows_in(dtype)
     return Proposal(
-        target_table[torch.stack(path_rows + [bank.rows_of(state)], dim=1)],
-        draft_table[torch.stack(path_rows, dim=1)],
+        gathered_rows(target_table, torch.stack(path_rows + [bank.rows_of(state)], dim=1)),
+        gathered_rows(draft_table, torch.stack(path_rows, dim=1)),
         torch.stack(tokens, dim=1),
     )
+
+
+def gathered_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for a table ``[R, V]`` and int64 ``index`` of any shape: ``[*index.shape, V]``,
+    by ``index_select`` (at a small V several times faster than advanced indexing)."""
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[1])
 
 
 class RaggedProposal(NamedTuple):

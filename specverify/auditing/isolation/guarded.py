@@ -236,6 +236,7 @@ class _Session(AuditedFunction):
         self.worker: WorkerProcess | None = None
         self.info: dict[str, Any] = {}
         self.buffer: SharedBuffer | None = None  # shared memory of the calls' tensors (worker sessions)
+        self._layout: tuple[tuple, SharedBuffer, list[int], list[torch.Tensor]] | None = None  # :meth:`_regions`
         self.presenter = Presenter()  # the storages of the inputs, kept across calls
         self.settled = 0  # requests whose inputs were settled (the mutation check)
         self.isolation = check_isolation(isolation)
@@ -369,6 +370,7 @@ class _Session(AuditedFunction):
         if self.worker is not None:
             self.worker.stop(grace_s)
         self.presenter.forget()
+        self._layout = None
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
@@ -389,6 +391,7 @@ class _Session(AuditedFunction):
     def _ensure_buffer(self, nbytes: int) -> SharedBuffer:
         if self.buffer is None or self.buffer.size < nbytes:
             self.presenter.forget()
+            self._layout = None
             if self.buffer is not None:
                 self.buffer.close()
             self.buffer = SharedBuffer.create(nbytes)
@@ -427,18 +430,29 @@ class _Session(AuditedFunction):
         region of ``output_shape``; return the input views, the output view and the request fields
         that let the worker rebuild them."""
         shapes = [tuple(t.shape) for t in inputs.values()] + [output_shape]
-        parts = [(t.dtype, storage_shape(tuple(t.shape),
-                                         strided)) for t in inputs.values()] + [(torch.int64, output_shape)]
-        offsets, nbytes = layout(parts, last_on_page=True)
-        buffer = self._ensure_buffer(nbytes)
+        parts = tuple((t.dtype, storage_shape(tuple(t.shape),
+                                              strided)) for t in inputs.values()) + ((torch.int64, output_shape),)
+        buffer, offsets, storages = self._regions(parts)
         header = {"buffer": (buffer.path, buffer.size), "offsets": offsets,
                   "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
                   "shapes": [shape for _, shape in parts], "views": shapes, "inputs_bytes": offsets[-1]}
-        self.presenter.use_layout((buffer.path, buffer.size, tuple(offsets), tuple(parts)))
-        storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
+        self.presenter.use_layout((buffer.path, buffer.size, tuple(offsets), parts))
         views = [self.presenter.present(self.presenter.adopt(name, storage), tensor, decoy_value(name, vocab))
                  for storage, (name, tensor) in zip(storages, inputs.items())]
         return views + [storages[-1]], header
+
+    def _regions(self, parts: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
+                 ) -> tuple[SharedBuffer, list[int], list[torch.Tensor]]:
+        """The shared buffer, the offsets of ``parts`` (dtype, shape) in it, the last on a page of its
+        own (:func:`~specverify.auditing.isolation.process.layout`), and their tensors; kept while
+        the buffer and the parts stay the same."""
+        if self._layout is None or self._layout[0] != parts or self._layout[1] is not self.buffer:
+            offsets, nbytes = layout(list(parts), last_on_page=True)
+            buffer = self._ensure_buffer(nbytes)
+            storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
+            self._layout = parts, buffer, offsets, storages
+        _, buffer, offsets, storages = self._layout
+        return buffer, offsets, storages
 
     def _present(self, inputs: dict[str, torch.Tensor], strided: bool, vocab: int) -> dict[str, torch.Tensor]:
         """``inputs`` in storages of this process kept across calls (in-process sessions; as views of

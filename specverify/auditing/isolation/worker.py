@@ -53,6 +53,7 @@ class Worker:
         self.level = "sampler"
         self.device = "cpu"
         self.buffer: Any = None
+        self.regions: tuple[tuple, list[Any]] | None = None
         self.generators: dict[int, Any] = {}
         self.alias_watch: Any = None
         self.models: Any = None
@@ -155,6 +156,7 @@ class Worker:
         path, size = request["buffer"]
         if self.buffer is None or self.buffer.path != path:
             self.guard.release()
+            self.regions = None
             if self.buffer is not None:
                 self.buffer.close()
             self.buffer = SharedBuffer.open(path, size)
@@ -168,15 +170,21 @@ class Worker:
         return self.guard.cover(self._buffer(request).address, length)
 
     def _views(self, request: dict[str, Any]) -> list[Any]:
+        """The request's tensors in the shared buffer, fresh views (each input the leading block of
+        its region, wider when strided) of the regions of the last layout, which are kept while
+        the buffer and the layout stay the same."""
         import torch
 
         from specverify.auditing.isolation.presentation import view_of
 
         buffer = self._buffer(request)
-        storages = [buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
-                    for offset, dtype, shape in zip(request["offsets"], request["dtypes"], request["shapes"])]
-        # Strided presentation: each input is the leading block of its (wider) region.
-        return [view_of(storage, tuple(shape)) for storage, shape in zip(storages, request["views"])]
+        key = (buffer.path, tuple(request["offsets"]), tuple(request["dtypes"]),
+               tuple(tuple(shape) for shape in request["shapes"]))
+        if self.regions is None or self.regions[0] != key:
+            self.regions = key, [buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
+                                 for offset, dtype, shape in zip(request["offsets"], request["dtypes"],
+                                                                 request["shapes"])]
+        return [view_of(storage, tuple(shape)) for storage, shape in zip(self.regions[1], request["views"])]
 
     def tree(self, request: dict[str, Any]) -> tuple:
         """One SPEC §3 call on the four input tensors of the shared buffer; the validated output

@@ -59,7 +59,7 @@ from specverify.core.chains import PositionalBank
 from specverify.core.exact_final import FinalDrawCase, integrate_final_draw, weighted_branches
 from specverify.core.seeding import derive_seed
 from specverify.core.stats import monte_carlo_draws
-from specverify.testing.harness import MAX_INPUT_ELEMENTS, Proposal, complete
+from specverify.testing.harness import MAX_INPUT_ELEMENTS, Proposal, complete, gathered_rows
 
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 """The input dtypes engines pass (a function may declare the ones it accepts: ``fn.input_dtypes``)."""
@@ -278,7 +278,7 @@ def chain_laws(bank: PositionalBank, chain: torch.Tensor, num_draft: int,
         return (target_table[: num_draft + 1].unsqueeze(0).expand(rows, -1, -1),
                 draft_table[:num_draft].unsqueeze(0).expand(rows, -1, -1))
     first = chain[:, None] * bank.num_states + torch.arange(num_draft + 1)
-    return target_table[first], draft_table[first[:, :num_draft]]
+    return gathered_rows(target_table, first), gathered_rows(draft_table, first[:, :num_draft])
 
 
 def production_proposal(bank: PositionalBank, chain: torch.Tensor, laws: tuple[torch.Tensor, torch.Tensor],
