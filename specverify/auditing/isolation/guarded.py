@@ -673,13 +673,22 @@ class GuardedFunction(_Session):
                   strided: bool = False) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
         """One call on each ``(tag, proposal)`` of ``items``, in order, all with ``generator``;
         yields ``(tag, emitted, lengths)``, each as :meth:`__call__` returns it (``tag`` is
-        whatever the caller needs back, e.g. the rows' chains).
+        whatever the caller needs back, e.g. the rows' chains); the audit's work overlaps the
+        function's as in :meth:`call_each_in_groups`."""
+        return self.call_each_in_groups(((tag, proposal, None) for tag, proposal in items), generator,
+                                        where=where, strided=strided)
+
+    def call_each_in_groups(self, items: Iterable[tuple[Any, Any, Sequence[int] | None]], generator: Any, *,
+                            where: str, strided: bool = False) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        """One call per group of each ``(tag, proposal, sizes)`` of ``items``, in order, all with
+        ``generator`` (``sizes`` None: one call on the whole proposal); yields ``(tag, emitted,
+        lengths)``, each as :meth:`call_groups` returns it.
 
         The audit's work overlaps the function's: ``items`` is advanced (building proposal i+1)
-        before the output of call i is awaited, and in a worker proposal i+1 is sent before the
-        output of call i is validated and yielded, so the function runs on i+1 while the caller
+        before the output of proposal i is awaited, and in a worker proposal i+1 is sent before the
+        output of proposal i is validated and yielded, so the function runs on i+1 while the caller
         uses the output of i.  The calls, their arguments and their order are those of one
-        :meth:`__call__` per proposal; in-process the items are taken in the same order.  A
+        :meth:`call_groups` per proposal; in-process the items are taken in the same order.  A
         request still running when the caller stops (an exception, a ``break``) is awaited and
         its output discarded, so the next call finds the worker idle."""
         iterator = iter(items)
@@ -687,21 +696,22 @@ class GuardedFunction(_Session):
         if self.isolation == "none":
             while current is not None:
                 upcoming = next(iterator, None)
-                tag, proposal = current
-                yield (tag, *self(proposal, generator, where=where, strided=strided))
+                tag, proposal, sizes = current
+                yield (tag, *self.call_groups(proposal, generator, _sizes(proposal, sizes), where=where,
+                                              strided=strided))
                 current = upcoming
             return
         in_flight: _InFlight | None = None
         try:
             while current is not None:
-                tag, proposal = current
+                tag, proposal, sizes = current
                 if in_flight is None:
-                    in_flight = self._sent(proposal, generator, where, strided)
+                    in_flight = self._sent(proposal, _sizes(proposal, sizes), generator, where, strided)
                 upcoming = next(iterator, None)
                 done, in_flight = in_flight, None
                 output = self._output(done)
                 if upcoming is not None:
-                    in_flight = self._sent(upcoming[1], generator, where, strided)
+                    in_flight = self._sent(upcoming[1], _sizes(upcoming[1], upcoming[2]), generator, where, strided)
                 yield (tag, *validate_emitted(output, proposal.draft_tokens, proposal.target_probs.shape[-1],
                                               proposal.target_probs, num_draft_tokens=_num_draft_tokens(proposal)))
                 current = upcoming
@@ -712,19 +722,24 @@ class GuardedFunction(_Session):
                 except (Fault, CutOff):  # counted in the log; the caller's own exception is what propagates
                     pass
 
-    def _sent(self, proposal: Any, generator: Any, where: str, strided: bool) -> _InFlight:
-        """One call on ``proposal`` sent to the worker, not awaited; while the function's speed is
-        not known yet (the first call of a session, its speed probe), made at once instead."""
-        rows = proposal.target_probs.shape[0]
+    def _sent(self, proposal: Any, sizes: Sequence[int], generator: Any, where: str, strided: bool) -> _InFlight:
+        """The calls on the groups ``sizes`` of ``proposal``, sent to the worker in one request, not
+        awaited; while the function's speed is not known yet (the first call of a session, its
+        speed probe), made at once instead."""
+        if sum(sizes) != proposal.target_probs.shape[0] or any(size < 1 for size in sizes):
+            raise ValueError(f"sizes: expected positive group sizes summing to {proposal.target_probs.shape[0]}, "
+                             f"got {list(sizes)[:8]}…")
         if not self.speed.known:
-            return _InFlight(output=self._groups_in_worker(proposal, generator, [rows], where, strided))
+            return _InFlight(output=self._groups_in_worker(proposal, generator, sizes, where, strided))
         inputs, views, header = self._shared_proposal(proposal, generator, where, strided)
         per_row = _entries_per_row(proposal)
-        header.update(groups=[rows], row=0)
-        what = f"the function (in {where})"
+        header.update(groups=list(sizes), row=0)
+        what = (f"the function (in {where})" if len(sizes) == 1 else
+                f"the function (in {where}, calls 1–{len(sizes)} of {len(sizes)})")
         self._send(header, what, where)
-        return _InFlight(header=header, inputs=inputs, output=views[-1], rows=rows, per_row=per_row, what=what,
-                         where=where, deadline_s=self.speed.deadline(1, rows * per_row, self.timeout_s))
+        return _InFlight(header=header, inputs=inputs, output=views[-1], sizes=list(sizes), per_row=per_row,
+                         what=what, where=where,
+                         deadline_s=self.speed.deadline(len(sizes), sum(sizes) * per_row, self.timeout_s))
 
     def _output(self, call: _InFlight) -> torch.Tensor:
         """The output of ``call`` (awaited when it was sent), accounted and settled as
@@ -732,7 +747,7 @@ class GuardedFunction(_Session):
         if call.header is None:
             return call.output
         reply = self._receive(call.deadline_s, call.what, call.where)
-        untouched = self._accounted(reply, [call.rows], 0, 1, call.per_row, call.where)
+        untouched = self._accounted(reply, call.sizes, 0, len(call.sizes), call.per_row, call.where)
         self._settle(call.inputs, untouched, call.where)
         return call.output.clone()
 
@@ -746,11 +761,16 @@ class _InFlight:
     output: torch.Tensor
     header: dict[str, Any] | None = None
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    rows: int = 0
+    sizes: list[int] = field(default_factory=list)
     per_row: int = 0
     what: str = ""
     where: str = ""
     deadline_s: float = 0.0
+
+
+def _sizes(proposal: Any, sizes: Sequence[int] | None) -> Sequence[int]:
+    """The groups of calls on ``proposal``: ``sizes``, or one call on all its rows when None."""
+    return [proposal.target_probs.shape[0]] if sizes is None else sizes
 
 
 def _entries_per_row(proposal: Any) -> int:

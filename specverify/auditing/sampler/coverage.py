@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -76,9 +76,17 @@ from specverify.auditing.sampler.battery import (
     StepLawCheck,
     positional_family_bank,
 )
-from specverify.core.chains import ChainBank, PositionalBank
+from specverify.core.chains import ChainBank, PositionalBank, RowState
 from specverify.core.seeding import derive_seed
-from specverify.testing.harness import RaggedSample, StepSample, complete, group_sizes, propose, sample_ragged_steps
+from specverify.testing.harness import (
+    Proposal,
+    RaggedSample,
+    StepSample,
+    complete,
+    group_sizes,
+    propose,
+    sample_ragged_steps,
+)
 
 LATE_CALLS = 500
 """Calls of the function's life before the late-calls check samples (2.5× the 200 of
@@ -103,27 +111,36 @@ def sample_steps_in_groups(function: Any, bank: ChainBank, *, num_draft: int, wi
                            where: str) -> tuple[StepSample, int]:
     """Like :func:`specverify.testing.harness.sample_steps`, but each chunk of proposed rows is
     passed to the function as consecutive groups whose sizes cycle through ``pattern`` (one call
-    per group, one generator for all).  Returns the sample and the number of calls."""
+    per group, one generator for all).  The rows and proposals are drawn from ``harness_seed``,
+    the completions from a seed derived from it, so that the next chunk is proposed while the
+    function runs (:meth:`~specverify.auditing.isolation.guarded.GuardedFunction.call_each_in_groups`)
+    without changing any draw.  Returns the sample and the number of calls."""
     start, length = window
-    generator = torch.Generator().manual_seed(harness_seed)
+    proposing = torch.Generator().manual_seed(harness_seed)
+    completing = torch.Generator().manual_seed(derive_seed(harness_seed, "completion"))
     function_generator = function.generator(function_seed)
     sizes = itertools.cycle(pattern)
+
+    def chunks() -> Iterator[tuple[tuple[torch.Tensor, RowState, torch.Tensor, int], Proposal, list[int]]]:
+        for offset in range(0, n, CHUNK_ROWS):
+            rows = min(CHUNK_ROWS, n - offset)
+            groups = group_sizes(sizes, rows)
+            chain = torch.randint(bank.num_chains, (rows,), generator=proposing)
+            state = bank.initial_state(chain)
+            proposal = propose(bank, state, num_draft, proposing)
+            yield (chain, state, proposal.draft_tokens[:, 0], len(groups)), proposal, groups
+
     chains, windows, calls = [], [], 0
     accepted = torch.zeros(num_draft + 1, dtype=torch.int64)
     first_is_draft = 0
-    for offset in range(0, n, CHUNK_ROWS):
-        rows = min(CHUNK_ROWS, n - offset)
-        groups = group_sizes(sizes, rows)
-        chain = torch.randint(bank.num_chains, (rows,), generator=generator)
-        state = bank.initial_state(chain)
-        proposal = propose(bank, state, num_draft, generator)
-        emitted, lengths = function.call_groups(proposal, function_generator, groups, where=where)
-        calls += len(groups)
-        completed = complete(bank, state, emitted, lengths, start + length, generator)
+    for (chain, state, first_drafts, groups), emitted, lengths in function.call_each_in_groups(
+            chunks(), function_generator, where=where):
+        calls += groups
+        completed = complete(bank, state, emitted, lengths, start + length, completing)
         chains.append(chain)
         windows.append(completed[:, start:])
         accepted += torch.bincount(lengths - 1, minlength=num_draft + 1)
-        first_is_draft += int((emitted[:, 0] == proposal.draft_tokens[:, 0]).sum())
+        first_is_draft += int((emitted[:, 0] == first_drafts).sum())
     return StepSample(torch.cat(chains), torch.cat(windows), accepted, first_is_draft), calls
 
 
