@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SECONDS_PER_CHECK = 0.05
+SECONDS_PER_CHECK = 0.03
 """The audit's own fixed seconds of a statistical check (its cells, exact laws and p-values)."""
 
 SECONDS_UNSAMPLED = 0.1
@@ -46,18 +46,24 @@ HARNESS_S_PER_ENTRY = 0.4e-9
 """The audit's own seconds per probability entry of a row (building the laws, presenting them to
 the function, the token-level tests)."""
 
+HARNESS_S_PER_CALL = 17e-6
+"""The audit's own seconds per call beyond its rows (the worker's loop around the call, copying its
+output, validating it), which a check calling the function with one row or a few pays per row."""
+
 PRIOR_S_PER_ENTRY = 1e-9
 """The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
 
-PRIOR_S_PER_ROW = 0.5e-6
+PRIOR_S_PER_ROW = 0.1e-6
 """The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised
 over the thousands of rows of a call)."""
 
-PRIOR_S_PER_CALL = 25e-6
-"""The reference rule's seconds per call of its own beyond its rows (the call, the worker's
-validation and copy of its output), which a check calling it with one row or a few pays per row.
-With the per-row and per-entry constants above, fitted on the toy-shaped checks of the sampler
-battery at standard (2-core AMD EPYC)."""
+PRIOR_S_PER_CALL = 19e-6
+"""The reference rule's seconds per call of its own beyond its rows (checking its arguments,
+dispatching to its kernel), which a check calling it with one row or a few pays per row.  With
+:data:`SECONDS_PER_CHECK` and :data:`HARNESS_S_PER_CALL`, fitted (non-negative least squares) on
+the toy-shaped checks of the sampler battery at quick and standard, the audit's own seconds taken
+as the check's wall time less the function's: what the function's run does not hide (2-core AMD
+EPYC)."""
 
 PRIOR_S_PER_DECODER_CALL = 0.1
 """The reference decoder's seconds per call (a request of a few dozen tokens on the tiny models)."""
@@ -111,26 +117,31 @@ def step_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: float
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
-    return Cost(rows, SECONDS_PER_CHECK, HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY, entries,
+    return Cost(rows, SECONDS_PER_CHECK,
+                HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY + HARNESS_S_PER_CALL / rows_per_call, entries,
                 PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW + PRIOR_S_PER_CALL / rows_per_call)
 
 
-PRODUCTION_FIXED_S = 0.3
+PRODUCTION_FIXED_S = 0.38
 """The audit's own fixed seconds of a production-shape step check (its token-level and coarse
 tests at every look, over every chain and position)."""
 
-PRODUCTION_S_PER_ROW = 25e-6
-"""The audit's own seconds per row of a production-shape step check (drawing the drafts, the
-transport, validating and completing the output).  Not per byte: the laws reach the function as
-views kept in its buffer, and the worker's write guard spares reading them back after a call."""
+PRODUCTION_S_PER_ROW = 7e-6
+"""The audit's own seconds per row of a production-shape step check that the function's run does
+not hide (drawing the drafts, the transport, validating and completing the output).  Not per byte:
+the laws reach the function as views kept in its buffer, and the worker's write guard spares
+reading them back after a call.  Not per position either: completing and counting a row's K + 1
+positions are a few vectorised operations per call."""
 
-PRODUCTION_S_PER_POSITION = 1.5e-6
-"""The audit's own seconds per position (K + 1) of a production-shape row (completing it, counting it)."""
+PRODUCTION_PRIOR_S_PER_ROW = 4e-6
+"""The reference rule's seconds per row at production shapes beyond the bytes it reads."""
 
-PRIOR_S_PER_BYTE = 0.065e-9
-"""The reference rule's seconds per byte of input it reads at production shapes (its fused C kernel
-on 2 cores: ~15 GB/s).  With the three constants above, fitted on the five production-shape checks
-of the sampler battery at quick and standard (2-core AMD EPYC; every check within 35%)."""
+PRIOR_S_PER_BYTE = 0.044e-9
+"""The reference rule's seconds per byte of input at production shapes (its fused C kernel on 2
+cores; it reads every position's entries only where a row is corrected).  With the three constants
+above, fitted (least squares) on the five production-shape checks of the sampler battery at quick
+and standard, the audit's own seconds taken as the check's wall time less the function's (2-core
+AMD EPYC)."""
 
 
 def production_step_cost(rows: int, num_draft: int, vocab_size: int, entry_bytes: int) -> Cost:
@@ -140,15 +151,42 @@ def production_step_cost(rows: int, num_draft: int, vocab_size: int, entry_bytes
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
-    harness_s = PRODUCTION_S_PER_ROW + (num_draft + 1) * PRODUCTION_S_PER_POSITION
-    return Cost(rows, PRODUCTION_FIXED_S, harness_s, entries, entry_bytes * PRIOR_S_PER_BYTE, vocab_size,
-                PRIOR_S_PER_ROW)
+    return Cost(rows, PRODUCTION_FIXED_S, PRODUCTION_S_PER_ROW, entries, entry_bytes * PRIOR_S_PER_BYTE, vocab_size,
+                PRODUCTION_PRIOR_S_PER_ROW)
 
 
-def tree_cost(samples: int, nodes: float, vocab_size: int, rows_per_sample: float = 1.0) -> Cost:
+TREE_HARNESS_S_PER_NODE = 0.6e-6
+"""The audit's own seconds per drafted node of a tree row (drafting the tree, following the
+emitted path, completing it)."""
+
+TREE_HARNESS_S_PER_CALL = 0.6e-3
+"""The audit's own seconds per tree call beyond its rows (presenting the four inputs, validating
+the emitted paths against the trees)."""
+
+TREE_PRIOR_S_PER_CALL = 0.25e-3
+"""The reference tree rule's seconds per call beyond its rows (its argument checks, its walk over
+the tree's nodes in Python).  With the two constants above, fitted (non-negative least squares)
+on the tree battery's sampled checks at quick and standard (2-core AMD EPYC)."""
+
+
+EXACT_TREE_CASE_S = 0.06
+"""Seconds per case of the exact tree step (the reference's calls with uniforms= at every interval
+of the inverse CDFs of a small tree, and the integration over them; 2-core AMD EPYC)."""
+
+
+def tree_cost(samples: int, nodes: float, vocab_size: int, rows_per_sample: float = 1.0,
+              rows_per_call: float = math.inf) -> Cost:
     """``rows_per_sample`` trees of ``nodes`` drafted nodes at ``vocab_size`` per sample: (2N + 1)·V
-    entries a row (the target's laws at the N nodes and the root, the drafts' at the N nodes)."""
-    return step_cost(int(math.ceil(samples * rows_per_sample)), nodes, vocab_size)
+    entries a row (the target's laws at the N nodes and the root, the drafts' at the N nodes), in
+    calls of ``rows_per_call`` rows on average (default: large batches)."""
+    rows = int(math.ceil(samples * rows_per_sample))
+    if not rows:
+        return Cost(0, SECONDS_UNSAMPLED)
+    entries = (2 * nodes + 1) * vocab_size
+    harness_s = (HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY + nodes * TREE_HARNESS_S_PER_NODE
+                 + TREE_HARNESS_S_PER_CALL / rows_per_call)
+    return Cost(rows, SECONDS_PER_CHECK, harness_s, entries, PRIOR_S_PER_ENTRY, vocab_size,
+                PRIOR_S_PER_ROW + TREE_PRIOR_S_PER_CALL / rows_per_call)
 
 
 def mean_nodes(shapes: Sequence[Sequence[int]]) -> float:

@@ -118,3 +118,24 @@ def test_a_function_100x_slower_at_large_vocabularies_is_retimed_after_its_first
     eta = display.eta()
     assert eta == pytest.approx(slow_large / 2 + gpt2_units * PRIOR_S_PER_ENTRY * SLOWDOWN, rel=0.05)
     display.end(total_s=time.perf_counter() - display.started)
+
+
+def test_a_tree_check_of_small_calls_is_priced_by_its_calls():
+    """A tree call costs the audit and the reference rule far more than its rows (the four inputs,
+    the emitted paths validated, the rule's walk over the nodes): the battery's check of 1 to 4 rows
+    a call is planned at least at its calls' seconds, a large-batch check of the same trees not."""
+    from specverify.auditing.cost import TREE_HARNESS_S_PER_CALL, TREE_PRIOR_S_PER_CALL
+    from specverify.auditing.runner import load_battery, plan_checks
+
+    battery = load_battery("tree")
+    session = battery.open_session("reference", device="cpu", timeout_s=60, isolation="none")
+    checks = battery.checks(session)
+    plans = dict(zip((check.name for check in checks),
+                     plan_checks(checks, resolve_budget("quick"), 1e-3, 0, "tree")[0]))
+    small = next(check for check in checks if check.name == "tree-small-batches")
+    cost = small.cost(plans[small.name])
+    calls = cost.rows / (sum(small.call_rows) / len(small.call_rows))
+    assert cost.seconds() >= calls * (TREE_HARNESS_S_PER_CALL + TREE_PRIOR_S_PER_CALL)
+    siblings = next(check for check in checks if check.name.startswith("tree-siblings"))
+    large_batches = siblings.cost(plans[siblings.name])
+    assert large_batches.seconds() < large_batches.rows * (TREE_HARNESS_S_PER_CALL + TREE_PRIOR_S_PER_CALL) / 100

@@ -94,7 +94,7 @@ from specverify.auditing.checks import (
     level_phrase,
     look_fields,
 )
-from specverify.auditing.cost import Cost, mean_nodes, tree_cost
+from specverify.auditing.cost import EXACT_TREE_CASE_S, Cost, mean_nodes, tree_cost
 from specverify.auditing.isolation.faults import (
     Fault,
     FaultKind,
@@ -159,6 +159,12 @@ class TreeSession(AuditSession):
     schemes: tuple[str, ...]
     batch_rows: int = DEFAULT_TREE_ROWS
     scheme_error: str | None = None  # a malformed ``draft_schemes`` attribute (reported by randomness-source)
+
+
+def mean_call_rows(call_rows: tuple[int, ...] | None, batch_rows: int) -> float:
+    """Rows per call of a check that calls with groups of ``call_rows`` rows in turn, or with batches
+    of ``batch_rows`` (the session's default) when None."""
+    return sum(call_rows) / len(call_rows) if call_rows else float(batch_rows)
 
 
 def shape_parameters(shapes: tuple[tuple[int, ...], ...], call_rows: tuple[int, ...] | None,
@@ -285,7 +291,8 @@ class TreeLawCheck(ScaledTvCheck, ChiSquareCheck):
         return law / law.sum()
 
     def cost(self, plan: Plan) -> Cost:
-        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size, self.length if self.loop else 1)
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size, self.length if self.loop else 1,
+                         mean_call_rows(self.call_rows, DEFAULT_TREE_ROWS))
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         if self.loop:
@@ -353,7 +360,8 @@ class TreeTransitionCheck(ScaledTvCheck, ChiSquareCheck):
                            "test": "transitions", **_scale_parameter(self.tv_scale)}
 
     def cost(self, plan: Plan) -> Cost:
-        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size)
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size,
+                         rows_per_call=mean_call_rows(self.call_rows, DEFAULT_TREE_ROWS))
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.scheme,
@@ -483,7 +491,8 @@ class TreeIdentityCheck(ScaledTvCheck, SequentialCheck):
         return identity_detectable_tv(self.law, n * self.length, alpha=alpha, power=power)
 
     def cost(self, plan: Plan) -> Cost:
-        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size)
+        return tree_cost(plan.n, mean_nodes(self.shapes), self.bank.vocab_size,
+                         rows_per_call=mean_call_rows(self.call_rows, LARGE_VOCAB_ROWS))
 
     def draw(self, session: TreeSession, plan: Plan, n: int, look: int) -> Tally:
         sample = sample_tree_steps(session.function, self.bank, shapes=self.shapes, scheme=self.schemes,
@@ -610,6 +619,9 @@ class ExactTreeCheck(Check):
     def _label(case: tuple[str, Any, tuple[int, ...], str, int | None]) -> str:
         label, _, shape, scheme, rows = case
         return f"{label} {list(shape)} ({scheme}{f', {rows} row per call' if rows else ''})"
+
+    def cost(self, plan: Plan) -> Cost:
+        return Cost(0, len(self.cases) * EXACT_TREE_CASE_S)
 
     def run(self, session: TreeSession, plan: Plan) -> CheckResult:
         def rule(target_probs, draft_probs, tree_tokens, parents, generator=None, *, uniforms=None):
