@@ -55,6 +55,11 @@ class AuditedFunction(ABC):
         """Whether a worker process the audit started for the function is running now (:meth:`close` stops it)."""
         return False
 
+    def runs_in_worker(self) -> bool:
+        """Whether the function's calls run in a worker process of the audit's, not in the audit's
+        own process (:data:`~specverify.auditing.isolation.process.AUDIT_THREADS`)."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         """The report's ``isolation`` entry beyond its ``mode`` (a note, restarts, captured output)."""
         return {}

@@ -83,7 +83,7 @@ from specverify.auditing.defaults import (  # LEVELS is the registry of levels; 
 )
 from specverify.auditing.isolation.captured import captured_warnings
 from specverify.auditing.isolation.faults import CutOff, Fault, FaultKind, preserved_global_rng, seed_global_rng
-from specverify.auditing.isolation.process import check_isolation, preserved_process_state
+from specverify.auditing.isolation.process import check_isolation, preserved_process_state, use_audit_threads
 from specverify.auditing.loading import LoadError, load_target
 from specverify.auditing.minimal_case import MIN_ROWS, CaseSearch, case_rows
 from specverify.auditing.omissions import Omission, omitted_checks, omitted_names
@@ -247,6 +247,8 @@ def audit(
                             "return a subclass of specverify.auditing.audited.AuditSession whose function is an "
                             "AuditedFunction")
         function = session.function
+        if function.runs_in_worker():
+            use_audit_threads()  # restored on exit (preserved_process_state)
         try:
             problem = signature_problem(level, function.raw, name.rsplit(":", 1)[-1] if ":" in name else None)
             if problem is not None:  # every check would raise the same TypeError: say it once, run nothing

@@ -236,6 +236,7 @@ class _Session(AuditedFunction):
         self.worker: WorkerProcess | None = None
         self.info: dict[str, Any] = {}
         self.buffer: SharedBuffer | None = None  # shared memory of the calls' tensors (worker sessions)
+        self.threads = torch.get_num_threads()  # the worker's intra-op threads: this process's at the start
         self._layout: tuple[tuple, SharedBuffer, list[int], list[torch.Tensor]] | None = None  # :meth:`_regions`
         self.presenter = Presenter()  # the storages of the inputs, kept across calls
         self.settled = 0  # requests whose inputs were settled (the mutation check)
@@ -290,13 +291,17 @@ class _Session(AuditedFunction):
         start_timeout_s, _ = self._within_cutoff(max(START_TIMEOUT_S, self.timeout_s), "starting the worker process")
         began = time.perf_counter()
         self.worker = WorkerProcess(self.target, level=self.level, device=str(self.device),
-                                    start_timeout_s=start_timeout_s, stdout=self.stdout, stderr=self.stderr)
+                                    start_timeout_s=start_timeout_s, stdout=self.stdout, stderr=self.stderr,
+                                    threads=self.threads)
         self.info = self.worker.load()
         self.start_s = time.perf_counter() - began
         return self.worker
 
     def worker_running(self) -> bool:
         return self.worker is not None and self.worker.alive()
+
+    def runs_in_worker(self) -> bool:
+        return self.isolation == "process"
 
     def startup_s(self) -> float:
         """Seconds the next call first spends starting a worker: 0 in-process or while one runs,
