@@ -24,6 +24,9 @@ machine:
 package under test is whatever ``PYTHONPATH`` points to (another checkout: the "before" figures).
 OpenMP's idle threads sleep (``OMP_WAIT_POLICY=PASSIVE`` unless set), as in ``specverify audit``:
 threads spinning while the process waits for its worker would count as CPU seconds of the check.
+With ``--isolation process`` this process runs each check on the audit's own intra-op threads
+(:data:`specverify.auditing.isolation.process.AUDIT_THREADS`, where the checkout has them), as
+``specverify audit`` does while the function runs in a worker.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ try:  # glibc's allocator as ``specverify audit`` sets it, in a checkout that do
     from specverify.auditing.isolation import allocator
 except ImportError:
     allocator = None
+
+try:  # the audit's own intra-op threads while its function runs in a worker, in a checkout that sets them
+    from specverify.auditing.isolation.process import use_audit_threads
+except ImportError:
+    use_audit_threads = None
 
 PRODUCTION = ("production-qwen-K1", "production-gpt2-K4", "production-K32", "production-K12", "production-batch-1024",
               "exact-large-vocabulary")
@@ -118,12 +126,16 @@ def main() -> None:
         target: Any = "reference" if arguments.isolation == "process" else timed
         session = battery.open_session(target, device="cpu", timeout_s=600, isolation=arguments.isolation)
         timed.seconds = 0.0
+        threads = torch.get_num_threads()
+        if use_audit_threads is not None and session.function.runs_in_worker():
+            use_audit_threads()
         started, began = cpu_seconds(), time.perf_counter()
         try:
             result = check.run(session, plans[check.name])
             wall = time.perf_counter() - began
         finally:
             session.function.close()
+            torch.set_num_threads(threads)
         seconds = cpu_seconds() - started
         total += seconds
         if check.name == "exact-large-vocabulary":

@@ -526,16 +526,20 @@ def look_fields(plan: Plan, level: float, look: int | None) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Tally:
     """What a sequential check has drawn so far: ``n`` samples and named count arrays (cell
-    counts, acceptance lengths, calls ...).  ``a + b`` is the tally of both draws."""
+    counts, acceptance lengths, calls ...).  ``a + b`` is the tally of both draws.  ``prepared``:
+    what the last draw made ahead for the judgement of the look it completes (e.g. the token-level
+    tests' designs, made while its samples were drawn), None when nothing; ``a + b`` keeps ``b``'s."""
 
     n: int
     counts: Mapping[str, np.ndarray]
+    prepared: Any = field(default=None, compare=False, repr=False)
 
     def __add__(self, other: Tally) -> Tally:
         if set(self.counts) != set(other.counts):
             raise ValueError(f"other: a tally of {sorted(other.counts)} cannot be added to one of "
                              f"{sorted(self.counts)}")
-        return Tally(self.n + other.n, {key: self.counts[key] + other.counts[key] for key in self.counts})
+        return Tally(self.n + other.n, {key: self.counts[key] + other.counts[key] for key in self.counts},
+                     other.prepared)
 
 
 class SequentialCheck(Check):

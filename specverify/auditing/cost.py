@@ -33,13 +33,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SECONDS_PER_CHECK = 0.03
+SECONDS_PER_CHECK = 0.02
 """The audit's own fixed seconds of a statistical check (its cells, exact laws and p-values)."""
 
 SECONDS_UNSAMPLED = 0.1
 """The seconds of a check that draws no samples (exact and contract checks)."""
 
-HARNESS_S_PER_ROW = 0.5e-6
+HARNESS_S_PER_ROW = 0.2e-6
 """The audit's own seconds per row of a sampled step (drawing the inputs, counting the outputs)."""
 
 HARNESS_S_PER_ENTRY = 0.4e-9
@@ -50,8 +50,10 @@ HARNESS_S_PER_CALL = 17e-6
 """The audit's own seconds per call beyond its rows (the worker's loop around the call, copying its
 output, validating it), which a check calling the function with one row or a few pays per row."""
 
-PRIOR_S_PER_ENTRY = 1e-9
-"""The reference rule's seconds per probability entry it reads (its fused C kernel, 2-core CPU)."""
+PRIOR_S_PER_ENTRY = 0.3e-9
+"""The reference rule's seconds per probability entry of a row at a large vocabulary (its fused C
+kernel, 2-core CPU; measured on ``truncated-vocabulary``, V = 8,192, K = 1: 0.23–0.3 ns, since it
+reads a whole row only where it corrects)."""
 
 PRIOR_S_PER_ROW = 0.1e-6
 """The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised
@@ -60,15 +62,15 @@ over the thousands of rows of a call)."""
 PRIOR_S_PER_CALL = 19e-6
 """The reference rule's seconds per call of its own beyond its rows (checking its arguments,
 dispatching to its kernel), which a check calling it with one row or a few pays per row.  With
-:data:`SECONDS_PER_CHECK` and :data:`HARNESS_S_PER_CALL`, fitted (non-negative least squares) on
-the toy-shaped checks of the sampler battery at quick and standard, the audit's own seconds taken
-as the check's wall time less the function's: what the function's run does not hide (2-core AMD
-EPYC)."""
+:data:`SECONDS_PER_CHECK`, :data:`HARNESS_S_PER_ROW` and :data:`HARNESS_S_PER_CALL`, fitted
+(non-negative least squares) on the toy-shaped checks of the sampler battery at quick and
+standard, the audit's own seconds taken as the check's wall time less the function's: what the
+function's run does not hide (2-core AMD EPYC)."""
 
 PRIOR_S_PER_DECODER_CALL = 0.1
 """The reference decoder's seconds per call (a request of a few dozen tokens on the tiny models)."""
 
-ENTRY_BOUND_S = 1e-5
+ENTRY_BOUND_S = 10_000 * PRIOR_S_PER_ENTRY
 """The reference's seconds per row above which a row's entries, not the function's per-row and
 per-call overheads, set its cost (:class:`Speeds`): 10,000 entries, a step of K drafts at
 V ≳ 10,000 / (2K + 1)."""

@@ -13,9 +13,10 @@ sizes following the check's pattern, one generator throughout.  The law tested, 
 sample size are those of a StepLawCheck (:func:`specverify.core.stats.sample_size_for_tv` at
 the check's Bonferroni share of α, power ``POWER``), so each detects a TV of ε in its cells.
 
-Cost (reference rule, one CPU core): the B = 1 check makes n calls — 7 533 at ``quick``,
-~47 000 at ``standard`` — at ~0.1 ms of harness+worker overhead plus the function's own time
-per call (NOTES-isolation.md has the measured figures); the others make n/33 or fewer calls.
+Cost (reference rule, 2-core CPU): the B = 1 check makes n calls — 8,393 at ``quick``, 52,454 at
+``standard`` — at ~17 µs of the worker's and the audit's own work plus ~19 µs of the function's
+per call (:data:`specverify.auditing.cost.HARNESS_S_PER_CALL`, ``PRIOR_S_PER_CALL``); the others
+make n/33 or fewer calls.
 
 Late calls.  :class:`LateCallsCheck` first brings the function's life (calls and rows since its
 worker started) to at least :data:`LATE_CALLS` calls and :data:`LATE_ROWS` rows with warm-up

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -347,10 +347,6 @@ class ProductionStepCheck(SequentialCheck):
     coarse_views: ClassVar[str] = "id tiles and probability levels"
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
-    _designs: dict[tuple[int, int, int], Future[dict[tuple[int, int], identity.IdentityDesign]]] = field(
-        init=False, default_factory=dict, repr=False, compare=False)
-    """The identity tests' designs of a look, made while its samples are drawn, until it is judged."""
-
     def target_tv(self, budget: SampleBudget) -> float | None:
         if budget.name in self.target_tvs:
             return float(self.target_tvs[budget.name])
@@ -420,15 +416,11 @@ class ProductionStepCheck(SequentialCheck):
         and the completions from another, so the audit builds the next call's proposal while the
         function runs (:meth:`~specverify.auditing.isolation.guarded.GuardedFunction.call_each`)
         and the draws do not depend on that order; meanwhile a thread makes the look's identity
-        designs for :meth:`judge` (:meth:`look_designs`)."""
+        designs (:meth:`look_designs`), which the tally carries to :meth:`judge` (``prepared``)."""
         with ThreadPoolExecutor(1, thread_name_prefix="specverify-designs") as designing:
-            key = (plan.seed, plan.n, look)
-            self._designs[key] = designing.submit(self.look_designs, plan, look)
-            try:
-                return self._draw(session, plan, n, look)
-            except BaseException:
-                self._designs.pop(key, None)
-                raise
+            designs = designing.submit(self.look_designs, plan, look)
+            tally = self._draw(session, plan, n, look)
+        return Tally(tally.n, tally.counts, designs.result())
 
     def look_designs(self, plan: Plan, look: int) -> dict[tuple[int, int], identity.IdentityDesign]:
         """The identity tests' designs at look ``look`` (0-based), by (chain, position): each law at
@@ -482,9 +474,7 @@ class ProductionStepCheck(SequentialCheck):
     def judge(self, plan: Plan, tally: Tally, level: float, look: int | None) -> CheckResult:
         bank, k, vocab = self.bank, self.num_draft, self.bank.vocab_size
         counts = tally.counts["counts"].reshape(bank.num_chains, k + 1, vocab)
-        drawn = (look or 1) - 1  # the look drawn last: judged looks count from 1; a plan without looks draws look 0
-        made = self._designs.pop((plan.seed, plan.n, drawn), None)
-        designs = made.result() if made is not None else {}
+        designs = tally.prepared or {}
         results = []
         for r in range(bank.num_chains):
             for j in range(k + 1):
