@@ -1,7 +1,8 @@
-"""GuardedFunction.call_each: the audit's work overlaps the function's calls, and nothing else
-changes.  The calls, their arguments and their outputs are those of one call per proposal, in a
-worker and in-process; a fault in one call, or a caller that stops early, leaves the worker idle
-for the next call (the request still in flight is awaited, not answered to someone else)."""
+"""GuardedFunction.call_each and call_each_in_groups: the audit's work overlaps the function's
+calls, and nothing else changes.  The calls, their arguments and their outputs are those of one
+call (or one call_groups) per proposal, in a worker and in-process; a fault in one call, or a
+caller that stops early, leaves the worker idle for the next call (the request still in flight is
+awaited, not answered to someone else)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,32 @@ def test_call_each_makes_the_calls_of_one_call_per_proposal(isolation):
         assert overlapped.log.calls == one_by_one.log.calls == 6
         assert overlapped.log.rows == one_by_one.log.rows == 6 * 48
         assert not overlapped.log.mutations and not overlapped.log.losses
+    finally:
+        one_by_one.close()
+        overlapped.close()
+
+
+@pytest.mark.parametrize("isolation", ["none", "process"])
+def test_call_each_in_groups_makes_the_calls_of_call_groups_on_each_proposal(isolation):
+    """Groups of 1 to 5 rows, a different partition for each proposal: the same outputs, calls and
+    rows as one call_groups per proposal, one request per proposal in a worker."""
+    proposals = _proposals(4, rows=15)
+    partitions = [[1] * 15, [5, 5, 5], [2, 3, 4, 6], [15]]
+    one_by_one, overlapped = _function(isolation), _function(isolation)
+    try:
+        generator = one_by_one.generator(3)
+        expected = [one_by_one.call_groups(proposal, generator, sizes, where="one by one")
+                    for proposal, sizes in zip(proposals, partitions)]
+        got = list(overlapped.call_each_in_groups(
+            ((number, proposal, sizes) for number, (proposal, sizes) in enumerate(zip(proposals, partitions))),
+            overlapped.generator(3), where="overlapped"))
+        assert [tag for tag, _, _ in got] == list(range(4))
+        for (emitted, lengths), (_, got_emitted, got_lengths) in zip(expected, got):
+            assert torch.equal(emitted, got_emitted) and torch.equal(lengths, got_lengths)
+        assert overlapped.log.calls == one_by_one.log.calls == sum(len(sizes) for sizes in partitions)
+        assert overlapped.log.rows == one_by_one.log.rows == 4 * 15
+        with pytest.raises(ValueError, match="sizes: expected positive group sizes summing to 15"):
+            list(overlapped.call_each_in_groups([(0, proposals[0], [7, 7])], overlapped.generator(4), where="bad"))
     finally:
         one_by_one.close()
         overlapped.close()
