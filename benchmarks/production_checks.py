@@ -107,6 +107,7 @@ def main() -> None:
     if allocator is not None:
         allocator.apply()
 
+    from specverify.auditing.isolation.process import preserved_process_state
     from specverify.auditing.runner import load_battery, plan_checks
 
     battery = load_battery("sampler")
@@ -126,16 +127,15 @@ def main() -> None:
         target: Any = "reference" if arguments.isolation == "process" else timed
         session = battery.open_session(target, device="cpu", timeout_s=600, isolation=arguments.isolation)
         timed.seconds = 0.0
-        threads = torch.get_num_threads()
-        if use_audit_threads is not None and session.function.runs_in_worker():
-            use_audit_threads()
-        started, began = cpu_seconds(), time.perf_counter()
-        try:
-            result = check.run(session, plans[check.name])
-            wall = time.perf_counter() - began
-        finally:
-            session.function.close()
-            torch.set_num_threads(threads)
+        with preserved_process_state():
+            if use_audit_threads is not None and session.function.runs_in_worker():
+                use_audit_threads()
+            started, began = cpu_seconds(), time.perf_counter()
+            try:
+                result = check.run(session, plans[check.name])
+                wall = time.perf_counter() - began
+            finally:
+                session.function.close()
         seconds = cpu_seconds() - started
         total += seconds
         if check.name == "exact-large-vocabulary":

@@ -116,12 +116,21 @@ class Cost:
 def step_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: float = math.inf) -> Cost:
     """``rows`` steps of ``num_draft`` drafts at ``vocab_size``: (2K + 1)·V entries a row, in calls
     of ``rows_per_call`` rows on average (default: large batches, the per-call cost negligible)."""
+    return _rows_cost(rows, num_draft, vocab_size, rows_per_call, 0.0, HARNESS_S_PER_CALL, PRIOR_S_PER_CALL)
+
+
+def _rows_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: float, own_s_per_row: float,
+               own_s_per_call: float, prior_s_per_call: float) -> Cost:
+    """``rows`` rows of (2K + 1)·V entries (K = ``num_draft``), in calls of ``rows_per_call`` rows:
+    the audit's own seconds a row (:data:`HARNESS_S_PER_ROW`, its entries', ``own_s_per_row`` and
+    its share of ``own_s_per_call``) and the function's prior (:data:`PRIOR_S_PER_ROW`, its share of
+    ``prior_s_per_call``, its entries at :data:`PRIOR_S_PER_ENTRY`)."""
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
-    return Cost(rows, SECONDS_PER_CHECK,
-                HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY + HARNESS_S_PER_CALL / rows_per_call, entries,
-                PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW + PRIOR_S_PER_CALL / rows_per_call)
+    harness_s = HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY + own_s_per_row + own_s_per_call / rows_per_call
+    return Cost(rows, SECONDS_PER_CHECK, harness_s, entries, PRIOR_S_PER_ENTRY, vocab_size,
+                PRIOR_S_PER_ROW + prior_s_per_call / rows_per_call)
 
 
 PRODUCTION_FIXED_S = 0.38
@@ -181,14 +190,8 @@ def tree_cost(samples: int, nodes: float, vocab_size: int, rows_per_sample: floa
     """``rows_per_sample`` trees of ``nodes`` drafted nodes at ``vocab_size`` per sample: (2N + 1)·V
     entries a row (the target's laws at the N nodes and the root, the drafts' at the N nodes), in
     calls of ``rows_per_call`` rows on average (default: large batches)."""
-    rows = int(math.ceil(samples * rows_per_sample))
-    if not rows:
-        return Cost(0, SECONDS_UNSAMPLED)
-    entries = (2 * nodes + 1) * vocab_size
-    harness_s = (HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY + nodes * TREE_HARNESS_S_PER_NODE
-                 + TREE_HARNESS_S_PER_CALL / rows_per_call)
-    return Cost(rows, SECONDS_PER_CHECK, harness_s, entries, PRIOR_S_PER_ENTRY, vocab_size,
-                PRIOR_S_PER_ROW + TREE_PRIOR_S_PER_CALL / rows_per_call)
+    return _rows_cost(int(math.ceil(samples * rows_per_sample)), nodes, vocab_size, rows_per_call,
+                      nodes * TREE_HARNESS_S_PER_NODE, TREE_HARNESS_S_PER_CALL, TREE_PRIOR_S_PER_CALL)
 
 
 def mean_nodes(shapes: Sequence[Sequence[int]]) -> float:

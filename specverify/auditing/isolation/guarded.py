@@ -237,7 +237,7 @@ class _Session(AuditedFunction):
         self.info: dict[str, Any] = {}
         self.buffer: SharedBuffer | None = None  # shared memory of the calls' tensors (worker sessions)
         self.threads = torch.get_num_threads()  # the worker's intra-op threads: this process's at the start
-        self._layout: tuple[tuple, SharedBuffer, list[int], list[torch.Tensor]] | None = None  # :meth:`_regions`
+        self._layout: tuple[tuple, list[int], list[torch.Tensor]] | None = None  # :meth:`_regions`
         self.presenter = Presenter()  # the storages of the inputs, kept across calls
         self.settled = 0  # requests whose inputs were settled (the mutation check)
         self.isolation = check_isolation(isolation)
@@ -450,14 +450,15 @@ class _Session(AuditedFunction):
                  ) -> tuple[SharedBuffer, list[int], list[torch.Tensor]]:
         """The shared buffer, the offsets of ``parts`` (dtype, shape) in it, the last on a page of its
         own (:func:`~specverify.auditing.isolation.process.layout`), and their tensors; kept while
-        the buffer and the parts stay the same."""
-        if self._layout is None or self._layout[0] != parts or self._layout[1] is not self.buffer:
+        the buffer and the parts stay the same (a new buffer forgets them: :meth:`_ensure_buffer`)."""
+        if self._layout is None or self._layout[0] != parts:
             offsets, nbytes = layout(list(parts), last_on_page=True)
             buffer = self._ensure_buffer(nbytes)
             storages = [buffer.tensor(offset, dtype, shape) for offset, (dtype, shape) in zip(offsets, parts)]
-            self._layout = parts, buffer, offsets, storages
-        _, buffer, offsets, storages = self._layout
-        return buffer, offsets, storages
+            self._layout = parts, offsets, storages
+        assert self.buffer is not None, "the regions are kept with the buffer they were made in"
+        _, offsets, storages = self._layout
+        return self.buffer, offsets, storages
 
     def _present(self, inputs: dict[str, torch.Tensor], strided: bool, vocab: int) -> dict[str, torch.Tensor]:
         """``inputs`` in storages of this process kept across calls (in-process sessions; as views of
@@ -534,9 +535,8 @@ class GuardedFunction(_Session):
         The output is validated against SPEC §1 (a broken layout is a ``malformed`` fault) and
         against the law: tokens no lossless rule emits (a non-draft token in an accepted slot, a
         token of target probability 0) are an ``impossible`` fault, a loss."""
-        batch, width, vocab = proposal.target_probs.shape
-        if sum(sizes) != batch or any(s < 1 for s in sizes):
-            raise ValueError(f"sizes: expected positive group sizes summing to {batch}, got {list(sizes)[:8]}…")
+        vocab = proposal.target_probs.shape[-1]
+        _check_sizes(proposal, sizes)
         if self.isolation == "none":
             emitted = self._groups_in_process(proposal, generator, sizes, where, strided)
         else:
@@ -623,8 +623,7 @@ class GuardedFunction(_Session):
         for start, stop in self._chunks(sizes, per_row):
             rows = first_row[stop] - first_row[start]
             deadline = self.speed.deadline(stop - start, rows * per_row, self.timeout_s)
-            what = (f"the function (in {where})" if len(sizes) == 1 else
-                    f"the function (in {where}, calls {start + 1}–{stop} of {len(sizes)})")
+            what = _calls_phrase(where, start, stop, len(sizes))
             header.update(groups=list(sizes[start:stop]), row=first_row[start])
             self._send(dict(header), what, where)
             reply = self._receive(deadline, what, where)
@@ -731,16 +730,13 @@ class GuardedFunction(_Session):
         """The calls on the groups ``sizes`` of ``proposal``, sent to the worker in one request, not
         awaited; while the function's speed is not known yet (the first call of a session, its
         speed probe), made at once instead."""
-        if sum(sizes) != proposal.target_probs.shape[0] or any(size < 1 for size in sizes):
-            raise ValueError(f"sizes: expected positive group sizes summing to {proposal.target_probs.shape[0]}, "
-                             f"got {list(sizes)[:8]}…")
+        _check_sizes(proposal, sizes)
         if not self.speed.known:
             return _InFlight(output=self._groups_in_worker(proposal, generator, sizes, where, strided))
         inputs, views, header = self._shared_proposal(proposal, generator, where, strided)
         per_row = _entries_per_row(proposal)
         header.update(groups=list(sizes), row=0)
-        what = (f"the function (in {where})" if len(sizes) == 1 else
-                f"the function (in {where}, calls 1–{len(sizes)} of {len(sizes)})")
+        what = _calls_phrase(where, 0, len(sizes), len(sizes))
         self._send(header, what, where)
         return _InFlight(header=header, inputs=inputs, output=views[-1], sizes=list(sizes), per_row=per_row,
                          what=what, where=where,
@@ -771,6 +767,19 @@ class _InFlight:
     what: str = ""
     where: str = ""
     deadline_s: float = 0.0
+
+
+def _check_sizes(proposal: Any, sizes: Sequence[int]) -> None:
+    """Raise when the groups ``sizes`` are not positive sizes summing to ``proposal``'s rows."""
+    rows = proposal.target_probs.shape[0]
+    if sum(sizes) != rows or any(size < 1 for size in sizes):
+        raise ValueError(f"sizes: expected positive group sizes summing to {rows}, got {list(sizes)[:8]}…")
+
+
+def _calls_phrase(where: str, start: int, stop: int, count: int) -> str:
+    """Who a request of calls ``start..stop−1`` of ``count`` is, in a fault's message."""
+    return (f"the function (in {where})" if count == 1 else
+            f"the function (in {where}, calls {start + 1}–{stop} of {count})")
 
 
 def _sizes(proposal: Any, sizes: Sequence[int] | None) -> Sequence[int]:

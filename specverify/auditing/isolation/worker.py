@@ -172,14 +172,13 @@ class Worker:
     def _views(self, request: dict[str, Any]) -> list[Any]:
         """The request's tensors in the shared buffer, fresh views (each input the leading block of
         its region, wider when strided) of the regions of the last layout, which are kept while
-        the buffer and the layout stay the same."""
+        the buffer (:meth:`_buffer` forgets them) and the layout stay the same."""
         import torch
 
         from specverify.auditing.isolation.presentation import view_of
 
         buffer = self._buffer(request)
-        key = (buffer.path, tuple(request["offsets"]), tuple(request["dtypes"]),
-               tuple(tuple(shape) for shape in request["shapes"]))
+        key = (tuple(request["offsets"]), tuple(request["dtypes"]), tuple(tuple(shape) for shape in request["shapes"]))
         if self.regions is None or self.regions[0] != key:
             self.regions = key, [buffer.tensor(offset, getattr(torch, dtype), tuple(shape))
                                  for offset, dtype, shape in zip(request["offsets"], request["dtypes"],
