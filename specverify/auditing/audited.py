@@ -16,7 +16,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specverify.auditing.ahead import Gate, WorkAhead
 
 
 @dataclass
@@ -40,6 +43,9 @@ class AuditedFunction(ABC):
 
     log: CallCounts
     raw: Callable[..., Any] | None
+    gate: Gate | None = None
+    """Open while the audit waits for a reply of the function's worker process (None: the function
+    runs in the audit's own process); work made ahead runs then (:mod:`specverify.auditing.ahead`)."""
 
     @abstractmethod
     def cut_off_at(self, moment: float | None) -> None:
@@ -84,6 +90,22 @@ class AuditSession:
     session opened."""
 
     function: AuditedFunction
+    _ahead: WorkAhead | None = None
+
+    @property
+    def ahead(self) -> WorkAhead:
+        """The work its checks make ahead (:mod:`specverify.auditing.ahead`): the runner's, which
+        works while the audit waits for the function; else one of the session's own, which makes
+        each item when it is claimed, in a thread that ends with the item."""
+        if self._ahead is None:
+            from specverify.auditing.ahead import WorkAhead
+
+            self._ahead = WorkAhead()
+        return self._ahead
+
+    def use_ahead(self, ahead: WorkAhead) -> None:
+        """Make the checks' work ahead in ``ahead`` from now on."""
+        self._ahead = ahead
 
     def close(self, grace_s: float | None = None) -> None:
         self.function.close(grace_s)

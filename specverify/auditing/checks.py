@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from specverify.auditing.ahead import AheadItem
 from specverify.auditing.audited import AuditedFunction, AuditSession
 from specverify.auditing.cost import HARNESS_S_PER_ROW, SECONDS_PER_CHECK, SECONDS_UNSAMPLED, Cost
 from specverify.auditing.isolation.faults import Fault, FaultKind, call_with_deadline
@@ -361,6 +362,12 @@ class Check:
         if not plan.n:
             return Cost(0, SECONDS_UNSAMPLED)
         return Cost(plan.n, SECONDS_PER_CHECK, HARNESS_S_PER_ROW)
+
+    def work_ahead(self, plan: Plan) -> Sequence[AheadItem]:
+        """What the check computes from ``plan`` alone, which the audit may make before the check
+        needs it (:mod:`specverify.auditing.ahead`); the check claims each item by its key from
+        ``session.ahead``.  None by default."""
+        return ()
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
         raise NotImplementedError

@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specverify.auditing import replay
+from specverify.auditing.ahead import WorkAhead
 from specverify.auditing.audit_report import AuditPlan, AuditReport, AuditSettings  # AuditReport re-exported here
 from specverify.auditing.audited import AuditedFunction, AuditSession
 from specverify.auditing.checks import (
@@ -277,6 +278,11 @@ def audit(
                     shortfall, omitted, allow_underpowered):
                 display.note(line)
             plan = AuditPlan(alpha_share=share, shortfall=shortfall, omitted=omitted, notes_said=display.says_notes)
+            ahead = WorkAhead(function.gate)
+            for check, check_plan in zip(selected, plans):
+                ahead.add(check.work_ahead(check_plan))
+            session.use_ahead(ahead)
+            ahead.start()
             locating = tuple(c.name for c in selected if c.locus is not None and c.locus.locating) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, display, fail_fast, locating,
@@ -287,6 +293,7 @@ def audit(
                                                                   for r in results):
                     case_search = _minimal_case(name, selected, results, function, seed, post, display)
         finally:
+            session.ahead.close()
             _shut_down(session, post)
             total_s = time.perf_counter() - started
             if displayed:

@@ -1,6 +1,6 @@
-"""A production check makes each look's identity designs in a thread while it draws the look's
-samples: they are the designs of the rows each chain then holds, the judgement uses them, and it
-is the judgement made without them."""
+"""A production check claims each look's identity designs from the work made ahead (made in a
+thread while it draws the look's samples when not made yet): they are the designs of the rows each
+chain then holds, the judgement uses them, and it is the judgement made without them."""
 
 from __future__ import annotations
 

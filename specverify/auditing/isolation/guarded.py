@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from specverify.auditing.ahead import Gate
 from specverify.auditing.audited import AuditedFunction, CallCounts
 from specverify.auditing.isolation.faults import (
     CutOff,
@@ -277,6 +278,7 @@ class _Session(AuditedFunction):
             self.fn = self.raw = fn
         else:
             self.raw = RawProxy(self)
+            self.gate = Gate()
 
     # -- worker lifecycle --------------------------------------------------------------------
 
@@ -355,7 +357,9 @@ class _Session(AuditedFunction):
             if left < deadline_s:
                 deadline_s, cut = left, True
         try:
-            return self.worker.receive(deadline_s, what)
+            assert self.gate is not None, "a worker session has a gate"
+            with self.gate.opened():
+                return self.worker.receive(deadline_s, what)
         except WorkerLost as lost:
             if cut and lost.fault.kind == "timeout":
                 raise CutOff(f"{what}: stopped at the caller's cutoff (the worker process was killed)") from None

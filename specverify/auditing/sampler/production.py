@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from specverify.auditing.ahead import AheadItem
 from specverify.auditing.audited import AuditedFunction
 from specverify.auditing.checks import (
     Check,
@@ -415,12 +415,21 @@ class ProductionStepCheck(SequentialCheck):
         """``n`` rows in calls of :attr:`rows_per_call`: the proposals are drawn from one generator
         and the completions from another, so the audit builds the next call's proposal while the
         function runs (:meth:`~specverify.auditing.isolation.guarded.GuardedFunction.call_each`)
-        and the draws do not depend on that order; meanwhile a thread makes the look's identity
-        designs (:meth:`look_designs`), which the tally carries to :meth:`judge` (``prepared``)."""
-        with ThreadPoolExecutor(1, thread_name_prefix="specverify-designs") as designing:
-            designs = designing.submit(self.look_designs, plan, look)
-            tally = self._draw(session, plan, n, look)
+        and the draws do not depend on that order.  The look's identity designs
+        (:meth:`look_designs`) are claimed from the work made ahead (:meth:`work_ahead`), made
+        while the samples are drawn when not made yet; the tally carries them to :meth:`judge`
+        (``prepared``)."""
+        designs = session.ahead.claim(self._designs_key(plan, look), functools.partial(self.look_designs, plan, look))
+        tally = self._draw(session, plan, n, look)
         return Tally(tally.n, tally.counts, designs.result())
+
+    def work_ahead(self, plan: Plan) -> list[AheadItem]:
+        """The identity designs of every look (:meth:`look_designs`)."""
+        return [AheadItem(self._designs_key(plan, look), look, functools.partial(self.look_designs, plan, look))
+                for look in range(len(plan.looks))]
+
+    def _designs_key(self, plan: Plan, look: int) -> tuple[Any, ...]:
+        return (self.name, "identity designs", plan.seed, tuple(plan.looks), look)
 
     def look_designs(self, plan: Plan, look: int) -> dict[tuple[int, int], identity.IdentityDesign]:
         """The identity tests' designs at look ``look`` (0-based), by (chain, position): each law at
