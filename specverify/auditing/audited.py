@@ -37,9 +37,9 @@ class AuditedFunction(ABC):
 
     ``log``: its :class:`CallCounts` (a level's log may count more).  ``raw``: the function as a
     plain callable whose signature is the function's (for the signature check and the direct calls
-    of the exact checks), None where there is no Python function (an endpoint).  The defaults are
-    those of a function that needs no process of the audit's own: nothing to restart, never
-    stopped by the audit, no declared attributes."""
+    of the exact checks, each counted in ``log``), None where there is no Python function (an
+    endpoint).  The defaults are those of a function that needs no process of the audit's own:
+    nothing to restart, never stopped by the audit, no declared attributes."""
 
     log: CallCounts
     raw: Callable[..., Any] | None

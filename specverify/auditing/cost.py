@@ -241,7 +241,9 @@ class Speeds:
 
     def record(self, cost: Cost, rows: int, function_s: float, wall_s: float) -> None:
         """A finished check of ``cost`` whose function evaluated ``rows`` rows in ``function_s`` of its
-        own seconds, within ``wall_s`` of the check's wall time."""
+        own seconds, within ``wall_s`` of the check's wall time.  A cost without work (an exact
+        check) prices the function's direct calls in its fixed seconds: its whole wall time is
+        its own."""
         bound = entry_bound(cost)
         if rows > 0 and function_s > 0 and cost.work > 0:
             self.per_unit[bound, cost.scale] = function_s / (rows * _units_per_row(cost))
@@ -249,7 +251,7 @@ class Speeds:
                 self.slowdown[bound].append(function_s / rows / cost.prior_per_row)
         done = min(1.0, rows / cost.rows) if cost.rows else 1.0
         self.own_planned[bound] += cost.fixed_s + done * cost.rows * cost.harness_s
-        self.own_measured[bound] += max(0.0, wall_s - function_s)
+        self.own_measured[bound] += max(0.0, wall_s - function_s) if cost.work > 0 else wall_s
 
     @property
     def measured(self) -> bool:

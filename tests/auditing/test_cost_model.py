@@ -17,6 +17,7 @@ from specverify.auditing.cost import (
     PRIOR_S_PER_ENTRY,
     PRIOR_S_PER_ROW,
     SECONDS_PER_CHECK,
+    Cost,
     Speeds,
     step_cost,
 )
@@ -139,3 +140,14 @@ def test_a_tree_check_of_small_calls_is_priced_by_its_calls():
     siblings = next(check for check in checks if check.name.startswith("tree-siblings"))
     large_batches = siblings.cost(plans[siblings.name])
     assert large_batches.seconds() < large_batches.rows * (TREE_HARNESS_S_PER_CALL + TREE_PRIOR_S_PER_CALL) / 100
+
+
+def test_a_check_priced_without_work_counts_its_direct_calls_as_its_own_time():
+    """An exact check's plan prices its direct calls of the function in its fixed seconds; the
+    measured function seconds of those calls are not subtracted from its own."""
+    speeds = Speeds()
+    speeds.record(Cost(0, 2.0), 0, 0.6, 1.0)
+    assert speeds.own_ratio(Cost(0, 1.0)) == pytest.approx(0.5)
+    speeds = Speeds()
+    speeds.record(Cost(1000, 2.0, work=1.0, prior_s=1e-6), 1000, 0.6, 1.0)
+    assert speeds.own_ratio(Cost(0, 1.0)) == pytest.approx(0.2)

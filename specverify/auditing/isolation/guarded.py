@@ -269,13 +269,14 @@ class _Session(AuditedFunction):
 
                     self.close()
                     raise LoadError(f"the worker process could not start: {lost.fault.message}") from None
-        self.raw: Callable[..., Any]  # the function itself, called directly (in a worker: through RawProxy)
+        self.raw: Callable[..., Any]  # the function called directly, counted in the log (in a worker: RawProxy)
         if self.isolation == "none":
             if isinstance(fn, str):
                 from specverify.auditing.loading import load_target
 
                 fn = load_target(fn, self.level)
-            self.fn = self.raw = fn
+            self.fn = fn
+            self.raw = counted_calls(fn, self.log)
         else:
             self.raw = RawProxy(self)
             self.gate = Gate()
@@ -595,7 +596,7 @@ class GuardedFunction(_Session):
                 "num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
             started = time.perf_counter()
             try:
-                result = self._in_process(functools.partial(self.raw, *args, **keywords),
+                result = self._in_process(functools.partial(self.fn, *args, **keywords),
                                           self.speed.deadline(1, rows * per_row, self.timeout_s),
                                           what, where)
             except Fault as fault:
@@ -822,7 +823,8 @@ class RawProxy:
     """``session.raw`` in a worker session: calls the function there with arbitrary arguments,
     e.g. ``uniforms=`` for the exact checks; CPU tensors among them travel through the shared
     buffer with their layout (:meth:`_Session._share_arguments`), the rest pickled.  Its signature
-    is the function's."""
+    is the function's; each call that returns is counted in the log, with the seconds the worker
+    measured around it."""
 
     def __init__(self, function: _Session) -> None:
         self._function = function
@@ -843,7 +845,25 @@ class RawProxy:
         if reply[0] == "raw-error":
             _, name, message = reply
             raise type(name, (Exception,), {})(message)
-        return reply[1]
+        _, result, seconds = reply
+        function.log.function_seconds += seconds
+        function.log.calls += 1
+        return result
+
+
+def counted_calls(fn: Callable[..., Any], log: CallCounts) -> Callable[..., Any]:
+    """``session.raw`` in-process: ``fn`` itself (its signature and attributes), each call that
+    returns counted in ``log`` with its seconds, as :class:`RawProxy` counts a worker's."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = fn(*args, **kwargs)
+        log.function_seconds += time.perf_counter() - started
+        log.calls += 1
+        return result
+
+    return call
 
 
 class GuardedGenerate(_Session):
@@ -887,7 +907,7 @@ class GuardedGenerate(_Session):
             target, draft = self.models.pair(stratum.models)
 
             def call() -> Any:
-                return self.raw(target, draft, passed, max_new_tokens=max_new_tokens,
+                return self.fn(target, draft, passed, max_new_tokens=max_new_tokens,
                                 temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
 
             started = time.perf_counter()
@@ -953,7 +973,7 @@ class GuardedTreeFunction(_Session):
         passed = self._present(originals, strided, proposal.target_probs.shape[-1])
         started = time.perf_counter()
         try:
-            result = self._in_process(lambda: self.raw(*passed.values(), generator), deadline, what, where)
+            result = self._in_process(lambda: self.fn(*passed.values(), generator), deadline, what, where)
         except Fault as fault:
             if fault.kind == "exception" and fault.__cause__ is not None:
                 raise Fault("exception", exception_message(fault.__cause__, what)) from None

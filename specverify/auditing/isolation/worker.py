@@ -233,10 +233,12 @@ class Worker:
                     args[key] = tensor
                 else:
                     kwargs[key] = tensor
+        started = time.perf_counter()
         try:
             result = self.fn(*args, **kwargs)
         except BaseException as error:  # noqa: BLE001
             return ("raw-error", type(error).__name__, str(error))
+        seconds = time.perf_counter() - started
         try:
             pickle.dumps(result)
         except Exception:
@@ -247,7 +249,7 @@ class Worker:
         if isinstance(result, torch.Tensor):
             if result.layout == torch.strided and result.device.type != "meta":
                 result = result.detach().cpu().clone()
-        return ("raw-ok", result)
+        return ("raw-ok", result, seconds)
 
     def generate(self, request: dict[str, Any]) -> tuple:
         import torch
