@@ -126,9 +126,14 @@ class AliasWatch:
         if self.previous is not None:
             kept, values = self.previous
             try:
-                changed = kept.shape != values.shape or not torch.equal(kept.detach().cpu(), values)
+                if type(kept) is not torch.Tensor or kept.device.type != "cpu" or kept.requires_grad:
+                    kept = kept.detach().cpu()
+                changed = kept.shape != values.shape or not torch.equal(kept, values)
             except Exception:
                 changed = True
+        if type(result) is torch.Tensor and result.layout == torch.strided and result.device.type == "cpu":
+            self.previous = (result, result.detach().clone())
+            return changed
         try:
             tensor = emitted_tensor(result)
             self.previous = (tensor, tensor.detach().cpu().clone()) if tensor.layout == torch.strided and \

@@ -122,13 +122,14 @@ class Worker:
         vocab = target.shape[-1]
         generator = self._generator(request["generator"])
         on_cpu = self.device == "cpu"
-        start, seconds, aliased = request["row"], 0.0, False
+        first = start = request["row"]
+        seconds, aliased, groups = 0.0, False, request["groups"]
         clean = self._cover(request)
-        for number, rows in enumerate(request["groups"]):
+        sent = [tensor.narrow(0, first, sum(groups)) for tensor in (target, draft, tokens)]
+        drafts = sent[2].clone()  # as sent: a call may write its inputs (the guard reports it)
+        for number, (rows, *inputs) in enumerate(zip(groups, *(tensor.split(groups) for tensor in sent))):
             rows_slice = slice(start, start + rows)
-            inputs = (target[rows_slice], draft[rows_slice], tokens[rows_slice])
-            drafts = tokens[rows_slice].clone()
-            passed = inputs if on_cpu else tuple(_on_device(t, self.device) for t in inputs)
+            passed = inputs if on_cpu else [_on_device(t, self.device) for t in inputs]
             keywords = {} if num_draft_tokens is None else {
                 "num_draft_tokens": num_draft_tokens[rows_slice].clone().to(self.device)}
             started = time.perf_counter()
@@ -140,7 +141,8 @@ class Worker:
             aliased = self.alias_watch.after_call(result) or aliased
             try:
                 plain = _plain(result, rows, output.shape[1])
-                output[rows_slice] = result.detach() if plain else checked_emitted(result, drafts, vocab)
+                output[rows_slice] = result.detach() if plain else \
+                    checked_emitted(result, drafts[start - first:start - first + rows], vocab)
             except Fault as fault:
                 return ("fault", fault.kind, fault.message, number)
             if not on_cpu:
