@@ -174,11 +174,14 @@ def exact_shapes() -> tuple[ExactShape, ...]:
 
 
 def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
-                         where: str) -> Callable[..., torch.Tensor]:
+                         where: str, *, copied: bool = False) -> Callable[..., torch.Tensor]:
     """The :data:`specverify.core.exact_final.Evaluator` of one case: the function called with
     ``uniforms=`` (generator withheld) on the case's laws in ``dtype`` and ``shape``'s layout, in
     chunks within MAX_INPUT_ELEMENTS; outputs validated for their layout only (a wrong accepted
-    prefix is mass on a wrong tuple, which the integrator counts)."""
+    prefix is mass on a wrong tuple, which the integrator counts).  ``copied``: ``raw`` gets a
+    copy of its arguments (a worker's), so the laws are presented once, for a full chunk, and a
+    call of fewer rows gets their leading rows; else each call gets fresh ones (a function may
+    write its inputs)."""
     from specverify.auditing.isolation.presentation import decoy_value, presented
 
     case = shape.case
@@ -187,17 +190,26 @@ def final_draw_evaluator(raw: Callable[..., Any], shape: ExactShape, dtype: str,
     draft = torch.from_numpy(case.draft).to(torch_dtype).unsqueeze(0)
     vocab, num_draft = case.vocab_size, case.num_draft
     per_call = rows_per_call(num_draft, vocab)
+    cpu = torch.device("cpu")
+    kept: list[torch.Tensor] = []
+
+    def laws_of(rows: int) -> list[torch.Tensor]:
+        if kept:
+            return [tensor[:rows] for tensor in kept]
+        made = [presented(tensor.expand(per_call if copied else rows, -1, -1), device=cpu, strided=shape.strided,
+                          decoy=decoy_value(name, vocab))
+                for name, tensor in (("target_probs", target), ("draft_probs", draft))]
+        if copied:
+            kept.extend(made)
+        return [tensor[:rows] for tensor in made]
 
     def evaluate(draft_tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
         emitted = []
         for start in range(0, len(draft_tokens), per_call):
             tokens = draft_tokens[start:start + per_call]
             rows = len(tokens)
-            batch = (("target_probs", target.expand(rows, -1, -1)), ("draft_probs", draft.expand(rows, -1, -1)),
-                     ("draft_tokens", tokens))
-            inputs = [presented(tensor, device=torch.device("cpu"), strided=shape.strided,
-                                decoy=decoy_value(name, vocab))
-                      for name, tensor in batch]
+            inputs = [*laws_of(rows), presented(tokens, device=cpu, strided=shape.strided,
+                                                decoy=decoy_value("draft_tokens", vocab))]
             try:
                 result = raw(*inputs, None, uniforms=uniforms[start:start + per_call])
             except Exception as error:
@@ -238,7 +250,8 @@ class ExactFinalDrawCheck(Check):
         for shape in self.shapes:
             dtype = input_dtype(session.function, shape.dtype)
             tolerance = rounding.rounding_tolerance(arithmetic, shape.case.num_draft, shape.case.vocab_size)
-            evaluate = final_draw_evaluator(session.raw, shape, dtype, self.name)
+            evaluate = final_draw_evaluator(session.raw, shape, dtype, self.name,
+                                            copied=session.function.runs_in_worker())
             label = shape.describe() if dtype == shape.dtype else f"{shape.describe()} in {dtype}"
             cases.append(ExactCase(label, functools.partial(_decided_tv, shape.case, evaluate, tolerance),
                                    shape.case.num_draft, shape.case.vocab_size))
