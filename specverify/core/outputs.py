@@ -171,13 +171,16 @@ def zero_probability_tokens(emitted: torch.Tensor, lengths: torch.Tensor, target
     normalize(max(0, p − q)) and p put no mass where p = 0: such a token is impossible.
     """
     batch, width = emitted.shape
-    if law_index is None:
-        law_index = torch.arange(width).expand(batch, width)
     used = torch.arange(width)[None, :] < lengths[:, None]
     tokens = emitted.clamp(min=0)
     laws = target_probs.detach().cpu()
-    rows = torch.arange(batch)[:, None].expand(batch, width)
-    mass = laws[rows, law_index.clamp(min=0, max=laws.shape[1] - 1), tokens]
+    if law_index is None and laws.shape[1] == width:
+        mass = laws.gather(2, tokens.unsqueeze(-1)).squeeze(-1)
+    else:
+        if law_index is None:
+            law_index = torch.arange(width).expand(batch, width)
+        rows = torch.arange(batch)[:, None].expand(batch, width)
+        mass = laws[rows, law_index.clamp(min=0, max=laws.shape[1] - 1), tokens]
     zero = used & (mass == 0)
     if not bool(zero.any()):
         return None

@@ -286,6 +286,11 @@ class _Session(AuditedFunction):
             self.raw = RawProxy(self)
             self.gate = Gate()
 
+    def _held(self) -> Callable[..., Any]:
+        """The function itself, which an in-process session holds."""
+        assert self.fn is not None, "an in-process session holds its function"
+        return self.fn
+
     # -- worker lifecycle --------------------------------------------------------------------
 
     def _worker(self) -> WorkerProcess:
@@ -601,7 +606,7 @@ class GuardedFunction(_Session):
                 "num_draft_tokens": ragged[start:start + rows].clone().to(self.device)}
             started = time.perf_counter()
             try:
-                result = self._in_process(functools.partial(self.fn, *args, **keywords),
+                result = self._in_process(functools.partial(self._held(), *args, **keywords),
                                           self.speed.deadline(1, rows * per_row, self.timeout_s),
                                           what, where)
             except Fault as fault:
@@ -912,8 +917,9 @@ class GuardedGenerate(_Session):
             target, draft = self.models.pair(stratum.models)
 
             def call() -> Any:
-                return self.fn(target, draft, passed, max_new_tokens=max_new_tokens,
-                                temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p, seed=seed)
+                return self._held()(target, draft, passed, max_new_tokens=max_new_tokens,
+                                    temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p,
+                                    seed=seed)
 
             started = time.perf_counter()
             try:
@@ -978,7 +984,7 @@ class GuardedTreeFunction(_Session):
         passed = self._present(originals, strided, proposal.target_probs.shape[-1])
         started = time.perf_counter()
         try:
-            result = self._in_process(lambda: self.fn(*passed.values(), generator), deadline, what, where)
+            result = self._in_process(lambda: self._held()(*passed.values(), generator), deadline, what, where)
         except Fault as fault:
             if fault.kind == "exception" and fault.__cause__ is not None:
                 raise Fault("exception", exception_message(fault.__cause__, what)) from None
