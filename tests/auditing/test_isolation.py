@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specverify.auditing.defaults import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
+from specverify.auditing.isolation.guarded import AliasWatch
 from specverify.auditing.loading import load_target
 from specverify.auditing.runner import audit
 
@@ -189,3 +190,23 @@ def test_the_decoder_level_runs_in_a_worker_that_builds_its_own_models():
     assert verdicts["models-unchanged"] == "fail" and report.exit_code == EXIT_FAIL, report.explain()
     assert "modified the models' parameters" in report.checks[-1].message
     assert not DecoderModels().changed()  # the audit's own models were never handed to the function
+
+
+def test_the_alias_watch_keeps_a_lent_copy_only_until_told_its_lender_changes():
+    """The worker lends the alias watch its copy of a plain output (the output region): a result
+    kept unchanged is not aliasing even after the region is rewritten, once the copy is owned; a
+    result overwritten by the next call is, across requests too."""
+    watch = AliasWatch()
+    region = torch.zeros(2, 3, dtype=torch.int64)
+    fresh = torch.tensor([[1, 2, 3]])
+    region[:1].copy_(fresh)
+    assert not watch.after_call(fresh, region[:1])
+    watch.own_copy()
+    region.fill_(7)  # the next request's outputs
+    assert not watch.after_call(torch.tensor([[4, 5, 6]]))
+    buffer = torch.tensor([[1, 1, 1]])
+    region[:1].copy_(buffer)
+    watch.after_call(buffer, region[:1])
+    watch.own_copy()
+    buffer.fill_(9)  # the function reuses its buffer for the next call
+    assert watch.after_call(buffer)

@@ -119,9 +119,13 @@ class AliasWatch:
 
     def __init__(self) -> None:
         self.previous: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.lent = False
 
-    def after_call(self, result: Any) -> bool:
-        """True when this call changed the tensor the previous call returned."""
+    def after_call(self, result: Any, copy: torch.Tensor | None = None) -> bool:
+        """True when this call changed the tensor the previous call returned.  ``copy``: a tensor
+        that holds ``result``'s values already (a plain CPU output copied out by the caller), kept
+        as the copy until the next call; the caller keeps it unchanged until then, or calls
+        :meth:`own_copy` first."""
         changed = False
         if self.previous is not None:
             kept, values = self.previous
@@ -131,6 +135,10 @@ class AliasWatch:
                 changed = kept.shape != values.shape or not torch.equal(kept, values)
             except Exception:
                 changed = True
+        self.lent = copy is not None
+        if copy is not None:
+            self.previous = (result, copy)
+            return changed
         if type(result) is torch.Tensor and result.layout == torch.strided and result.device.type == "cpu":
             self.previous = (result, result.detach().clone())
             return changed
@@ -141,6 +149,13 @@ class AliasWatch:
         except Exception:
             self.previous = None
         return changed
+
+    def own_copy(self) -> None:
+        """Copy the values kept from the caller's tensor (:meth:`after_call`'s ``copy``), which the
+        caller is about to change."""
+        if self.lent and self.previous is not None:
+            self.previous = (self.previous[0], self.previous[1].clone())
+        self.lent = False
 
 
 ALIASING_MESSAGE = ("the function returns a view of a buffer that its next call overwrites (output aliasing): a "

@@ -127,28 +127,35 @@ class Worker:
         clean = self._cover(request)
         sent = [tensor.narrow(0, first, sum(groups)) for tensor in (target, draft, tokens)]
         drafts = sent[2].clone()  # as sent: a call may write its inputs (the guard reports it)
-        for number, (rows, *inputs) in enumerate(zip(groups, *(tensor.split(groups) for tensor in sent))):
-            rows_slice = slice(start, start + rows)
-            passed = inputs if on_cpu else [_on_device(t, self.device) for t in inputs]
-            keywords = {} if num_draft_tokens is None else {
-                "num_draft_tokens": num_draft_tokens[rows_slice].clone().to(self.device)}
-            started = time.perf_counter()
-            try:
-                result = self.fn(*passed, generator, **keywords)
-            except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt/SystemExit are the function's
-                return ("fault", "exception", exception_message(error, "{what}"), number)
-            seconds += time.perf_counter() - started
-            aliased = self.alias_watch.after_call(result) or aliased
-            try:
-                plain = _plain(result, rows, output.shape[1])
-                output[rows_slice] = result.detach() if plain else \
-                    checked_emitted(result, drafts[start - first:start - first + rows], vocab)
-            except Fault as fault:
-                return ("fault", fault.kind, fault.message, number)
-            if not on_cpu:
-                for view, tensor in zip(inputs, passed):
-                    view.copy_(tensor)
-            start += rows
+        width = output.shape[1]
+        try:
+            for number, (rows, *inputs) in enumerate(zip(groups, *(tensor.split(groups) for tensor in sent))):
+                rows_slice = slice(start, start + rows)
+                passed = inputs if on_cpu else [_on_device(t, self.device) for t in inputs]
+                keywords = {} if num_draft_tokens is None else {
+                    "num_draft_tokens": num_draft_tokens[rows_slice].clone().to(self.device)}
+                started = time.perf_counter()
+                try:
+                    result = self.fn(*passed, generator, **keywords)
+                except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt/SystemExit are the function's
+                    return ("fault", "exception", exception_message(error, "{what}"), number)
+                seconds += time.perf_counter() - started
+                copied = output[rows_slice]
+                if _plain(result, rows, width):  # its copy out is the alias watch's copy of its values
+                    copied.copy_(result)
+                    aliased = self.alias_watch.after_call(result, copied) or aliased
+                else:
+                    aliased = self.alias_watch.after_call(result) or aliased
+                    try:
+                        copied.copy_(checked_emitted(result, drafts[start - first:start - first + rows], vocab))
+                    except Fault as fault:
+                        return ("fault", fault.kind, fault.message, number)
+                if not on_cpu:
+                    for view, tensor in zip(inputs, passed):
+                        view.copy_(tensor)
+                start += rows
+        finally:
+            self.alias_watch.own_copy()  # the next request writes the output region
         return ("ok", seconds, aliased, clean and self.guard.untouched())
 
     def _buffer(self, request: dict[str, Any]) -> Any:
