@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -600,20 +601,46 @@ class SequentialCheck(Check):
         assert result is not None, "a plan with looks judges at least one"
         return result
 
+    judged_while_drawing: ClassVar[bool] = False
+    """Each look's judgement but the last runs in the session's work-ahead thread
+    (:meth:`~specverify.auditing.ahead.WorkAhead.claim`) while the next look draws: for checks
+    whose judgement is long (many tests at each look) and whose draws wait for the function.
+    The results are those of the run in turn; a look that fails still ends the run, and the
+    next look's draw made meanwhile is dropped, whatever it raised (an interrupt excepted)."""
+
     def run_looks(self, session: Any, plan: Plan, reached: LooksReached, stop: int) -> LooksReached:
         """Go on from ``reached`` to look ``stop`` (a count of looks, at most ``len(plan.looks)``):
         the same draws and judgements as :meth:`run` makes, wherever it is paused, so a run in
         parts is the run in one."""
-        tally, result = reached.tally, reached.result
+        tally = reached.tally
+        judging: tuple[Future[CheckResult], Tally, int] | None = None  # a look's judgement, running
         for index in range(reached.looks, stop):
-            if reached.finished(plan):
+            if judging is None and reached.finished(plan):
                 break
-            size, level = plan.looks[index], plan.look_alphas[index]
-            part = self.draw(session, plan, size - (tally.n if tally else 0), index)
+            try:
+                part = self.draw(session, plan, plan.looks[index] - (tally.n if tally else 0), index)
+            except Exception:
+                if judging is not None and (judged := _judged(judging)).finished(plan):
+                    return judged
+                raise
+            if judging is not None:
+                reached, judging = _judged(judging), None
+                if reached.finished(plan):
+                    return reached
             tally = part if tally is None else tally + part
-            result = self.judge(plan, tally, level, index + 1)
-            reached = LooksReached(tally, result, index + 1)
+            judge = functools.partial(self.judge, plan, tally, plan.look_alphas[index], index + 1)
+            if self.judged_while_drawing and index + 1 < min(stop, len(plan.looks)):
+                key = (self.name, "judgement", plan.seed, tuple(plan.looks), index)
+                judging = session.ahead.claim(key, judge), tally, index + 1
+            else:
+                reached = LooksReached(tally, judge(), index + 1)
         return reached
+
+
+def _judged(judging: tuple[Future[CheckResult], Tally, int]) -> LooksReached:
+    """Where the run stands once the judgement ``judging`` (its future, tally and look count) is in."""
+    future, tally, looks = judging
+    return LooksReached(tally, future.result(), looks)
 
 
 @dataclass(frozen=True)

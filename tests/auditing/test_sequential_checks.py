@@ -15,14 +15,19 @@
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import specverify
-from specverify.auditing.checks import LooksReached, Plan, SequentialCheck, Verdict
+from specverify.auditing.audited import AuditSession
+from specverify.auditing.checks import CheckKind, LooksReached, Plan, SequentialCheck, Tally, Verdict
 from specverify.auditing.defaults import FAIL_FAST_SKIP
 from specverify.auditing.endpoint import context_law, load
+from specverify.auditing.isolation.faults import Fault
 from specverify.auditing.runner import plan_checks
 from specverify.auditing.sampler.battery import SamplerBattery
 from specverify.core import rules, stats
@@ -91,6 +96,67 @@ def test_a_run_in_parts_is_the_run_in_one():
         rest = check.run_looks(session, plan, first, len(plan.looks))
         assert first.looks == 1 and rest.looks == 5 and rest.result is not None
         assert (rest.result.n, rest.result.statistic, rest.result.pvalue) == (whole.n, whole.statistic, whole.pvalue)
+
+
+def test_a_check_judged_while_drawing_gives_the_results_of_the_run_in_turn(monkeypatch):
+    """production-K12 judges each look but the last in the work-ahead thread while its next look
+    draws: the same looks, verdict, statistic and p-value as judged in turn."""
+    battery = SamplerBattery()
+    session = battery.open_session("reference", device="cpu", timeout_s=60, isolation="none")
+    checks = battery.checks(session)
+    plans = dict(zip((c.name for c in checks), plan_checks(checks, battery.resolve_budget("quick"), 1e-3, 0,
+                                                           "sampler")[0]))
+    check = next(c for c in checks if c.name == "production-K12")
+    threads = []
+    original = type(check).judge
+
+    def judge(self, *args):
+        threads.append(threading.current_thread().name)
+        return original(self, *args)
+
+    monkeypatch.setattr(type(check), "judge", judge)
+    ahead = check.run(session, plans[check.name])
+    assert threads.count("specverify-ahead") == 4 and len(threads) == 5
+    monkeypatch.setattr(type(check), "judged_while_drawing", False)
+    in_turn = check.run(session, plans[check.name])
+    assert (ahead.verdict, ahead.look, ahead.n, ahead.statistic, ahead.pvalue) == \
+        (in_turn.verdict, in_turn.look, in_turn.n, in_turn.statistic, in_turn.pvalue)
+
+
+@dataclass
+class LooksOfRecord(SequentialCheck):
+    """Fails at look ``failing`` (1-based), raises in the draw of look ``raising`` (0-based)."""
+
+    failing: int
+    raising: int
+    name: str = "looks-of-record"
+    description: str = "a check of recorded looks"
+    parameters: dict = field(default_factory=dict)
+    kind = CheckKind.GOODNESS_OF_FIT
+    judged_while_drawing = True
+
+    def draw(self, session, plan, n, look):
+        if look == self.raising:
+            raise Fault("exception", f"the draw of look {look} raised")
+        return Tally(n, {"n": np.array(n)})
+
+    def judge(self, plan, tally, level, look):
+        verdict = Verdict.FAIL if look == self.failing else Verdict.PASS
+        return self.report(plan, verdict, f"look {look}", n=tally.n, look=look)
+
+
+@pytest.mark.parametrize(("failing", "raising", "outcome"), [(2, 2, "fail at 2"), (9, 2, "raises"),
+                                                              (3, 9, "fail at 3"), (9, 9, "pass at 5")])
+def test_a_look_that_fails_ends_the_run_whatever_the_next_draw_made_meanwhile_did(failing, raising, outcome):
+    check = LooksOfRecord(failing=failing, raising=raising)
+    plan = Plan(1600, 1600, 1e-3, 0.1, 0, (100, 200, 400, 800, 1600), (1e-5, 1e-5, 1e-4, 2e-4, 6e-4))
+    session = AuditSession()
+    if outcome == "raises":
+        with pytest.raises(Fault, match="look 2 raised"):
+            check.run(session, plan)
+        return
+    result = check.run(session, plan)
+    assert f"{result.verdict} at {result.look}" == outcome
 
 
 def test_the_first_looks_find_a_loss_that_only_a_late_check_sees():

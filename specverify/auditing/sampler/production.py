@@ -357,6 +357,7 @@ class ProductionStepCheck(SequentialCheck):
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     sizing_verifies_target: ClassVar[bool] = True
     production_shape: ClassVar[bool] = True
+    judged_while_drawing: ClassVar[bool] = True
     coarse_views: ClassVar[str] = "id tiles and probability levels"
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
