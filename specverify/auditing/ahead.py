@@ -9,7 +9,8 @@ then, instead of on the audit's critical path when the check reaches that look.
 the function's :class:`Gate` has been open for :data:`SETTLE_S` (the audit's main thread waits
 for the worker), or at
 once when a check claims it (:meth:`WorkAhead.claim`): a claimed item that has not started goes
-to the head of the queue and runs whatever the gate, as the check's own thread would.  An item
+to the head of the queue and runs whatever the gate, as the check's own thread would.  The runner
+starts it once the first looks are done (an audit that a first look ends needs none of it).  An item
 is a pure function of its check's plan, so when it runs changes no result, only when the audit
 waits for it.  Items hold the GIL only between the numpy calls that release it, and the gate
 closes as soon as the reply is there; an item that is running then finishes first.
@@ -78,6 +79,7 @@ class WorkAhead:
         self._items: dict[Hashable, AheadItem] = {}
         self._urgent: list[AheadItem] = []
         self._thread: threading.Thread | None = None
+        self._started = False
         self._closed = False
 
     def add(self, items: Iterable[AheadItem]) -> None:
@@ -107,7 +109,10 @@ class WorkAhead:
         return item.future
 
     def start(self) -> None:
-        """Start the thread (when items are queued and a gate can open)."""
+        """Make the queued items from now on (before, only claimed ones run)."""
+        with self._gate.condition:
+            self._started = True
+            self._gate.condition.notify_all()
         if self._gated and self._queue:
             self._ensure_thread()
 
@@ -133,13 +138,14 @@ class WorkAhead:
         self._thread.start()
 
     def _next(self) -> AheadItem | None:
-        """The next item to run, waiting until one may; None once closed, or (without a gate) once
-        no claimed item is left: the thread ends, and the next claim starts another."""
+        """The next item to run, waiting until one may; None once closed, or once no claimed item
+        is left while queued ones may not run (no gate, or not started): the thread ends, and the
+        next claim, or :meth:`start`, starts another."""
         with self._gate.condition:
             while True:
                 if self._urgent and not self._closed:
                     return self._urgent.pop(0)
-                if self._closed or not self._gated:
+                if self._closed or not self._gated or not self._started:
                     self._thread = None
                     return None
                 if self._queue and self._gate.is_open:

@@ -281,8 +281,7 @@ def audit(
             ahead = WorkAhead(function.gate)
             for check, check_plan in zip(selected, plans):
                 ahead.add(check.work_ahead(check_plan))
-            session.use_ahead(ahead)
-            ahead.start()
+            session.use_ahead(ahead)  # started by _run_checks once the first looks are done
             locating = tuple(c.name for c in selected if c.locus is not None and c.locus.locating) if fail_fast else ()
             with captured_warnings() as caught:
                 results, interrupted = _run_checks(selected, plans, session, seed, display, fail_fast, locating,
@@ -522,8 +521,10 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
     are the server's, check by check) a malformed output skips all later checks, the locating
     ones too (:data:`MALFORMED_SKIP`).
     A check that :attr:`~Check.calls_nothing` runs whatever skipped the others, unless the user
-    interrupted.  The global RNGs are reseeded per check, so even a function that misuses them
-    gives a deterministic report, and restored afterwards."""
+    interrupted.  The checks' work made ahead (``session.ahead``) starts once the first looks are
+    done (at once without them): an audit that a first look ends needs none of it.  The global RNGs
+    are reseeded per check, so even a function that misuses them gives a deterministic report, and
+    restored afterwards."""
     results: list[CheckResult] = []
     function = session.function
     log = function.log
@@ -547,12 +548,15 @@ def _run_checks(checks: Sequence[Any], plans: Sequence[Plan], session: AuditSess
 
     candidates = _first_look_candidates(checks, plans) if fail_fast and first_looks_first else []
     looked: dict[int, _FirstLook] = {}
+    if not candidates:
+        session.ahead.start()
     try:
         with preserved_global_rng():
             for index, (check, plan) in enumerate(zip(checks, plans)):
                 if candidates and index == candidates[0] and first_failure is None and malformed_in is None \
                         and not interrupted:
                     looked = first_looks(checks, plans, session, seed, display, candidates)
+                    session.ahead.start()  # a loss the first looks find ends the audit before any of it is needed
                     for looked_index, look in looked.items():
                         interrupted = interrupted or look.interrupted
                         if look.result is not None:

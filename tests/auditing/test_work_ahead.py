@@ -1,5 +1,5 @@
-"""Work made ahead (:mod:`specverify.auditing.ahead`): queued items run only while the gate has been
-open for ``SETTLE_S``, first looks first; a claimed item runs at once, gate or not; closing drops
+"""Work made ahead (:mod:`specverify.auditing.ahead`): queued items run only once started, while the
+gate has been open for ``SETTLE_S``, first looks first; a claimed item runs at once, gate or not; closing drops
 what was not made; and an audit whose function runs in a worker makes a production check's
 designs before the check reaches them."""
 
@@ -31,14 +31,19 @@ def wait_for(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-def test_queued_items_run_only_while_the_gate_is_open_first_looks_first():
+def test_queued_items_run_only_once_started_and_while_the_gate_is_open_first_looks_first():
     gate, made = Gate(), []
     ahead = WorkAhead(gate)
     ahead.add([AheadItem(key, look, recording(made, key)) for key, look in (("a1", 1), ("b0", 0), ("c2", 2))])
-    ahead.start()
     try:
+        assert ahead.claim("claimed", recording(made, "claimed")).result(timeout=10) == "CLAIMED"
+        with gate.opened():
+            time.sleep(0.05)
+        assert made == ["claimed"]  # not started: only the claim ran
+        ahead.start()
         time.sleep(0.05)
-        assert made == []  # the gate never opened
+        assert made == ["claimed"]  # the gate did not open since
+        made.clear()
         with gate.opened():
             wait_for(lambda: len(made) == 3)
         assert made == ["b0", "a1", "c2"]
