@@ -601,12 +601,14 @@ class SequentialCheck(Check):
         assert result is not None, "a plan with looks judges at least one"
         return result
 
-    judged_while_drawing: ClassVar[bool] = False
-    """Each look's judgement but the last runs in the session's work-ahead thread
-    (:meth:`~specverify.auditing.ahead.WorkAhead.claim`) while the next look draws: for checks
-    whose judgement is long (many tests at each look) and whose draws wait for the function.
-    The results are those of the run in turn; a look that fails still ends the run, and the
-    next look's draw made meanwhile is dropped, whatever it raised (an interrupt excepted)."""
+    def judged_while_drawing(self) -> bool:
+        """Whether each look's judgement but the last runs in the session's work-ahead thread
+        (:meth:`~specverify.auditing.ahead.WorkAhead.claim`) while the next look draws: for checks
+        whose judgement is long against their draws (many tests at each look on cheap rows), as a
+        look that fails has drawn the next one for nothing.  The results are those of the run in
+        turn; a look that fails still ends the run, and the next look's draw made meanwhile is
+        dropped, whatever it raised (an interrupt excepted).  False by default."""
+        return False
 
     def run_looks(self, session: Any, plan: Plan, reached: LooksReached, stop: int) -> LooksReached:
         """Go on from ``reached`` to look ``stop`` (a count of looks, at most ``len(plan.looks)``):
@@ -629,7 +631,7 @@ class SequentialCheck(Check):
                     return reached
             tally = part if tally is None else tally + part
             judge = functools.partial(self.judge, plan, tally, plan.look_alphas[index], index + 1)
-            if self.judged_while_drawing and index + 1 < min(stop, len(plan.looks)):
+            if index + 1 < min(stop, len(plan.looks)) and self.judged_while_drawing():
                 key = (self.name, "judgement", plan.seed, tuple(plan.looks), index)
                 judging = session.ahead.claim(key, judge), tally, index + 1
             else:

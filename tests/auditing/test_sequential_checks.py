@@ -117,7 +117,7 @@ def test_a_check_judged_while_drawing_gives_the_results_of_the_run_in_turn(monke
     monkeypatch.setattr(type(check), "judge", judge)
     ahead = check.run(session, plans[check.name])
     assert threads.count("specverify-ahead") == 4 and len(threads) == 5
-    monkeypatch.setattr(type(check), "judged_while_drawing", False)
+    monkeypatch.setattr(type(check), "judged_while_drawing", lambda self: False)
     in_turn = check.run(session, plans[check.name])
     assert (ahead.verdict, ahead.look, ahead.n, ahead.statistic, ahead.pvalue) == \
         (in_turn.verdict, in_turn.look, in_turn.n, in_turn.statistic, in_turn.pvalue)
@@ -133,7 +133,9 @@ class LooksOfRecord(SequentialCheck):
     description: str = "a check of recorded looks"
     parameters: dict = field(default_factory=dict)
     kind = CheckKind.GOODNESS_OF_FIT
-    judged_while_drawing = True
+
+    def judged_while_drawing(self):
+        return True
 
     def draw(self, session, plan, n, look):
         if look == self.raising:

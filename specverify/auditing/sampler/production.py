@@ -321,6 +321,12 @@ views (:func:`specverify.core.coarse.coarse_views`) takes half the rest."""
 
 COARSE_SHARE = (1.0 - IDENTITY_SHARE) / 2
 
+JUDGED_WHILE_DRAWING_TESTS = 16
+"""A production check of at least this many (chain, position) tests judges each look while its
+next look draws (:meth:`ProductionStepCheck.judged_while_drawing`): ``production-K32``,
+``-K12`` and ``-batch-1024`` (33, 26 and 63 tests); ``production-qwen-K1`` and ``-gpt2-K4`` (2
+and 5) judge in turn, their looks' draws being far longer than their judgements."""
+
 
 @dataclass
 class ProductionStepCheck(SequentialCheck):
@@ -357,7 +363,6 @@ class ProductionStepCheck(SequentialCheck):
     kind: ClassVar[CheckKind] = CheckKind.GOODNESS_OF_FIT
     sizing_verifies_target: ClassVar[bool] = True
     production_shape: ClassVar[bool] = True
-    judged_while_drawing: ClassVar[bool] = True
     coarse_views: ClassVar[str] = "id tiles and probability levels"
     parameters: dict[str, Any] = field(init=False)
     num_cells: int = field(init=False)
@@ -436,6 +441,11 @@ class ProductionStepCheck(SequentialCheck):
         designs = session.ahead.claim(self._designs_key(plan, look), functools.partial(self.look_designs, plan, look))
         tally = self._draw(session, plan, n, look)
         return Tally(tally.n, tally.counts, designs.result())
+
+    def judged_while_drawing(self) -> bool:
+        """With :data:`JUDGED_WHILE_DRAWING_TESTS` tests or more a look (the small-vocabulary checks of
+        many chains and positions), whose judgement takes about as long as a look's draw."""
+        return self.num_tests >= JUDGED_WHILE_DRAWING_TESTS
 
     def work_ahead(self, plan: Plan) -> list[AheadItem]:
         """The identity designs of every look (:meth:`look_designs`)."""
