@@ -93,8 +93,8 @@ class WorkAhead:
             self._gate.condition.notify_all()
 
     def claim(self, key: Hashable, make: Callable[[], Any]) -> Future[Any]:
-        """The future of item ``key`` (queued by :meth:`add`; else ``make`` becomes that item),
-        its result kept no longer here; an item not yet started runs next, gate open or not."""
+        """The future of item ``key`` (queued by :meth:`add`; else ``make`` becomes that item), which
+        this object then forgets; an item not yet started runs next, gate open or not."""
         with self._gate.condition:
             item = self._items.pop(key, None)
             if item is None:
@@ -109,7 +109,7 @@ class WorkAhead:
         return item.future
 
     def start(self) -> None:
-        """Make the queued items from now on (before, only claimed ones run)."""
+        """Make the queued items from now on (until then only claimed ones run)."""
         with self._gate.condition:
             self._started = True
             self._gate.condition.notify_all()
