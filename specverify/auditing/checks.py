@@ -367,7 +367,7 @@ class Check:
     def work_ahead(self, plan: Plan) -> Sequence[AheadItem]:
         """What the check computes from ``plan`` alone, which the audit may make before the check
         needs it (:mod:`specverify.auditing.ahead`); the check claims each item by its key from
-        ``session.ahead``.  None by default."""
+        ``session.ahead``.  Nothing by default."""
         return ()
 
     def run(self, session: Any, plan: Plan) -> CheckResult:
