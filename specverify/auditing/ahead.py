@@ -7,13 +7,12 @@ then, instead of on the audit's critical path when the check reaches that look.
 
 :class:`WorkAhead` runs such items in one thread, in the order given, each started only while
 the function's :class:`Gate` has been open for :data:`SETTLE_S` (the audit's main thread waits
-for the worker), or at
-once when a check claims it (:meth:`WorkAhead.claim`): a claimed item that has not started goes
-to the head of the queue and runs whatever the gate, as the check's own thread would.  The runner
-starts it once the first looks are done (an audit that a first look ends needs none of it).  An item
-is a pure function of its check's plan, so when it runs changes no result, only when the audit
-waits for it.  Items hold the GIL only between the numpy calls that release it, and the gate
-closes as soon as the reply is there; an item that is running then finishes first.
+for the worker), or at once when a check claims it (:meth:`WorkAhead.claim`): a claimed item
+that has not started goes to the head of the queue and runs whatever the gate, as the check's
+own thread would.  The runner starts it once the first looks are done (an audit that a first
+look ends needs none of it).  An item is a pure function of its check's plan, so when it runs
+changes no result, only when the audit waits for it.  The gate closes as soon as the reply is
+there; an item that is running then finishes first, sharing the GIL with the main thread.
 """
 
 from __future__ import annotations

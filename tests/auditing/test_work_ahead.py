@@ -126,7 +126,7 @@ def test_an_audit_in_a_worker_makes_the_designs_before_the_check_claims_them(mon
         return original_claim(self, key, make)
 
     def look_designs(self, plan, look):
-        made_before_claim.append(self._designs_key(plan, look) not in claimed)
+        made_before_claim.append(self._designs(plan, look).key not in claimed)
         return original_designs(self, plan, look)
 
     monkeypatch.setattr(WorkAhead, "claim", claim)

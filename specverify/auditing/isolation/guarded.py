@@ -130,17 +130,12 @@ class AliasWatch:
         if self.previous is not None:
             kept, values = self.previous
             try:
-                if type(kept) is not torch.Tensor or kept.device.type != "cpu" or kept.requires_grad:
-                    kept = kept.detach().cpu()
-                changed = kept.shape != values.shape or not torch.equal(kept, values)
+                changed = kept.shape != values.shape or not torch.equal(kept.detach().cpu(), values)
             except Exception:
                 changed = True
         self.lent = copy is not None
         if copy is not None:
             self.previous = (result, copy)
-            return changed
-        if type(result) is torch.Tensor and result.layout == torch.strided and result.device.type == "cpu":
-            self.previous = (result, result.detach().clone())
             return changed
         try:
             tensor = emitted_tensor(result)

@@ -438,9 +438,10 @@ class ProductionStepCheck(SequentialCheck):
         (:meth:`look_designs`) are claimed from the work made ahead (:meth:`work_ahead`), made
         while the samples are drawn when not made yet; the tally carries them to :meth:`judge`
         (``prepared``)."""
-        designs = session.ahead.claim(self._designs_key(plan, look), functools.partial(self.look_designs, plan, look))
+        designs = self._designs(plan, look)
+        claimed = session.ahead.claim(designs.key, designs.make)
         tally = self._draw(session, plan, n, look)
-        return Tally(tally.n, tally.counts, designs.result())
+        return Tally(tally.n, tally.counts, claimed.result())
 
     def judged_while_drawing(self) -> bool:
         """With :data:`JUDGED_WHILE_DRAWING_TESTS` tests or more a look (the small-vocabulary checks of
@@ -449,11 +450,12 @@ class ProductionStepCheck(SequentialCheck):
 
     def work_ahead(self, plan: Plan) -> list[AheadItem]:
         """The identity designs of every look (:meth:`look_designs`)."""
-        return [AheadItem(self._designs_key(plan, look), look, functools.partial(self.look_designs, plan, look))
-                for look in range(len(plan.looks))]
+        return [self._designs(plan, look) for look in range(len(plan.looks))]
 
-    def _designs_key(self, plan: Plan, look: int) -> tuple[Any, ...]:
-        return (self.name, "identity designs", plan.seed, tuple(plan.looks), look)
+    def _designs(self, plan: Plan, look: int) -> AheadItem:
+        """The identity designs of look ``look`` as work made ahead."""
+        return AheadItem((self.name, "identity designs", plan.seed, tuple(plan.looks), look), look,
+                         functools.partial(self.look_designs, plan, look))
 
     def look_designs(self, plan: Plan, look: int) -> dict[tuple[int, int], identity.IdentityDesign]:
         """The identity tests' designs at look ``look`` (0-based), by (chain, position): each law at
