@@ -3,28 +3,31 @@
 Every check states the cost of its plan (:meth:`specverify.auditing.checks.Check.cost`), a
 :class:`Cost` whose seconds are
 
-    seconds = own_s + rows · work · s(scale),    own_s = fixed_s + rows · harness_s
+    seconds = own_s + rows · (p_row + work · s(scale)) + calls · c,    own_s = fixed_s + rows · harness_s
 
 ``rows``: the rows the plan hands the function (a step, a tree or a decoder call each); ``work``:
 the units of the function's own work per row (the probability entries it reads: (2K + 1)·V for a
 step of K drafts at vocabulary V, (2N + 1)·V for a tree of N nodes; 1 for a decoder call);
 ``s(scale)``: the function's seconds per unit at the check's ``scale`` (its vocabulary; 1 for a
-decoder call); ``own_s``: the audit's own work (building the inputs, the transport, the
-statistics).  Before the function has run, ``s`` is the check's ``prior_s``: the reference
-implementation's speed on this project's idle 2-core CPU (:data:`PRIOR_S_PER_ENTRY`: its fused
-C kernel, with :data:`PRIOR_S_PER_ROW` of overheads a row; :data:`PRIOR_S_PER_DECODER_CALL`).
+decoder call); ``p_row`` its overheads a row; ``calls``: the calls of a check that calls with a
+row or a few (0 for large batches), ``c`` the function's seconds a call; ``own_s``: the audit's
+own work (building the inputs, the transport, the statistics).  Before the function has run,
+``s``, ``p_row`` and ``c`` are the check's priors: the reference implementation's speed on this
+project's idle 2-core CPU (:data:`PRIOR_S_PER_ENTRY`: its fused C kernel, with
+:data:`PRIOR_S_PER_ROW` of overheads a row and :data:`PRIOR_S_PER_CALL` a call;
+:data:`PRIOR_S_PER_DECODER_CALL`).
 
-:class:`Speeds` re-times the rest of the plan after each check that called the function: the
-function's seconds per unit at that check's scale, on the function's own clock
-(:class:`specverify.auditing.audited.CallCounts`), prices every later check at that scale; a
-scale not measured yet takes the speed measured at the nearest scale (in log scale) and, as its
-range, the slowest and the fastest speed measured at any scale (:class:`Estimate`: how far an
-unmeasured scale may be from the nearest), both among the scales of its regime: a row at a small
-vocabulary costs the function its overheads, at a large one its entries (:class:`Speeds`).  The
-audit's own seconds are scaled by the ratio of its measured own time (wall time less the
-function's) to its planned own time on the checks done in the same regime: a loaded machine
-slows both.  The estimate assumes every check runs to its final look; a check that rejects
-early, or fail-fast, only ends the audit sooner.
+:class:`Speeds` re-times the rest of the plan after each check that called the function, on the
+function's own clock (:class:`specverify.auditing.audited.CallCounts`): its seconds per call,
+measured on the checks calling with a row or a few, and its slowdown against the prior on rows,
+measured per regime and scale (a row at a small vocabulary costs the function its overheads, at a
+large one its entries).  A later check is priced at its calls' seconds and its rows' prior times
+the slowdown at its scale, or at the nearest scale measured in its regime (in log scale) with, as
+its range, the least and the greatest slowdown measured there (:class:`Estimate`: how far an
+unmeasured scale may be from the nearest).  The audit's own seconds are scaled by the ratio of its
+measured own time (wall time less the function's) to its planned own time on the checks done in
+the same regime: a loaded machine slows both.  The estimate assumes every check runs to its final
+look; a check that rejects early, or fail-fast, only ends the audit sooner.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ MIN_OWN_SECONDS = 0.5
 @dataclass(frozen=True)
 class Cost:
     """A check's time model (module docstring): ``fixed_s`` + ``rows`` · (``harness_s`` + ``work`` ·
-    s), s the function's seconds per unit at ``scale`` (``prior_s`` before a measurement)."""
+    s) + ``calls`` · c, s the function's seconds per unit at ``scale`` (``prior_s`` before a
+    measurement) and c its seconds per call (``prior_call_s`` before a measurement)."""
 
     rows: float
     fixed_s: float
@@ -92,6 +96,11 @@ class Cost:
     scale: float = 1.0
     prior_row_s: float = 0.0
     """The function's seconds of overheads per row before a measurement (with ``work`` · ``prior_s``)."""
+    calls: float = 0.0
+    """The calls the plan makes of the function where each has a row or a few (0 where it makes a
+    few calls of many rows each, whose cost per call is negligible beside their rows')."""
+    prior_call_s: float = 0.0
+    """The function's seconds per call before a measurement."""
 
     @property
     def own_s(self) -> float:
@@ -105,12 +114,17 @@ class Cost:
 
     @property
     def prior_per_row(self) -> float:
-        """The function's seconds per row before a measurement."""
+        """The function's seconds per row before a measurement, beyond its calls'."""
         return self.prior_row_s + self.work * self.prior_s
+
+    @property
+    def prior_function_s(self) -> float:
+        """The function's planned seconds at the prior speed: its rows' and its calls'."""
+        return self.rows * self.prior_per_row + self.calls * self.prior_call_s
 
     def seconds(self) -> float:
         """The planned seconds at the prior speed."""
-        return self.own_s + self.rows * self.prior_per_row
+        return self.own_s + self.prior_function_s
 
 
 def step_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: float = math.inf) -> Cost:
@@ -123,14 +137,14 @@ def _rows_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: floa
                own_s_per_call: float, prior_s_per_call: float) -> Cost:
     """``rows`` rows of (2K + 1)·V entries (K = ``num_draft``), in calls of ``rows_per_call`` rows:
     the audit's own seconds a row (:data:`HARNESS_S_PER_ROW`, its entries', ``own_s_per_row`` and
-    its share of ``own_s_per_call``) and the function's prior (:data:`PRIOR_S_PER_ROW`, its share of
-    ``prior_s_per_call``, its entries at :data:`PRIOR_S_PER_ENTRY`)."""
+    its share of ``own_s_per_call``) and the function's prior (:data:`PRIOR_S_PER_ROW` and its
+    entries at :data:`PRIOR_S_PER_ENTRY` a row, ``prior_s_per_call`` a call)."""
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
     harness_s = HARNESS_S_PER_ROW + entries * HARNESS_S_PER_ENTRY + own_s_per_row + own_s_per_call / rows_per_call
-    return Cost(rows, SECONDS_PER_CHECK, harness_s, entries, PRIOR_S_PER_ENTRY, vocab_size,
-                PRIOR_S_PER_ROW + prior_s_per_call / rows_per_call)
+    return Cost(rows, SECONDS_PER_CHECK, harness_s, entries, PRIOR_S_PER_ENTRY, vocab_size, PRIOR_S_PER_ROW,
+                rows / rows_per_call, prior_s_per_call)
 
 
 PRODUCTION_FIXED_S = 0.38
@@ -155,15 +169,16 @@ and standard, the audit's own seconds taken as the check's wall time less the fu
 AMD EPYC)."""
 
 
-def production_step_cost(rows: int, num_draft: int, vocab_size: int, entry_bytes: int) -> Cost:
+def production_step_cost(rows: int, num_draft: int, vocab_size: int, entry_bytes: int, rows_per_call: int) -> Cost:
     """``rows`` production-shape steps of ``num_draft`` drafts at ``vocab_size`` in a dtype of
-    ``entry_bytes`` bytes: (2K + 1)·V entries a row, each read by the function once; their bytes,
-    not their count, set the function's time, rows and positions the audit's own."""
+    ``entry_bytes`` bytes, in calls of ``rows_per_call`` rows: (2K + 1)·V entries a row, each read
+    by the function once; their bytes, not their count, set the function's time, rows and
+    positions the audit's own."""
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
     return Cost(rows, PRODUCTION_FIXED_S, PRODUCTION_S_PER_ROW, entries, entry_bytes * PRIOR_S_PER_BYTE, vocab_size,
-                PRODUCTION_PRIOR_S_PER_ROW)
+                PRODUCTION_PRIOR_S_PER_ROW, math.ceil(rows / rows_per_call), PRIOR_S_PER_CALL)
 
 
 TREE_HARNESS_S_PER_NODE = 0.6e-6
@@ -221,42 +236,121 @@ class Estimate:
 ZERO = Estimate(0.0, 0.0, 0.0)
 
 
-class Speeds:
-    """The function's measured speed by scale, and the audit's measured own-time ratio (module
-    docstring); :meth:`estimate` prices costs with them.
+FEW_ROWS_PER_CALL = 2
+"""Rows per call up to which a check's calls measure the function's cost per call (:class:`Speeds`)."""
 
-    A row the reference reads in under :data:`ENTRY_BOUND_S` (a small vocabulary) costs a function
-    its per-row and per-call overheads, whatever its entries; above it, its entries.  So a check is
-    priced from the measurements of its own regime only: an entry-bound one at the seconds per unit
-    measured at its scale (or the nearest entry-bound scale measured), an overhead-bound one at its
-    prior seconds per row times the slowdown against the prior measured at its scale (or the
-    nearest overhead-bound scale measured): its prior counts its calls' overheads per row, so a
-    check of one row a call and one of thousands at the same scale are each priced as such."""
+
+@dataclass(frozen=True)
+class Measured:
+    """A finished check's calls of the function: ``function_s`` of its own seconds for ``rows`` rows
+    in ``calls`` calls, which the check's cost priced at ``prior_rows_s`` for their rows and
+    ``prior_calls_s`` for their calls at the prior speed; ``bound`` and ``scale``: the cost's regime
+    (:func:`entry_bound`) and scale."""
+
+    bound: bool
+    scale: float
+    rows: int
+    calls: int
+    prior_rows_s: float
+    prior_calls_s: float
+    function_s: float
+
+    @property
+    def per_call(self) -> bool:
+        """Whether its calls are of a row or a few (:data:`FEW_ROWS_PER_CALL`): its seconds are the
+        function's cost per call."""
+        return self.rows <= FEW_ROWS_PER_CALL * self.calls
+
+
+class Speeds:
+    """The function's measured speed, and the audit's measured own-time ratio (module docstring);
+    :meth:`estimate` prices costs with them.
+
+    The function's seconds for a check of ``calls`` calls and ``rows`` rows are
+
+        f = c · calls + σ(regime, scale) · rows · p,
+
+    ``p`` the prior seconds of a row (the reference's), ``c`` the function's seconds per call and
+    ``σ`` its slowdown against the prior on rows.  ``c`` is measured on the checks calling with a
+    row or a few (:attr:`Measured.per_call`): the least of their seconds per call, an upper bound
+    that counts their one row in.  ``σ`` is measured per regime and scale, pooled over the checks
+    there (Σ (f − c · calls)⁺ / Σ rows · p, over the checks of larger calls); before ``c`` is
+    measured, ``c`` is σ times the prior's per-call seconds, and σ is measured on both.  A row the
+    reference reads in under :data:`ENTRY_BOUND_S` (a small vocabulary) costs a function its
+    overheads, above it its entries: so a check is priced from the slowdowns of its own regime, at
+    its scale or the nearest one measured (in log scale), within the least and the greatest
+    measured there.  The slowdown, not the seconds per entry, carries across shapes: a check at the
+    same vocabulary in another dtype, with more drafts, or reading only some positions, costs the
+    reference differently, and a function k× slower than the reference is k× slower on it too."""
 
     def __init__(self) -> None:
-        self.per_unit: dict[tuple[bool, float], float] = {}
-        self.slowdown: dict[bool, list[float]] = {False: [], True: []}
+        self.runs: list[Measured] = []
         self.own_planned = {False: 0.0, True: 0.0}
         self.own_measured = {False: 0.0, True: 0.0}
 
-    def record(self, cost: Cost, rows: int, function_s: float, wall_s: float) -> None:
-        """A finished check of ``cost`` whose function evaluated ``rows`` rows in ``function_s`` of its
-        own seconds, within ``wall_s`` of the check's wall time.  A cost without work (an exact
-        check) prices the function's direct calls in its fixed seconds: its whole wall time is
-        its own."""
+    def record(self, cost: Cost, rows: int, function_s: float, wall_s: float, calls: int = 0) -> None:
+        """A finished check of ``cost`` whose function evaluated ``rows`` rows in ``calls`` calls and
+        ``function_s`` of its own seconds, within ``wall_s`` of the check's wall time.  A cost without
+        work (an exact check) prices the function's direct calls in its fixed seconds: its whole
+        wall time is its own."""
         bound = entry_bound(cost)
         if rows > 0 and function_s > 0 and cost.work > 0:
-            self.per_unit[bound, cost.scale] = function_s / (rows * _units_per_row(cost))
-            if cost.prior_per_row > 0:
-                self.slowdown[bound].append(function_s / rows / cost.prior_per_row)
+            prior_calls_s = calls * cost.prior_call_s if cost.calls else 0.0
+            self.runs.append(Measured(bound, cost.scale, rows, calls, rows * cost.prior_per_row, prior_calls_s,
+                                      function_s))
         done = min(1.0, rows / cost.rows) if cost.rows else 1.0
         self.own_planned[bound] += cost.fixed_s + done * cost.rows * cost.harness_s
         self.own_measured[bound] += max(0.0, wall_s - function_s) if cost.work > 0 else wall_s
 
     @property
     def measured(self) -> bool:
-        """Whether the function's speed has been measured at some scale."""
-        return bool(self.per_unit)
+        """Whether the function's speed has been measured."""
+        return bool(self.runs)
+
+    @property
+    def call_s(self) -> float | None:
+        """The function's seconds per call (class docstring), None before a check of a row or a few a call."""
+        per_call = [run.function_s / run.calls for run in self.runs if run.per_call]
+        return min(per_call) if per_call else None
+
+    def slowdowns(self, bound: bool) -> dict[float, float]:
+        """σ by scale in the regime ``bound`` (class docstring)."""
+        call_s = self.call_s
+        spent: dict[float, float] = {}
+        prior: dict[float, float] = {}
+        for run in self.runs:
+            if run.bound != bound or (call_s is not None and run.per_call):
+                continue
+            if call_s is None:
+                spent[run.scale] = spent.get(run.scale, 0.0) + run.function_s
+                prior[run.scale] = prior.get(run.scale, 0.0) + run.prior_rows_s + run.prior_calls_s
+            else:
+                spent[run.scale] = spent.get(run.scale, 0.0) + max(0.0, run.function_s - call_s * run.calls)
+                prior[run.scale] = prior.get(run.scale, 0.0) + run.prior_rows_s
+        return {scale: spent[scale] / prior[scale] for scale in spent if prior[scale] > 0}
+
+    def function_s(self, cost: Cost) -> Estimate:
+        """The function's seconds for ``cost`` (class docstring): at the slowdown measured at its
+        scale in its regime; else at the nearest measured scale's there, within the least and the
+        greatest measured there; before any measurement in its regime, at the prior, within the
+        prior times the least and the greatest slowdown measured in the other regime (a function 6×
+        slower than the reference on small vocabularies may be so on large ones too: the range says
+        it, the estimate waits for a measurement)."""
+        call_s = self.call_s
+        rows_s = cost.rows * cost.prior_per_row
+        calls_s = cost.calls * call_s if call_s is not None else 0.0
+        if call_s is None:
+            rows_s += cost.calls * cost.prior_call_s
+        measured = self.slowdowns(entry_bound(cost))
+        if not measured:
+            other = list(self.slowdowns(not entry_bound(cost)).values())
+            return Estimate(calls_s + rows_s, calls_s + rows_s * min([1.0, *other]),
+                            calls_s + rows_s * max([1.0, *other]))
+        if cost.scale in measured:
+            return Estimate(*(calls_s + rows_s * measured[cost.scale] for _ in range(3)))
+        nearest = min(measured, key=lambda s: abs(math.log(max(s, 1.0)) - math.log(max(cost.scale, 1.0))))
+        return Estimate(calls_s + rows_s * measured[nearest], calls_s + rows_s * min(measured.values()),
+                        calls_s + rows_s * max(measured.values()))
 
     def own_ratio(self, cost: Cost) -> float:
         """Measured over planned own seconds on the checks done in ``cost``'s regime (an entry-bound
@@ -266,43 +360,15 @@ class Speeds:
         planned = self.own_planned[bound]
         return self.own_measured[bound] / planned if planned >= MIN_OWN_SECONDS else 1.0
 
-    def per_row(self, cost: Cost) -> tuple[float, float, float]:
-        """(expected, lowest, highest) seconds of the function per row of ``cost``: measured at its
-        scale in its regime; else the nearest measured scale's of that regime (in log scale), within
-        the slowest and fastest measured there; before any measurement of the regime, the prior,
-        within the prior times the slowest and the fastest slowdown against the prior measured in
-        the other regime (a function 6× slower than the reference on small vocabularies may be so
-        on large ones too: the range says it, the estimate waits for a measurement)."""
-        bound = entry_bound(cost)
-        units = _units_per_row(cost)
-        measured = {scale: speed for (regime, scale), speed in self.per_unit.items() if regime == bound}
-        if not measured:  # the prior; its range: the slowdown against the prior measured in the other regime
-            prior, other = cost.prior_per_row, self.slowdown[not bound]
-            return prior, prior * min([1.0, *other]), prior * max([1.0, *other])
-        if cost.scale in measured:
-            speed = measured[cost.scale]
-            return units * speed, units * speed, units * speed
-        nearest = min(measured, key=lambda s: abs(math.log(max(s, 1.0)) - math.log(max(cost.scale, 1.0))))
-        return units * measured[nearest], units * min(measured.values()), units * max(measured.values())
-
     def estimate(self, costs: Sequence[Cost]) -> Estimate:
         """The seconds of ``costs`` at the speeds measured so far."""
         total = ZERO
         for cost in costs:
             own = self.own_ratio(cost) * cost.own_s
-            if not cost.work:
-                total += Estimate(own, own, own)
-                continue
-            row, low, high = self.per_row(cost)
-            total += Estimate(own + cost.rows * row, own + cost.rows * low, own + cost.rows * high)
+            total += Estimate(own, own, own)
+            if cost.work:
+                total += self.function_s(cost)
         return total
-
-
-def _units_per_row(cost: Cost) -> float:
-    """What :class:`Speeds` measures a row of ``cost`` in: its entries when it is entry-bound; else
-    its prior seconds, per-call overheads included, so that a speed measured with one row a call
-    prices a check of large calls at the same scale by the same slowdown, not the same seconds."""
-    return cost.work if entry_bound(cost) else (cost.prior_per_row or 1.0)
 
 
 def entry_bound(cost: Cost) -> bool:

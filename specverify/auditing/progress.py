@@ -25,9 +25,10 @@ each announced by an ``after_verdict`` line with its bound), so ``audit finished
 The expected time is the plan's cost (:mod:`specverify.auditing.cost`: each check states
 its own, :meth:`specverify.auditing.checks.Check.cost`) at the reference implementation's speed on
 a 2-core CPU.  A function of another speed is re-timed as soon as a check that called it has
-finished: every later check is priced at the function's seconds per unit of work measured at its
-scale (its vocabulary), or at the nearest scale measured, with the range the speeds measured at
-every scale allow, and the audit's own work at the pace measured so far; a line says so with the
+finished: every later check is priced at the function's seconds per call and its slowdown against
+the reference on rows measured at its scale (its vocabulary), or at the nearest scale measured,
+with the range the slowdowns measured at every scale allow, and the audit's own work at the pace
+measured so far; a line says so with the
 function's seconds per call and the range, and again whenever the projected total moves by 2×
 or more.  Inside a check the ETA follows the function's speed on that check's rows so far.  Only
 the ETA and the deadlines follow the measured speed, never which rows go into which call.  The
@@ -162,6 +163,7 @@ class _Tracker(AuditProgress):
         self.current = 0
         self.check_started_at = self.started
         self.rows_before = 0
+        self.calls_before = 0
         self.function_s_before = 0.0
         self.running: int | None = None
         self.said_total: float | None = None
@@ -231,6 +233,7 @@ class _Tracker(AuditProgress):
         self.current = index
         self.check_started_at = time.perf_counter()
         self.rows_before = self.log.rows
+        self.calls_before = self.log.calls
         self.function_s_before = self.log.function_seconds
         self.running = index
 
@@ -249,7 +252,8 @@ class _Tracker(AuditProgress):
         if index == self.running:  # fail-fast and interrupts report checks that never started
             self.running = None
             self.speeds.record(self.costs[index], self.rows_in_check(), self.log.function_seconds
-                               - self.function_s_before, time.perf_counter() - self.check_started_at)
+                               - self.function_s_before, time.perf_counter() - self.check_started_at,
+                               calls=self.log.calls - self.calls_before)
         self.current = index + 1
         if result is not None and result.n and result.seconds:
             self.seconds_per_sample = result.seconds / result.n

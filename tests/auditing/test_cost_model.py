@@ -18,7 +18,9 @@ from specverify.auditing.cost import (
     PRIOR_S_PER_ROW,
     SECONDS_PER_CHECK,
     Cost,
+    Estimate,
     Speeds,
+    production_step_cost,
     step_cost,
 )
 from specverify.auditing.progress import LineProgress
@@ -37,38 +39,58 @@ def test_a_step_cost_is_its_entries_at_the_prior_speed():
 
 
 def test_speeds_price_a_check_from_its_own_regime_at_the_nearest_measured_scale():
-    """Entry-bound scales (V = 4,099 at the reference's speed, V = 151,936 at 100×) price an unmeasured
-    large vocabulary at the nearest one's seconds per entry, within the range of both; a small
+    """Entry-bound scales (V = 4,099 at the reference's speed, V = 151,936 100× slower) price an
+    unmeasured large vocabulary at the nearest one's slowdown, within the range of both; a small
     vocabulary's per-row overheads never price a large one's entries (before any large one is
     measured they widen its range only)."""
     speeds = Speeds()
     tiny, deep, large = step_cost(1_000, 1, 4), step_cost(1_000, 16, 4_099), step_cost(1_000, 1, LARGE_V)
     gpt2 = step_cost(1_000, 1, 50_257)
     assert speeds.estimate([large]).seconds == pytest.approx(large.seconds())  # the prior before a measurement
-    speeds.record(tiny, 1_000, function_s=1.0, wall_s=1.1)  # 1 ms a row: overheads, not entries
+    speeds.record(tiny, 1_000, function_s=1.0, wall_s=1.1, calls=1)  # 1 ms a row: overheads, not entries
     slowdown = 1e-3 / tiny.prior_per_row  # its range: the slowdown measured on the small vocabulary
-    assert speeds.per_row(gpt2) == pytest.approx((gpt2.prior_per_row, gpt2.prior_per_row,
-                                                  gpt2.prior_per_row * slowdown))
-    speeds.record(deep, 1_000, function_s=deep.units * PRIOR_S_PER_ENTRY, wall_s=1.0)
-    speeds.record(large, 1_000, function_s=large.units * PRIOR_S_PER_ENTRY * SLOWDOWN, wall_s=100.0)
-    assert speeds.per_row(large)[0] == pytest.approx(large.work * SLOWDOWN * PRIOR_S_PER_ENTRY)
-    expected, low, high = speeds.per_row(gpt2)  # nearer 151,936 than 4,099 in log scale
-    assert expected == pytest.approx(gpt2.work * SLOWDOWN * PRIOR_S_PER_ENTRY) and expected == pytest.approx(high)
-    assert low == pytest.approx(gpt2.work * PRIOR_S_PER_ENTRY)
+    prior = gpt2.prior_function_s
+    assert speeds.function_s(gpt2) == pytest.approx(Estimate(prior, prior, prior * slowdown))
+    speeds.record(deep, 1_000, function_s=deep.prior_function_s, wall_s=1.0, calls=1)
+    speeds.record(large, 1_000, function_s=large.prior_function_s * SLOWDOWN, wall_s=100.0, calls=1)
+    assert speeds.function_s(large).seconds == pytest.approx(large.prior_function_s * SLOWDOWN)
+    estimate = speeds.function_s(gpt2)  # nearer 151,936 than 4,099 in log scale
+    assert estimate.seconds == pytest.approx(prior * SLOWDOWN) and estimate.high == pytest.approx(estimate.seconds)
+    assert estimate.low == pytest.approx(prior)
     near_tiny = step_cost(1_000, 2, 6)  # the tiny scale's slowdown against the prior
-    assert speeds.per_row(near_tiny)[0] == pytest.approx(near_tiny.prior_per_row * slowdown)
+    assert speeds.function_s(near_tiny).seconds == pytest.approx(near_tiny.prior_function_s * slowdown)
 
 
-def test_one_row_a_call_prices_a_check_of_large_calls_at_the_same_scale_by_its_slowdown():
-    """A check calling with one row a call measures the function's per-call overheads (here 20 µs a
-    row, near the prior's 25.5 µs); a later check at the same scale in calls of a thousand rows is
-    priced at its own prior per row times that slowdown, not at 20 µs a row."""
+def test_the_slowdown_not_the_seconds_per_entry_carries_to_another_shape():
+    """A function 40× slower than the reference on V = 8,192 in float32 with one draft is priced 40×
+    slower on a production shape (bfloat16, 12 drafts), whose entries cost the reference another
+    time each: not at the seconds per entry measured on the first."""
     speeds = Speeds()
-    one_row, batched = step_cost(1_000, 2, 10, rows_per_call=1), step_cost(100_000, 4, 10, rows_per_call=1_000)
-    speeds.record(one_row, 1_000, function_s=1_000 * 20e-6, wall_s=0.1)
-    slowdown = 20e-6 / one_row.prior_per_row
-    assert speeds.per_row(batched)[0] == pytest.approx(batched.prior_per_row * slowdown)
-    assert speeds.estimate([batched]).seconds < 0.2 < 100_000 * 20e-6
+    truncated = step_cost(6_000, 1, 8_192)
+    production = production_step_cost(8_000, 12, 4_099, entry_bytes=2, rows_per_call=160)
+    speeds.record(truncated, 6_000, function_s=40 * truncated.prior_function_s, wall_s=2.0, calls=11)
+    assert speeds.function_s(production).seconds == pytest.approx(40 * production.prior_function_s)
+    per_entry = 40 * truncated.prior_function_s / truncated.units
+    assert speeds.function_s(production).seconds < production.units * per_entry / 2
+
+
+def test_a_function_that_pays_per_call_is_priced_by_its_calls_and_its_rows_apart():
+    """A function of 5 ms a call, at the reference's speed on rows: a check of one row a call
+    measures its cost per call, and a later check of large calls at the same scale is priced at its
+    calls' 5 ms each and its rows' prior, not at the one-row check's slowdown (~260×) on every row;
+    a check of large calls measured later sets the slowdown on rows from what its calls leave."""
+    speeds = Speeds()
+    call_s = 5e-3
+    one_row = step_cost(1_000, 2, 10, rows_per_call=1)
+    batched = step_cost(100_000, 4, 10, rows_per_call=1_000)
+    speeds.record(one_row, 1_000, function_s=1_000 * (call_s + one_row.prior_per_row), wall_s=6.0, calls=1_000)
+    rows_s = batched.rows * batched.prior_per_row
+    assert speeds.function_s(batched).seconds == pytest.approx(batched.calls * call_s + rows_s, rel=1e-3)
+    one_row_slowdown = 1_000 * (call_s + one_row.prior_per_row) / one_row.prior_function_s
+    assert speeds.function_s(batched).seconds < batched.prior_function_s * one_row_slowdown / 5
+    large_calls = step_cost(50_000, 4, 10)
+    speeds.record(large_calls, 50_000, function_s=5 * call_s + 3 * large_calls.prior_function_s, wall_s=1.0, calls=5)
+    assert speeds.function_s(batched).seconds == pytest.approx(batched.calls * call_s + 3 * rows_s, rel=1e-3)
 
 
 def _result(name: str, n: int, seconds: float) -> CheckResult:

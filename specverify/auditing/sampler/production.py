@@ -428,7 +428,7 @@ class ProductionStepCheck(SequentialCheck):
 
     def cost(self, plan: Plan) -> Cost:
         entry_bytes = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
-        return production_step_cost(plan.n, self.num_draft, self.bank.vocab_size, entry_bytes)
+        return production_step_cost(plan.n, self.num_draft, self.bank.vocab_size, entry_bytes, self.rows_per_call)
 
     def draw(self, session: Any, plan: Plan, n: int, look: int) -> Tally:
         """``n`` rows in calls of :attr:`rows_per_call`: the proposals are drawn from one generator
