@@ -37,38 +37,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SECONDS_PER_CHECK = 0.02
-"""The audit's own fixed seconds of a statistical check (its cells, exact laws and p-values)."""
+"""The audit's own fixed seconds of a statistical check (its cells, exact laws and p-values): 0.012
+fitted on its run from its start to its result (:data:`PRIOR_S_PER_CALL`), and ~0.01 of its first
+look, which an audit of first looks first (fail-fast) runs apart, before the checks run in turn."""
 
 SECONDS_UNSAMPLED = 0.1
 """The seconds of a check that draws no samples (exact and contract checks)."""
 
-HARNESS_S_PER_ROW = 0.2e-6
+HARNESS_S_PER_ROW = 0.26e-6
 """The audit's own seconds per row of a sampled step (drawing the inputs, counting the outputs)."""
 
-HARNESS_S_PER_ENTRY = 0.4e-9
+HARNESS_S_PER_ENTRY = 0.43e-9
 """The audit's own seconds per probability entry of a row (building the laws, presenting them to
 the function, the token-level tests)."""
 
-HARNESS_S_PER_CALL = 17e-6
+HARNESS_S_PER_CALL = 7e-6
 """The audit's own seconds per call beyond its rows (the worker's loop around the call, copying its
 output, validating it), which a check calling the function with one row or a few pays per row."""
 
-PRIOR_S_PER_ENTRY = 0.3e-9
+PRIOR_S_PER_ENTRY = 0.21e-9
 """The reference rule's seconds per probability entry of a row at a large vocabulary (its fused C
-kernel, 2-core CPU; measured on ``truncated-vocabulary``, V = 8,192, K = 1: 0.23–0.3 ns, since it
-reads a whole row only where it corrects)."""
+kernel, 2-core CPU; on ``truncated-vocabulary``, V = 8,192, K = 1, since it reads a whole row only
+where it corrects)."""
 
-PRIOR_S_PER_ROW = 0.1e-6
+PRIOR_S_PER_ROW = 0.07e-6
 """The reference rule's seconds of overheads per row (its calls, the worker's transport, amortised
 over the thousands of rows of a call)."""
 
-PRIOR_S_PER_CALL = 19e-6
+PRIOR_S_PER_CALL = 17e-6
 """The reference rule's seconds per call of its own beyond its rows (checking its arguments,
 dispatching to its kernel), which a check calling it with one row or a few pays per row.  With
 :data:`SECONDS_PER_CHECK`, :data:`HARNESS_S_PER_ROW` and :data:`HARNESS_S_PER_CALL`, fitted
 (non-negative least squares) on the toy-shaped checks of the sampler battery at quick and
 standard, the audit's own seconds taken as the check's wall time less the function's: what the
-function's run does not hide (2-core AMD EPYC)."""
+function's run does not hide (2-core AMD EPYC, the ``specverify`` command's allocator settings:
+:mod:`specverify.auditing.isolation.allocator`)."""
 
 PRIOR_S_PER_DECODER_CALL = 0.1
 """The reference decoder's seconds per call (a request of a few dozen tokens on the tiny models)."""
@@ -147,26 +150,28 @@ def _rows_cost(rows: int, num_draft: float, vocab_size: int, rows_per_call: floa
                 rows / rows_per_call, prior_s_per_call)
 
 
-PRODUCTION_FIXED_S = 0.38
-"""The audit's own fixed seconds of a production-shape step check (its token-level and coarse
-tests at every look, over every chain and position)."""
+PRODUCTION_FIXED_S = 0.2
+"""The audit's own fixed seconds of a production-shape step check that the function's run does
+not hide (its first look's token-level and coarse tests; the later looks' are made while the next
+look draws, and the identity designs ahead: :mod:`specverify.auditing.ahead`): 0.16 fitted on its
+run in turn (:data:`PRIOR_S_PER_BYTE`), and its first look's share run apart
+(:data:`SECONDS_PER_CHECK`)."""
 
-PRODUCTION_S_PER_ROW = 7e-6
-"""The audit's own seconds per row of a production-shape step check that the function's run does
-not hide (drawing the drafts, the transport, validating and completing the output).  Not per byte:
-the laws reach the function as views kept in its buffer, and the worker's write guard spares
-reading them back after a call.  Not per position either: completing and counting a row's K + 1
-positions are a few vectorised operations per call."""
+PRODUCTION_S_PER_BYTE = 0.013e-9
+"""The audit's own seconds per byte of a production-shape row's inputs that the function's run
+does not hide (the worker's write guard comparing a request's inputs with what was presented, the
+transport).  Not per row: drawing the drafts, validating and completing the outputs run while the
+function does."""
 
-PRODUCTION_PRIOR_S_PER_ROW = 4e-6
+PRODUCTION_PRIOR_S_PER_ROW = 2.3e-6
 """The reference rule's seconds per row at production shapes beyond the bytes it reads."""
 
-PRIOR_S_PER_BYTE = 0.044e-9
+PRIOR_S_PER_BYTE = 0.039e-9
 """The reference rule's seconds per byte of input at production shapes (its fused C kernel on 2
 cores; it reads every position's entries only where a row is corrected).  With the three constants
-above, fitted (least squares) on the five production-shape checks of the sampler battery at quick
-and standard, the audit's own seconds taken as the check's wall time less the function's (2-core
-AMD EPYC)."""
+above, fitted (non-negative least squares) on the five production-shape checks of the sampler
+battery at quick and standard, three audits each, the audit's own seconds taken as the check's
+wall time less the function's (2-core AMD EPYC, the ``specverify`` command's allocator settings)."""
 
 
 def production_step_cost(rows: int, num_draft: int, vocab_size: int, entry_bytes: int, rows_per_call: int) -> Cost:
@@ -177,8 +182,9 @@ def production_step_cost(rows: int, num_draft: int, vocab_size: int, entry_bytes
     if not rows:
         return Cost(0, SECONDS_UNSAMPLED)
     entries = (2 * num_draft + 1) * vocab_size
-    return Cost(rows, PRODUCTION_FIXED_S, PRODUCTION_S_PER_ROW, entries, entry_bytes * PRIOR_S_PER_BYTE, vocab_size,
-                PRODUCTION_PRIOR_S_PER_ROW, math.ceil(rows / rows_per_call), PRIOR_S_PER_CALL)
+    row_bytes = entries * entry_bytes
+    return Cost(rows, PRODUCTION_FIXED_S, row_bytes * PRODUCTION_S_PER_BYTE, entries, entry_bytes * PRIOR_S_PER_BYTE,
+                vocab_size, PRODUCTION_PRIOR_S_PER_ROW, math.ceil(rows / rows_per_call), PRIOR_S_PER_CALL)
 
 
 TREE_HARNESS_S_PER_NODE = 0.6e-6

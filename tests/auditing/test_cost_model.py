@@ -18,7 +18,6 @@ from specverify.auditing.cost import (
     PRIOR_S_PER_ROW,
     SECONDS_PER_CHECK,
     Cost,
-    Estimate,
     Speeds,
     production_step_cost,
     step_cost,
@@ -50,7 +49,8 @@ def test_speeds_price_a_check_from_its_own_regime_at_the_nearest_measured_scale(
     speeds.record(tiny, 1_000, function_s=1.0, wall_s=1.1, calls=1)  # 1 ms a row: overheads, not entries
     slowdown = 1e-3 / tiny.prior_per_row  # its range: the slowdown measured on the small vocabulary
     prior = gpt2.prior_function_s
-    assert speeds.function_s(gpt2) == pytest.approx(Estimate(prior, prior, prior * slowdown))
+    estimate = speeds.function_s(gpt2)
+    assert (estimate.seconds, estimate.low, estimate.high) == pytest.approx((prior, prior, prior * slowdown))
     speeds.record(deep, 1_000, function_s=deep.prior_function_s, wall_s=1.0, calls=1)
     speeds.record(large, 1_000, function_s=large.prior_function_s * SLOWDOWN, wall_s=100.0, calls=1)
     assert speeds.function_s(large).seconds == pytest.approx(large.prior_function_s * SLOWDOWN)
