@@ -110,7 +110,11 @@ def propose_ragged(bank: ChainBank, state: RowState, num_draft_tokens: torch.Ten
 def complete(bank: ChainBank, state: RowState, emitted: torch.Tensor, lengths: torch.Tensor, upto: int,
              generator: torch.Generator) -> torch.Tensor:
     """int64 ``[N, upto]``: the emitted tokens, continued by target sampling after each row's
-    ``lengths[b]`` emitted tokens (for positional banks ``upto ≤ K+1``)."""
+    ``lengths[b]`` emitted tokens (for positional banks ``upto ≤ K+1``).  A positional bank's law
+    at a position does not depend on the tokens before it: its completions are drawn at once, one
+    uniform per completed (row, position) in row-major order; a Markov bank's position by position."""
+    if isinstance(bank, PositionalBank):
+        return _complete_positional(bank, state, emitted, lengths, upto, generator)
     columns = []
     for position in range(upto):
         from_function = position < lengths
@@ -121,6 +125,22 @@ def complete(bank: ChainBank, state: RowState, emitted: torch.Tensor, lengths: t
         columns.append(token)
         state = bank.advance(state, token)
     return torch.stack(columns, dim=1)
+
+
+def _complete_positional(bank: PositionalBank, state: RowState, emitted: torch.Tensor, lengths: torch.Tensor,
+                         upto: int, generator: torch.Generator) -> torch.Tensor:
+    """:func:`complete` for a positional bank: row ``b``'s token at column ``j ≥ lengths[b]`` drawn
+    from its chain's target law at position ``position[b] + j``."""
+    rows = lengths.shape[0]
+    completed = torch.full((rows, upto), -1, dtype=torch.int64)
+    kept = min(upto, emitted.shape[1])
+    completed[:, :kept] = emitted[:, :kept]
+    need = torch.arange(upto)[None, :] >= lengths[:, None]
+    row, column = need.nonzero(as_tuple=True)
+    if row.numel():
+        table = bank.table_rows(state.chain[row], state.position[row] + column)
+        completed[row, column] = bank.target_sampler.sample(table, generator)
+    return completed
 
 
 # --------------------------------------------------------------------------------------------
