@@ -2,8 +2,9 @@
 
 :func:`specverify.auditing.runner.audit` accepts ``progress=`` either as a plain callable
 ``progress(done, total, name)`` (called before each check) or as an :class:`AuditProgress`,
-which is told the plan up front (``begin``), each check as it starts and finishes, and can read
-the rows evaluated so far inside a check from the session's call log.  Two are provided:
+which is told when the audit started (``audit_started``: every duration it says counts from
+there, as the report's do), the plan up front (``begin``), each check as it starts and finishes,
+and can read the rows evaluated so far inside a check from the session's call log.  Two are provided:
 
 - :class:`LineProgress` for logs (output not a terminal): the header at once, then one line per
   finished check — name, verdict, n, p-value, observed and detectable TV, seconds and, for a
@@ -60,6 +61,10 @@ class AuditProgress:
     plan's notes (checks left out, a power shortfall); the report then does not repeat them."""
 
     says_notes: ClassVar[bool] = False
+
+    def audit_started(self, moment: float) -> None:
+        """The audit started at ``moment`` (a ``time.perf_counter()`` reading), before it loaded the
+        function and planned its checks: the start of the clock of every duration it reports."""
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
               plans: Sequence[Plan], log: CallCounts) -> None:
@@ -133,8 +138,9 @@ def eta_text(seconds: float | None) -> str:
 
 
 def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
-           plans: Sequence[Plan]) -> str:
-    """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``."""
+           plans: Sequence[Plan], elapsed_s: float = 0.0) -> str:
+    """``specverify: auditing T at level L, budget B; C checks, N samples; expected ~X``: X the
+    ``elapsed_s`` since the audit started and the plan's seconds."""
     samples = sum(p.n for p in plans)
     unit = "calls" if level == "decoder" else "samples"
     if level == "endpoint":  # the servers set the pace: no cost model of theirs
@@ -144,7 +150,7 @@ def header(*, target: str, level: str, budget: Any, alpha: float, checks: Sequen
     faster = "" if budget.name == "quick" else "; `--budget quick` or SPECVERIFY_BUDGET=quick for a fast run"
     return (f"specverify: auditing {target} at level {level}, budget {budget.describe()}, α = {alpha:g}: "
             f"{len(checks)} checks, {samples:,} {unit} in all; "
-            f"expected ~{duration(expected_seconds(checks, plans))} "
+            f"expected ~{duration(elapsed_s + expected_seconds(checks, plans))} "
             f"(at the reference implementation's speed on a 2-core CPU{faster})")
 
 
@@ -153,15 +159,20 @@ class _Tracker(AuditProgress):
 
     says_notes: ClassVar[bool] = True
     stream: TextIO
+    audit_started_at: float | None = None
+
+    def audit_started(self, moment: float) -> None:
+        self.audit_started_at = moment
 
     def begin(self, *, target: str, level: str, budget: Any, alpha: float, checks: Sequence[Check],
               plans: Sequence[Plan], log: CallCounts) -> None:
         self.level, self.checks, self.plans, self.log = level, list(checks), list(plans), log
         self.costs: list[Cost] = [check.cost(plan) for check, plan in zip(checks, plans)]
         self.speeds = Speeds()
-        self.started = time.perf_counter()
+        now = time.perf_counter()
+        self.started = now if self.audit_started_at is None else self.audit_started_at
         self.current = 0
-        self.check_started_at = self.started
+        self.check_started_at = now
         self.rows_before = 0
         self.calls_before = 0
         self.function_s_before = 0.0
@@ -169,7 +180,8 @@ class _Tracker(AuditProgress):
         self.said_total: float | None = None
         self.not_run: dict[str, int] = {}
         self.seconds_per_sample: float | None = None
-        self.write(header(target=target, level=level, budget=budget, alpha=alpha, checks=checks, plans=plans) + "\n")
+        self.write(header(target=target, level=level, budget=budget, alpha=alpha, checks=checks, plans=plans,
+                          elapsed_s=now - self.started) + "\n")
 
     def note(self, text: str) -> None:
         """A line about the plan (a power shortfall, checks left out), written after the header."""

@@ -231,6 +231,7 @@ def audit(
     case_search = CaseSearch()
     post = PostVerdict(started)
     display = as_progress(progress)
+    display.audit_started(started)
     displayed = False
     with preserved_process_state():
         try:

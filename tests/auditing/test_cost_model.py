@@ -173,3 +173,25 @@ def test_a_check_priced_without_work_counts_its_direct_calls_as_its_own_time():
     speeds = Speeds()
     speeds.record(Cost(1000, 2.0, work=1.0, prior_s=1e-6), 1000, 0.6, 1.0)
     assert speeds.own_ratio(Cost(0, 1.0)) == pytest.approx(0.2)
+
+
+def test_the_expected_time_counts_from_the_audits_start():
+    """The header's expected time includes the seconds the audit spent before its plan (starting
+    the worker, building the checks), as the report's ``audit finished in`` does; the ETA's clock
+    starts there too."""
+    from specverify.auditing.progress import duration
+
+    checks, plans = [StepCheck("small", 1, 4)], [plan_of(20_000)]
+    planned = checks[0].cost(plans[0]).seconds()
+    said = {}
+    for before_s in (None, 30.0):
+        stream = io.StringIO()
+        display = LineProgress(stream, per_check=True, heartbeat_s=3600)
+        if before_s is not None:
+            display.audit_started(time.perf_counter() - before_s)
+        display.begin(target="t", level="sampler", budget=resolve_budget("quick"), alpha=1e-3, checks=checks,
+                      plans=plans, log=CallCounts())
+        said[before_s] = stream.getvalue()
+        display.end(total_s=0.0)
+    assert f"expected ~{duration(planned)} " in said[None]
+    assert f"expected ~{duration(30.0 + planned)} " in said[30.0]
