@@ -57,7 +57,13 @@ class Proposal(NamedTuple):
 
 def propose(bank: ChainBank, state: RowState, num_draft: int, generator: torch.Generator,
             dtype: torch.dtype = INPUT_DTYPE) -> Proposal:
-    """Sample ``x_i ~ q(· | context, x_<i)`` for i < K and read ``p(· | context, x_<i)`` for i ≤ K."""
+    """Sample ``x_i ~ q(· | context, x_<i)`` for i < K and read ``p(· | context, x_<i)`` for i ≤ K
+    (a positional bank's drafts at once, :func:`positional_drafts`; a Markov bank's one position
+    after another)."""
+    target_table, draft_table = bank.rows_in(dtype)
+    if isinstance(bank, PositionalBank):
+        rows, drafts = positional_drafts(bank, state, num_draft, generator)
+        return Proposal(gathered_rows(target_table, rows), gathered_rows(draft_table, rows[:, :num_draft]), drafts)
     path_rows, tokens = [], []
     for _ in range(num_draft):
         rows = bank.rows_of(state)
@@ -65,12 +71,22 @@ def propose(bank: ChainBank, state: RowState, num_draft: int, generator: torch.G
         path_rows.append(rows)
         tokens.append(token)
         state = bank.advance(state, token)
-    target_table, draft_table = bank.rows_in(dtype)
     return Proposal(
         gathered_rows(target_table, torch.stack(path_rows + [bank.rows_of(state)], dim=1)),
         gathered_rows(draft_table, torch.stack(path_rows, dim=1)),
         torch.stack(tokens, dim=1),
     )
+
+
+def positional_drafts(bank: PositionalBank, state: RowState, num_draft: int,
+                      generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[N, K+1]``, the table rows of each row's positions ``position … position + K``, and
+    ``[N, K]``, its drafts ``x_i ~ q_i``: a positional bank's law at a position does not depend on
+    the tokens before it, so the drafts are drawn at once, one uniform per (row, position) in
+    row-major order."""
+    rows = bank.table_rows(state.chain[:, None], state.position[:, None] + torch.arange(num_draft + 1))
+    drafts = bank.draft_sampler.sample(rows[:, :num_draft].reshape(-1), generator)
+    return rows, drafts.view(rows.shape[0], num_draft)
 
 
 def gathered_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ from specverify.core.chains import PositionalBank
 from specverify.core.exact_final import FinalDrawCase, integrate_final_draw, weighted_branches
 from specverify.core.seeding import derive_seed
 from specverify.core.stats import monte_carlo_draws
-from specverify.testing.harness import MAX_INPUT_ELEMENTS, Proposal, complete, gathered_rows
+from specverify.testing.harness import MAX_INPUT_ELEMENTS, Proposal, complete, gathered_rows, positional_drafts
 
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 """The input dtypes engines pass (a function may declare the ones it accepts: ``fn.input_dtypes``)."""
@@ -296,16 +296,10 @@ def chain_laws(bank: PositionalBank, chain: torch.Tensor, num_draft: int,
 
 def production_proposal(bank: PositionalBank, chain: torch.Tensor, laws: tuple[torch.Tensor, torch.Tensor],
                         num_draft: int, generator: torch.Generator) -> Proposal:
-    """Drafts ``x_i ~ q_i`` per row (one inverse-CDF uniform each, as
-    :func:`specverify.testing.harness.propose`) on the rows' chains ``chain``, whose laws are
-    ``laws`` (:func:`chain_laws`)."""
-    state = bank.initial_state(chain)
-    tokens = []
-    for _ in range(num_draft):
-        token = bank.draft_sampler.sample(bank.rows_of(state), generator)
-        tokens.append(token)
-        state = bank.advance(state, token)
-    return Proposal(*laws, torch.stack(tokens, dim=1))
+    """Drafts ``x_i ~ q_i`` per row (one inverse-CDF uniform each,
+    :func:`specverify.testing.harness.positional_drafts`) on the rows' chains ``chain``, whose
+    laws are ``laws`` (:func:`chain_laws`)."""
+    return Proposal(*laws, positional_drafts(bank, bank.initial_state(chain), num_draft, generator)[1])
 
 
 def balanced_chains(rows: int, num_chains: int, generator: torch.Generator) -> torch.Tensor:
