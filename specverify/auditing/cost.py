@@ -9,8 +9,8 @@ Every check states the cost of its plan (:meth:`specverify.auditing.checks.Check
 the units of the function's own work per row (the probability entries it reads: (2K + 1)·V for a
 step of K drafts at vocabulary V, (2N + 1)·V for a tree of N nodes; 1 for a decoder call);
 ``s(scale)``: the function's seconds per unit at the check's ``scale`` (its vocabulary; 1 for a
-decoder call); ``p_row`` its overheads a row; ``calls``: the calls of a check that calls with a
-row or a few (0 for large batches), ``c`` the function's seconds a call; ``own_s``: the audit's
+decoder call); ``p_row`` its overheads a row; ``calls``: the calls the check makes (0 for a few
+large batches, whose cost per call is negligible), ``c`` the function's seconds a call; ``own_s``: the audit's
 own work (building the inputs, the transport, the statistics).  Before the function has run,
 ``s``, ``p_row`` and ``c`` are the check's priors: the reference implementation's speed on this
 project's idle 2-core CPU (:data:`PRIOR_S_PER_ENTRY`: its fused C kernel, with
@@ -100,8 +100,8 @@ class Cost:
     prior_row_s: float = 0.0
     """The function's seconds of overheads per row before a measurement (with ``work`` · ``prior_s``)."""
     calls: float = 0.0
-    """The calls the plan makes of the function where each has a row or a few (0 where it makes a
-    few calls of many rows each, whose cost per call is negligible beside their rows')."""
+    """The calls the plan makes of the function (0 where it makes a few calls of many rows each,
+    whose cost per call is negligible beside their rows')."""
     prior_call_s: float = 0.0
     """The function's seconds per call before a measurement."""
 
@@ -343,10 +343,10 @@ class Speeds:
         slower than the reference on small vocabularies may be so on large ones too: the range says
         it, the estimate waits for a measurement)."""
         call_s = self.call_s
-        rows_s = cost.rows * cost.prior_per_row
-        calls_s = cost.calls * call_s if call_s is not None else 0.0
-        if call_s is None:
-            rows_s += cost.calls * cost.prior_call_s
+        if call_s is None:  # the calls at the prior, slowed down as the rows are
+            calls_s, rows_s = 0.0, cost.prior_function_s
+        else:
+            calls_s, rows_s = cost.calls * call_s, cost.rows * cost.prior_per_row
         measured = self.slowdowns(entry_bound(cost))
         if not measured:
             other = list(self.slowdowns(not entry_bound(cost)).values())
