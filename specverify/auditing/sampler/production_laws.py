@@ -82,16 +82,18 @@ def dyadic_law(weights: np.ndarray, *, name: str = "weights") -> np.ndarray:
     m = np.where(positive, np.maximum(1, _round_significant(weights / weights.sum() * TOTAL)), 0)
     residue = TOTAL - int(m.sum())
     # Each entry is visited once, largest first, so its step is the one it has now.  An entry whose
-    # step exceeds |residue| takes no change, and |residue| only shrinks while positive entries
-    # are visited (zeros come last): such entries are left out before the loop.
-    steps = _granularity(m)
+    # step exceeds |residue| takes no change; steps do not increase along that order, so the
+    # entries left to skip are a prefix of the rest, passed over at once.
     order = np.argsort(-m, kind="stable")
-    for t in order[steps[order] <= abs(residue)]:
-        if residue == 0:
+    steps = _granularity(m[order])
+    negated_steps = -steps  # non-decreasing: searchable
+    position = 0
+    while residue and position < len(order):
+        position = max(position, int(np.searchsorted(negated_steps, -abs(residue), side="left")))
+        if position == len(order):
             break
-        step = int(steps[t])
-        if step > abs(residue):
-            continue
+        t, step = order[position], int(steps[position])
+        position += 1
         change = int(np.sign(residue)) * (abs(residue) // step) * step
         change = max(change, step - int(m[t]))  # never below one step (stays positive)
         candidate = np.array([m[t] + change])
@@ -124,9 +126,11 @@ def exact_in_dtypes(law: np.ndarray) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def boundary_ids(vocab_size: int) -> np.ndarray:
     """Ids where tiling bugs show: 0, 1, the last 16 ids, the first id of the last partial tile of
-    every tile size 2^6 … 2^12 that does not divide V, and 2^k − 1, 2^k for 2^7 ≤ 2^k < V."""
+    every tile size 2^6 … 2^12 that does not divide V, and 2^k − 1, 2^k for 2^7 ≤ 2^k < V
+    (sorted, read-only: one array per vocabulary)."""
     v = vocab_size
     ids = [0, 1, *range(max(0, v - 16), v)]
     for bits in range(6, 13):
@@ -137,7 +141,19 @@ def boundary_ids(vocab_size: int) -> np.ndarray:
     while (1 << k) < v:
         ids += [(1 << k) - 1, 1 << k]
         k += 1
-    return np.unique(np.array([i for i in ids if 0 <= i < v], dtype=np.int64))
+    edges = np.unique(np.array([i for i in ids if 0 <= i < v], dtype=np.int64))
+    edges.setflags(write=False)
+    return edges
+
+
+@functools.cache
+def inner_ids(vocab_size: int) -> np.ndarray:
+    """The ids of the vocabulary that are not :func:`boundary_ids` (sorted, read-only)."""
+    inner = np.ones(vocab_size, dtype=bool)
+    inner[boundary_ids(vocab_size)] = False
+    ids = np.flatnonzero(inner)
+    ids.setflags(write=False)
+    return ids
 
 
 def zipf_weights(rng: np.random.Generator, vocab_size: int, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
@@ -184,8 +200,7 @@ def permuted(rng: np.random.Generator, law: np.ndarray) -> np.ndarray:
     """``law`` with its masses moved to other ids, boundary ids among boundary ids and the others
     among the others: a different law with the same multiset of masses (so the identity test's
     sample size, which depends on the masses only, is the same) and the same mass on the boundary."""
-    edges = boundary_ids(len(law))
-    inner = np.setdiff1d(np.arange(len(law)), edges)
+    edges, inner = boundary_ids(len(law)), inner_ids(len(law))
     moved = law.copy()
     moved[edges] = law[rng.permutation(edges)]
     moved[inner] = law[rng.permutation(inner)]
@@ -239,5 +254,5 @@ def step_family(name: str, family: str, vocab_size: int, num_draft: int,
 
 __all__ = ["BOUNDARY_MASS", "CLOSENESS", "SIGNIFICANT_BITS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids",
            "dyadic_law", "exact_in_dtypes",
-           "near_law", "permuted", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
+           "inner_ids", "near_law", "permuted", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
            "zipf_weights"]
