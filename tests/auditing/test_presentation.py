@@ -4,6 +4,8 @@ wrong tokens instead of crashing."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -202,6 +204,40 @@ def test_a_direct_call_in_a_worker_gets_its_inputs_with_their_layout():
         assert not inputs[0].is_contiguous() and expected[0][2] == 0 and shifted.storage_offset() == 4
     finally:
         function.close()
+
+
+def sums_then_doubles(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
+    """What a direct call received (the sum of each input), after which it doubles every input in place."""
+    seen = [float(t.double().sum()) for t in (target_probs, draft_probs, draft_tokens, uniforms)]
+    for tensor in (target_probs, draft_probs, draft_tokens, uniforms):
+        tensor.mul_(2)
+    return seen
+
+
+def sums(target_probs, draft_probs, draft_tokens, generator=None, *, uniforms=None):
+    return [float(t.double().sum()) for t in (target_probs, draft_probs, draft_tokens, uniforms)]
+
+
+@pytest.mark.parametrize("name", ["sums", "sums_then_doubles"])
+def test_direct_calls_on_the_same_inputs_present_them_once_unless_the_function_wrote_them(name, monkeypatch):
+    from specverify.auditing.isolation import presentation, write_guard
+
+    proposal = _proposal(rows=8)
+    inputs = [presented(t, device=torch.device("cpu"), strided=True, decoy=0.0) for t in proposal]
+    uniforms = torch.rand(8, 4, dtype=torch.float64)
+    writes = []  # the inputs the audit wrote into the shared buffer
+    fill = presentation.fill_storage
+    monkeypatch.setattr(presentation, "fill_storage", lambda storage, tensor, decoy: writes.append(1) or
+                        fill(storage, tensor, decoy))
+    expected = sums(*inputs, None, uniforms=uniforms)
+    function = GuardedFunction(f"{__file__}:{name}", timeout_s=60, isolation="process")
+    try:
+        seen = [function.raw(*(t[:8] for t in inputs), None, uniforms=uniforms) for _ in range(4)]
+    finally:
+        function.close()
+    assert seen == [expected] * 4  # every call gets its inputs as the audit holds them
+    guarded = sys.platform == "linux" and write_guard.library() is not None
+    assert len(writes) == (4 if name == "sums" and guarded else 16), writes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

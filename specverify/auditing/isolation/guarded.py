@@ -49,7 +49,7 @@ from specverify.auditing.isolation.faults import (
     call_with_deadline,
     validate_emitted,
 )
-from specverify.auditing.isolation.presentation import Presenter, decoy_value, storage_shape
+from specverify.auditing.isolation.presentation import Presenter, Slot, decoy_value, storage_shape
 from specverify.auditing.isolation.process import (
     START_TIMEOUT_S,
     CapturedStream,
@@ -63,6 +63,7 @@ from specverify.auditing.isolation.process import (
     layout,
     worker_target,
 )
+from specverify.auditing.isolation.write_guard import PAGE_BYTES
 from specverify.core.outputs import emitted_tensor
 
 HANG_FACTOR = 20.0
@@ -427,30 +428,53 @@ class _Session(AuditedFunction):
             self.buffer = SharedBuffer.create(nbytes)
         return self.buffer
 
-    def _share_arguments(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _share_arguments(self, args: Sequence[Any],
+                         kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[Slot, torch.Tensor]]]:
         """The fields of a ``raw`` request: ``args`` and ``kwargs`` with every dense CPU tensor
-        replaced by its place in the shared buffer, where the span of storage it views is copied
-        (so a strided view arrives with its strides, its padding and its storage offset), and
+        replaced by its place in the shared buffer, which holds the span of storage it views (so a
+        strided view arrives with its strides, its padding and its storage offset), and
         ``shared``: per replaced argument (position or keyword, offset, dtype, span, shape, strides,
-        offset in the span).  Writing the buffer invalidates what the presenter kept there."""
+        offset in the span); with them, each argument's slot and span, for :meth:`_settle_raw`.
+
+        The spans are presented in the slots of the request's layout: a span the slot holds
+        already (the same memory, unchanged, and left as presented by the last call: the worker's
+        write guard saw it untouched) is not written again, so a check that calls with the same
+        laws again and again copies them once."""
         places = [(index, value) for index, value in enumerate(args)] + list(kwargs.items())
         tensors = [(key, value) for key, value in places if _shareable(value)]
         if not tensors:
-            return {"args": tuple(args), "kwargs": dict(kwargs)}
+            return {"args": tuple(args), "kwargs": dict(kwargs)}, []
         spans = [_storage_span(tensor) for _, tensor in tensors]
-        offsets, nbytes = layout([(tensor.dtype, (span,)) for (_, tensor), (_, span) in zip(tensors, spans)])
+        parts = [(tensor.dtype, (span,)) for (_, tensor), (_, span) in zip(tensors, spans)]
+        offsets, nbytes = layout(parts)
         buffer = self._ensure_buffer(nbytes)
-        self.presenter.forget()
-        shared = []
-        for (key, tensor), (start, span), offset in zip(tensors, spans, offsets):
-            region = buffer.tensor(offset, tensor.dtype, (span,))
-            region.copy_(tensor.as_strided((span,), (1,), start))
+        self.presenter.use_layout(("raw", buffer.path, buffer.size, tuple(offsets), tuple(parts)))
+        shared, presented = [], []
+        for number, ((key, tensor), (start, span), offset) in enumerate(zip(tensors, spans, offsets)):
+            flat = tensor.as_strided((span,), (1,), start)
+            slot = self.presenter.adopt(("raw", number), buffer.tensor(offset, tensor.dtype, (span,)))
+            self.presenter.present(slot, flat, 0)
+            presented.append((slot, flat))
             shared.append((key, offset, str(tensor.dtype).removeprefix("torch."), span, tuple(tensor.shape),
                            tuple(tensor.stride()), tensor.storage_offset() - start))
         keys = {key for key, _ in tensors}
-        return {"args": tuple(None if index in keys else value for index, value in enumerate(args)),
-                "kwargs": {name: value for name, value in kwargs.items() if name not in keys},
-                "buffer": (buffer.path, buffer.size), "shared": shared}
+        return ({"args": tuple(None if index in keys else value for index, value in enumerate(args)),
+                 "kwargs": {name: value for name, value in kwargs.items() if name not in keys},
+                 "buffer": (buffer.path, buffer.size), "shared": shared,
+                 "inputs_bytes": -(-nbytes // PAGE_BYTES) * PAGE_BYTES}, presented)
+
+    def _settle_raw(self, presented: list[tuple[Slot, torch.Tensor]], untouched: bool) -> None:
+        """After a ``raw`` call: its slots keep their spans when the worker's write guard saw them
+        ``untouched`` (one such call in :data:`GUARD_AUDIT_EVERY` compared all the same, as
+        :meth:`_mutated` does); otherwise they stay unsettled, and the next call writes them
+        again.  A direct call's writes into its arguments are not findings: the contract checks
+        (``inputs-unchanged``) look for those."""
+        if not untouched:
+            return
+        self.settled += 1
+        compare = self.settled % GUARD_AUDIT_EVERY == 0
+        for slot, flat in presented:
+            self.presenter.settle(slot, flat, compare=compare)
 
     def _share(self, inputs: dict[str, torch.Tensor], output_shape: tuple[int, int], strided: bool,
                vocab: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
@@ -860,12 +884,13 @@ class RawProxy:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         function = self._function
-        message = {"op": "raw", **function._share_arguments(args, kwargs)}
-        reply = function._request(message, function.timeout_s, "the function", "a direct call")
+        fields, presented = function._share_arguments(args, kwargs)
+        reply = function._request({"op": "raw", **fields}, function.timeout_s, "the function", "a direct call")
         if reply[0] == "raw-error":
             _, name, message = reply
             raise type(name, (Exception,), {})(message)
-        _, result, seconds = reply
+        _, result, seconds, untouched = reply
+        function._settle_raw(presented, untouched)
         function.log.function_seconds += seconds
         function.log.calls += 1
         return result

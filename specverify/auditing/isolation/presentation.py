@@ -167,7 +167,7 @@ def presented(tensor: torch.Tensor, *, device: torch.device, strided: bool, deco
 
 
 @dataclass
-class _Slot:
+class Slot:
     """A storage of a :class:`Presenter` and what it holds: ``source`` in its leading block and
     ``decoy`` in its padding (``source`` None: unknown, written at the next use)."""
 
@@ -197,15 +197,15 @@ class Presenter:
     another device than the CPU are written at every call and compared by value only."""
 
     def __init__(self) -> None:
-        self.slots: dict[Hashable, _Slot] = {}
+        self.slots: dict[Hashable, Slot] = {}
         self.layout: Hashable = None
 
-    def slot(self, key: Hashable, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> _Slot:
+    def slot(self, key: Hashable, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Slot:
         """The slot ``key`` with a storage of ``shape`` (a new one when the kept one differs)."""
         held = self.slots.get(key)
         if held is None or tuple(held.storage.shape) != shape or held.storage.dtype != dtype or \
                 held.storage.device != device:
-            held = self.slots[key] = _Slot(torch.empty(shape, dtype=dtype, device=device))
+            held = self.slots[key] = Slot(torch.empty(shape, dtype=dtype, device=device))
         return held
 
     def use_layout(self, layout: Hashable) -> None:
@@ -216,10 +216,10 @@ class Presenter:
             self.forget()
             self.layout = layout
 
-    def adopt(self, key: Hashable, storage: torch.Tensor) -> _Slot:
+    def adopt(self, key: Hashable, storage: torch.Tensor) -> Slot:
         """The slot ``key`` over ``storage``, a region of the current layout (:meth:`use_layout`)."""
         if key not in self.slots:
-            self.slots[key] = _Slot(storage)
+            self.slots[key] = Slot(storage)
         return self.slots[key]
 
     def forget(self) -> None:
@@ -227,7 +227,7 @@ class Presenter:
         self.slots.clear()
         self.layout = None
 
-    def present(self, slot: _Slot, tensor: torch.Tensor, decoy: float | int) -> torch.Tensor:
+    def present(self, slot: Slot, tensor: torch.Tensor, decoy: float | int) -> torch.Tensor:
         """``tensor`` in ``slot``'s storage (its leading block; the rest holds ``decoy``), written
         only when the storage does not hold it already; the padding is written only when the last
         call did not leave it bit for bit as presented around a block of ``tensor``'s shape."""
@@ -247,7 +247,7 @@ class Presenter:
             slot.source, slot.version, slot.decoy = tensor, tensor._version, decoy
         return block
 
-    def settle(self, slot: _Slot, tensor: torch.Tensor, *, compare: bool = True) -> bool:
+    def settle(self, slot: Slot, tensor: torch.Tensor, *, compare: bool = True) -> bool:
         """After a call: True when the block's values no longer equal ``tensor`` (``torch.equal``:
         the function modified its input in place).  The slot keeps its content only when block and
         padding are bit for bit as presented.  ``compare=False``: the caller knows that nothing

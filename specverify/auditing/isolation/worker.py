@@ -14,14 +14,17 @@ and answers each one; it never raises out of a request (every exception of the f
 - ``tree``: one SPEC §3 call on the four tensors of the shared buffer with a persistent
   generator, the output validated (a root-to-node path) and copied into the buffer; answer
   ``("ok", seconds, aliased, untouched)`` or ``("fault", kind, message, 0)``;
-- ``raw``: call the function with the given (small) arguments, answer its result;
+- ``raw``: call the function with the given arguments (its tensors in the shared buffer, the rest
+  pickled), answer ``("raw-ok", result, seconds, untouched)`` or ``("raw-error", name, message)``;
 - ``generate``: one SPEC §2 call on the worker's own models; answer the tokens and whether
   ``input_ids`` or the models' parameters changed (the models are then restored);
 - ``stop``: end at once with ``os._exit`` (threads the function started do not keep it alive).
 
-On the CPU, ``steps`` and ``tree`` run the function with its inputs' pages read-only
+On the CPU, ``steps`` and ``tree`` run the function with its inputs' pages read-only, and
+``raw`` with its tensor arguments' pages read-only
 (:class:`~specverify.auditing.isolation.write_guard.WriteGuard`); ``untouched`` says that no
-write reached them, so the audit need not compare them with what it presented.
+write reached them, so the audit need not compare them with what it presented, nor present them
+again.
 """
 
 from __future__ import annotations
@@ -233,6 +236,7 @@ class Worker:
         from specverify.core.outputs import emitted_tensor
 
         args, kwargs = list(request["args"]), dict(request["kwargs"])
+        clean = False
         if request.get("shared"):
             buffer = self._buffer(request)
             for key, offset, dtype, span, shape, stride, start in request["shared"]:
@@ -242,12 +246,16 @@ class Worker:
                     args[key] = tensor
                 else:
                     kwargs[key] = tensor
+            clean = self.guard.cover(buffer.address, request["inputs_bytes"])
+        else:
+            self.guard.release()
         started = time.perf_counter()
         try:
             result = self.fn(*args, **kwargs)
         except BaseException as error:  # noqa: BLE001
             return ("raw-error", type(error).__name__, str(error))
         seconds = time.perf_counter() - started
+        untouched = clean and self.guard.untouched()
         try:
             pickle.dumps(result)
         except Exception:
@@ -258,7 +266,7 @@ class Worker:
         if isinstance(result, torch.Tensor):
             if result.layout == torch.strided and result.device.type != "meta":
                 result = result.detach().cpu().clone()
-        return ("raw-ok", result, seconds)
+        return ("raw-ok", result, seconds, untouched)
 
     def generate(self, request: dict[str, Any]) -> tuple:
         import torch
@@ -329,7 +337,7 @@ def main(descriptor: int) -> None:
             os._exit(0)
         if request.get("op") == "stop":
             os._exit(0)
-        if request["op"] not in ("steps", "tree"):
+        if request["op"] not in ("steps", "tree", "raw"):
             worker.guard.release()
         try:
             reply = handlers[request["op"]](request)

@@ -253,6 +253,5 @@ def step_family(name: str, family: str, vocab_size: int, num_draft: int,
 
 
 __all__ = ["BOUNDARY_MASS", "CLOSENESS", "SIGNIFICANT_BITS", "TOTAL", "UNIT_BITS", "VOCABULARIES", "boundary_ids",
-           "dyadic_law", "exact_in_dtypes",
-           "inner_ids", "near_law", "permuted", "production_law", "production_weights", "representable", "step_family", "top_p_cut",
-           "zipf_weights"]
+           "dyadic_law", "exact_in_dtypes", "inner_ids", "near_law", "permuted", "production_law",
+           "production_weights", "representable", "step_family", "top_p_cut", "zipf_weights"]
