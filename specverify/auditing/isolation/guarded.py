@@ -445,7 +445,8 @@ class _Session(AuditedFunction):
         if not tensors:
             return {"args": tuple(args), "kwargs": dict(kwargs)}, []
         spans = [_storage_span(tensor) for _, tensor in tensors]
-        parts = [(tensor.dtype, (span,)) for (_, tensor), (_, span) in zip(tensors, spans)]
+        parts: list[tuple[torch.dtype, tuple[int, ...]]] = [(tensor.dtype, (span,))
+                                                             for (_, tensor), (_, span) in zip(tensors, spans)]
         offsets, nbytes = layout(parts)
         buffer = self._ensure_buffer(nbytes)
         self.presenter.use_layout(("raw", buffer.path, buffer.size, tuple(offsets), tuple(parts)))
