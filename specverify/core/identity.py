@@ -71,10 +71,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 from scipy.special import gammaln, ndtri, pdtr, pdtrc
 
 from specverify.core import plan_cache
+from specverify.core.roots import crossing
 from specverify.core.stats import _counts_array, _probability_array, pool_cells, sample_size_for_tv
 
 __all__ = [
@@ -362,8 +362,7 @@ def _poisson_mean(n: int) -> float:
     """Largest n' with P(Poisson(n') > n) ≤ SUBSAMPLE_OVERFLOW."""
     if pdtrc(float(n), 1e-12) > SUBSAMPLE_OVERFLOW:
         return 0.0
-    return float(optimize.brentq(lambda mu: pdtrc(float(n), mu) - SUBSAMPLE_OVERFLOW, 1e-12, float(n),
-                                 xtol=1e-9, rtol=1e-12))
+    return crossing(lambda mu: pdtrc(float(n), mu) - SUBSAMPLE_OVERFLOW, 1e-12, float(n))[0]
 
 
 def _grid_means(raw: np.ndarray, c: float) -> np.ndarray:

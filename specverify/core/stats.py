@@ -28,8 +28,10 @@ from itertools import combinations
 from typing import Any, Literal, TypeVar
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 from scipy.special import gammaln, xlogy
+
+from specverify.core.roots import crossing
 
 __all__ = [
     "BinomialResult",
@@ -659,7 +661,7 @@ def _required_noncentrality(alpha: float, power: float, dof: int) -> float:
     upper = 1.0
     while _chi2_power(upper, alpha, dof) < power:
         upper *= 2.0
-    return float(optimize.brentq(lambda lam: _chi2_power(lam, alpha, dof) - power, 0.0, upper, xtol=1e-12, rtol=1e-14))
+    return crossing(lambda lam: _chi2_power(lam, alpha, dof) - power, 0.0, upper)[1]
 
 
 def power_at(n: int, epsilon: float, *, alpha: float, num_cells: int) -> float:
