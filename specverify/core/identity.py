@@ -66,6 +66,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,7 @@ over all θ; the critical value moves by < 0.1σ₀)."""
 _THETA_MAX = 0.25  # the lower-window remainder bound needs θ < 1/2
 _LOWER_WINDOW_SDS = 12.0
 _DESIGN_CACHE_SIZE = 8
+_BOUND_CACHE_SIZE = 1024  # a look of production-batch-1024 bounds 63 id-block cell sets, and shares two
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,6 +302,22 @@ class ChernoffBound:
         return float(np.min((self.log_mgfs - math.log(room)) / self.thetas))
 
 
+def chernoff_bound(means: np.ndarray, weights: np.ndarray, multiplicity: np.ndarray, tail: float) -> ChernoffBound:
+    """The Chernoff bound of the Poisson cells ``(means, weights, multiplicity)`` truncated at ``tail``
+    (:meth:`PoissonCells.build`, :meth:`ChernoffBound.of`), kept by the cells' content: the laws of
+    a production check are permutations of one law, so at one n their token cells and their
+    probability-level blocks are the same cells, bounded once."""
+    arrays = [np.ascontiguousarray(a, dtype=np.float64) for a in (means, weights, multiplicity)]
+    key = hashlib.blake2b(b"".join(a.tobytes() for a in arrays) + struct.pack("<d", tail), digest_size=16).digest()
+    return _bound_of_cells(key, _Carried((*arrays, tail)))
+
+
+@functools.lru_cache(maxsize=_BOUND_CACHE_SIZE)
+def _bound_of_cells(key: bytes, cells: _Carried) -> ChernoffBound:
+    means, weights, multiplicity, tail = cells.value
+    return ChernoffBound.of(PoissonCells.build(means, weights, multiplicity, tail))
+
+
 def _term_floors(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """b = −min over integers k ≥ 0 of ((k − λ)² − k)/w, clipped at 0 (the minimum over real k is
     at λ + ½, so the integer minimum is at its floor or ceiling)."""
@@ -358,6 +376,7 @@ class IdentityDesign:
     b = −min_k ((k − λ)² − k)/w ≥ 0 (the terms are ≥ −b): what planning needs."""
 
 
+@functools.lru_cache(maxsize=1024)
 def _poisson_mean(n: int) -> float:
     """Largest n' with P(Poisson(n') > n) ≤ SUBSAMPLE_OVERFLOW."""
     if pdtrc(float(n), 1e-12) > SUBSAMPLE_OVERFLOW:
@@ -428,8 +447,7 @@ def _block_bound(blocks: list[np.ndarray], means: np.ndarray) -> ChernoffBound:
     labels = _block_labels(blocks, means.size)
     inside = labels >= 0
     block_means = np.bincount(labels[inside], weights=means[inside], minlength=len(blocks))
-    cells = PoissonCells.build(block_means, block_means, np.ones(len(blocks)), TRUNCATION_MASS / len(blocks))
-    return ChernoffBound.of(cells)
+    return chernoff_bound(block_means, block_means, np.ones(len(blocks)), TRUNCATION_MASS / len(blocks))
 
 
 def _check_options(flatten: float, id_block_count: int, block_min_expected: float,
@@ -470,26 +488,27 @@ def identity_design(
     chosen = _check_options(flatten, id_block_count, block_min_expected, shares)
     share_key = tuple(sorted(chosen.items()))
     return _cached_design(_digest(p), int(n), float(flatten), int(id_block_count), float(block_min_expected),
-                          share_key, _ProbsHolder(p))
+                          share_key, _Carried(p))
 
 
-class _ProbsHolder:
-    """Carries the array into the cached builder without being part of the cache key."""
+class _Carried:
+    """Carries a value (an array, the cells) into a cached builder without being part of the cache
+    key: the key is the value's digest."""
 
-    def __init__(self, probs: np.ndarray) -> None:
-        self.probs = probs
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
     def __hash__(self) -> int:
         return 0
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ProbsHolder)
+        return isinstance(other, _Carried)
 
 
 @functools.lru_cache(maxsize=_DESIGN_CACHE_SIZE)
 def _cached_design(digest: str, n: int, c: float, id_block_count: int, block_min: float,
-                   share_key: tuple[tuple[str, float], ...], holder: _ProbsHolder) -> IdentityDesign:
-    p = holder.probs
+                   share_key: tuple[tuple[str, float], ...], holder: _Carried) -> IdentityDesign:
+    p = holder.value
     vocab_size = p.size
     n_poisson = _poisson_mean(n)
     raw = n_poisson * p
@@ -503,8 +522,7 @@ def _cached_design(digest: str, n: int, c: float, id_block_count: int, block_min
 
     unique_means, inverse, multiplicity = np.unique(means[positive], return_inverse=True, return_counts=True)
     unique_weights = np.maximum(unique_means, c)
-    cells = PoissonCells.build(unique_means, unique_weights, multiplicity, TRUNCATION_MASS / max(1, positive.sum()))
-    tokens = ChernoffBound.of(cells)
+    tokens = chernoff_bound(unique_means, unique_weights, multiplicity, TRUNCATION_MASS / max(1, positive.sum()))
 
     light_mean = float(means[light].sum())
     wanted = dict(share_key)
@@ -954,14 +972,14 @@ def identity_sample_size(
     arguments = (_digest(p), float(epsilon), float(alpha), float(power), float(flatten), int(id_block_count),
                  float(block_min_expected), tuple(sorted(chosen.items())))
     return plan_cache.remembered("identity_sample_size", arguments, int,
-                                 lambda: _cached_sample_size(*arguments, _ProbsHolder(p)))
+                                 lambda: _cached_sample_size(*arguments, _Carried(p)))
 
 
 @functools.lru_cache(maxsize=256)
 def _cached_sample_size(digest: str, epsilon: float, alpha: float, power: float, flatten: float,
                         id_block_count: int, block_min_expected: float, share_key: tuple[tuple[str, float], ...],
-                        holder: _ProbsHolder) -> int:
-    p = holder.probs
+                        holder: _Carried) -> int:
+    p = holder.value
     options: dict[str, Any] = dict(flatten=flatten, id_block_count=id_block_count,
                                    block_min_expected=block_min_expected, shares=dict(share_key))
 
