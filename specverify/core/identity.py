@@ -368,6 +368,9 @@ class IdentityDesign:
     light_mean: float
     id_labels: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     level_labels: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    id_block_means: np.ndarray = field(default_factory=lambda: np.empty(0))
+    level_block_means: np.ndarray = field(default_factory=lambda: np.empty(0))
+    """Σ λ over each id block and each level block: the cells of ``ids_bound`` and ``levels_bound``."""
     type_means: np.ndarray = field(default_factory=lambda: np.empty(0))
     type_weights: np.ndarray = field(default_factory=lambda: np.empty(0))
     type_counts: np.ndarray = field(default_factory=lambda: np.empty(0))
@@ -443,11 +446,19 @@ def _block_labels(blocks: Sequence[np.ndarray], vocab_size: int) -> np.ndarray:
     return labels
 
 
-def _block_bound(blocks: list[np.ndarray], means: np.ndarray) -> ChernoffBound:
-    labels = _block_labels(blocks, means.size)
+def _block_means(labels: np.ndarray, num_blocks: int, types: np.ndarray, type_means: np.ndarray) -> np.ndarray:
+    """Σ λ over each block (``labels``: each id's block, −1 outside; ``types``: each id's index in
+    the sorted distinct means ``type_means``), summed as Σ_t (ids of type t in the block) · λ_t:
+    blocks that hold the same means under other ids (a permuted law's probability levels) get the
+    same sums, bit for bit, and so the same cells (:func:`chernoff_bound`)."""
     inside = labels >= 0
-    block_means = np.bincount(labels[inside], weights=means[inside], minlength=len(blocks))
-    return chernoff_bound(block_means, block_means, np.ones(len(blocks)), TRUNCATION_MASS / len(blocks))
+    counts = np.bincount(labels[inside] * type_means.size + types[inside], minlength=num_blocks * type_means.size)
+    sums: np.ndarray = (counts.reshape(num_blocks, type_means.size) * type_means).sum(axis=1)
+    return sums
+
+
+def _block_bound(block_means: np.ndarray) -> ChernoffBound:
+    return chernoff_bound(block_means, block_means, np.ones(len(block_means)), TRUNCATION_MASS / len(block_means))
 
 
 def _check_options(flatten: float, id_block_count: int, block_min_expected: float,
@@ -522,6 +533,8 @@ def _cached_design(digest: str, n: int, c: float, id_block_count: int, block_min
 
     unique_means, inverse, multiplicity = np.unique(means[positive], return_inverse=True, return_counts=True)
     unique_weights = np.maximum(unique_means, c)
+    types = np.full(vocab_size, -1, dtype=np.int64)
+    types[positive] = inverse
     tokens = chernoff_bound(unique_means, unique_weights, multiplicity, TRUNCATION_MASS / max(1, positive.sum()))
 
     light_mean = float(means[light].sum())
@@ -536,24 +549,30 @@ def _cached_design(digest: str, n: int, c: float, id_block_count: int, block_min
         id_blocks = _id_blocks(light, means, vocab_size, id_block_count, block_min)
         if len(id_blocks) >= 2:
             present["light-ids"] = wanted["light-ids"]
-            ids_bound = _block_bound(id_blocks, means)
         else:
             id_blocks = []
     if light.size and wanted.get("light-levels", 0) > 0:
         level_blocks = _level_blocks(light, p, block_min, means)
         if len(level_blocks) >= 2:
             present["light-levels"] = wanted["light-levels"]
-            levels_bound = _block_bound(level_blocks, means)
         else:
             level_blocks = []
+    id_labels, level_labels = _block_labels(id_blocks, vocab_size), _block_labels(level_blocks, vocab_size)
+    id_block_means = _block_means(id_labels, len(id_blocks), types, unique_means)
+    level_block_means = _block_means(level_labels, len(level_blocks), types, unique_means)
+    if id_blocks:
+        ids_bound = _block_bound(id_block_means)
+    if level_blocks:
+        levels_bound = _block_bound(level_block_means)
     total = sum(present.values())
     shares = {name: value / total for name, value in present.items()}
     return IdentityDesign(
         n=n, n_poisson=n_poisson, vocab_size=vocab_size, flatten=c, means=means, keep=keep, weights=weights,
         heavy=heavy, light=light, zero_ids=zero_ids, id_blocks=tuple(id_blocks), level_blocks=tuple(level_blocks),
         shares=shares, tokens=tokens, ids_bound=ids_bound, levels_bound=levels_bound, light_mean=light_mean,
-        id_labels=_block_labels(id_blocks, vocab_size), level_labels=_block_labels(level_blocks, vocab_size),
-        type_means=unique_means, type_weights=unique_weights, type_counts=multiplicity.astype(np.float64),
+        id_labels=id_labels, level_labels=level_labels, id_block_means=id_block_means,
+        level_block_means=level_block_means, type_means=unique_means, type_weights=unique_weights,
+        type_counts=multiplicity.astype(np.float64),
         type_floors=_term_floors(unique_means, unique_weights),
     )
 
@@ -577,11 +596,10 @@ def _poisson_subsample(counts: np.ndarray, design: IdentityDesign, rng: np.rando
 
 
 def _block_part(name: str, labels: np.ndarray, bound: ChernoffBound | None, counts: np.ndarray,
-                means: np.ndarray, share: float) -> IdentityPart:
+                block_means: np.ndarray, share: float) -> IdentityPart:
     inside = labels >= 0
-    size = int(labels.max()) + 1
+    size = len(block_means)
     block_counts = np.bincount(labels[inside], weights=counts[inside], minlength=size)
-    block_means = np.bincount(labels[inside], weights=means[inside], minlength=size)
     statistic = float(_adk_terms(block_counts, block_means, block_means).sum())
     assert bound is not None, f"the design gives {name} a share, so it builds its bound"
     return IdentityPart(name, statistic, bound.pvalue(statistic), share, size, float(block_means.sum()),
@@ -659,11 +677,11 @@ def identity_test(
         parts.append(_light_mass_part(int(sub[design.light].sum()), design.light_mean, design.shares["light-mass"],
                                       int(design.light.size)))
     if "light-ids" in design.shares:
-        parts.append(_block_part("light-ids", design.id_labels, design.ids_bound, sub, design.means,
+        parts.append(_block_part("light-ids", design.id_labels, design.ids_bound, sub, design.id_block_means,
                                  design.shares["light-ids"]))
     if "light-levels" in design.shares:
-        parts.append(_block_part("light-levels", design.level_labels, design.levels_bound, sub, design.means,
-                                 design.shares["light-levels"]))
+        parts.append(_block_part("light-levels", design.level_labels, design.levels_bound, sub,
+                                 design.level_block_means, design.shares["light-levels"]))
     pvalue = 0.0 if impossible else min(1.0, min(part.pvalue / part.share for part in parts[1:]))
     return IdentityTest(statistic, heavy_statistic, pvalue, n, int(sub.sum()), p.size, int(design.heavy.size),
                         tuple(parts), pooled, calibration, impossible, empirical_tv)
