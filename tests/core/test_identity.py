@@ -298,6 +298,20 @@ def test_result_object_and_shares() -> None:
     str(result)
 
 
+def test_the_designs_of_permuted_laws_share_their_token_and_level_bounds() -> None:
+    p = zipf(4_099)
+    other = p[np.random.default_rng(5).permutation(p.size)]  # the same masses on other ids
+    first, second = identity_design(p, 3_000), identity_design(other, 3_000)
+    assert first.tokens is second.tokens and first.levels_bound is second.levels_bound
+    assert np.array_equal(first.level_block_means, second.level_block_means)
+    for design in (first, second):  # the cells of each block test are its blocks' expected counts
+        for labels, block_means in ((design.id_labels, design.id_block_means),
+                                    (design.level_labels, design.level_block_means)):
+            inside = labels >= 0
+            assert np.allclose(np.bincount(labels[inside], weights=design.means[inside]), block_means, rtol=1e-12)
+    assert identity_design(p, 3_001).tokens is not first.tokens
+
+
 def test_a_law_without_light_tokens_has_only_the_tokens_part() -> None:
     p = np.full(64, 1 / 64)
     result = identity_test(np.random.default_rng(2).multinomial(10_000, p), p)
