@@ -309,9 +309,9 @@ def pool_cells(expected_counts: np.ndarray, min_expected: float) -> list[list[in
     groups: list[list[int]] = []
     open_group: list[int] = []
     open_total = 0.0
-    for index in order:
-        open_group.append(int(index))
-        open_total += float(expected_counts[index])
+    for index, expected in zip(order.tolist(), np.asarray(expected_counts, dtype=np.float64)[order].tolist()):
+        open_group.append(index)
+        open_total += expected
         if open_total >= min_expected:
             groups.append(sorted(open_group))
             open_group, open_total = [], 0.0
