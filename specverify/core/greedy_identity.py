@@ -23,8 +23,13 @@ level measures that noise on the same model, dtype and kernels and :func:`noise_
 it into the tolerance (below), which :func:`judge` applies with the noise sample's own gaps in two
 tests:
 
-1. **Exceedances** (deterministic): a position with ``gap_t > tolerance`` is an error.  The
-   tolerance bounds the noise, so no lossless run reaches it.
+1. **Exceedances** (deterministic): a position with ``gap_t > max(tolerance, g_max)`` is an
+   error, ``g_max`` the largest gap of the noise sample (the reference's own greedy tokens scored
+   the same way).  The tolerance bounds the noise, so no lossless run reaches it; where the noise
+   sample itself reaches past it (a scoring path that disagrees with the reference's own decoding:
+   a server whose batched re-scoring runs another kernel than its decoding, or a reference token
+   outside the scored alternatives, ``g_max = inf``), a gap the reference's own decoding reaches
+   is no evidence either, and above the tolerance only test 2 judges.
 2. **Divergent positions** (statistical, Fisher's exact test): the number ``X`` of the ``n``
    candidate positions with ``gap_t > 0`` against the number ``Y`` of the ``m`` noise positions
    with gap > 0.  Under H0 "the candidate's positions are exchangeable with the noise sample's"
@@ -225,8 +230,10 @@ class IdentityResult:
     ``positions``: positions compared; ``exceedances``: the positions with gap > ``tolerance`` (as
     :class:`Divergence`, not only the first of each row); ``divergent``: candidate positions with
     gap > 0; ``noise_divergent`` of ``noise_positions``: the same count in the noise sample;
-    ``pvalue``: the divergent-positions test (1 without a noise sample); ``explainable_fraction``:
-    compared positions with margin ≤ ``tolerance``; ``first_divergences``: per row, its first gap > 0.
+    ``pvalue``: the divergent-positions test (1 without a noise sample); ``noise_max_gap``: the
+    noise sample's largest gap (0 without one), which widens the exceedance ``threshold`` past the
+    tolerance; ``explainable_fraction``: compared positions with margin ≤ ``threshold``;
+    ``first_divergences``: per row, its first gap > 0.
     """
 
     reference: str
@@ -241,14 +248,31 @@ class IdentityResult:
     pvalue: float
     explainable_fraction: float
     first_divergences: tuple[Divergence, ...]
+    noise_max_gap: float = 0.0
+
+    @property
+    def threshold(self) -> float:
+        """The gap above which a position is an exceedance: max(tolerance, the noise's largest gap)."""
+        return max(self.tolerance, self.noise_max_gap)
 
     @property
     def passed(self) -> bool:
         return not self.exceedances and self.pvalue > self.alpha
 
+    def threshold_note(self) -> str:
+        """Where the noise sample's own gaps widen the exceedance threshold past the tolerance, that
+        (with a leading space); else nothing."""
+        if self.noise_max_gap <= self.tolerance:
+            return ""
+        reached = ("a token outside the scored alternatives" if math.isinf(self.noise_max_gap)
+                   else f"a gap of {self.noise_max_gap:.3g}")
+        return (f" (the reference's own tokens reach {reached} under the same scoring: "
+                + ("above the tolerance only the divergent-positions test judges)" if math.isinf(self.noise_max_gap)
+                   else "exceedances are judged above that)"))
+
     def summary(self) -> str:
         return (f"{self.reference}: {self.rows} rows, {self.positions} positions compared, "
-                f"tolerance={self.tolerance:.4g} "
+                f"tolerance={self.tolerance:.4g}{self.threshold_note()} "
                 f"(explains {self.explainable_fraction:.1%} of them), {len(self.exceedances)} exceedance(s), "
                 f"{self.divergent} divergent position(s) vs {self.noise_divergent}/{self.noise_positions} in the "
                 f"noise (p={self.pvalue:.3g}, alpha {self.alpha:g}): {'PASS' if self.passed else 'FAIL'}")
@@ -287,25 +311,28 @@ def judge(
     reference: str = "teacher-forced target",
 ) -> IdentityResult:
     """Whole-sequence greedy identity of ``rows`` (module docstring): no position with gap >
-    ``tolerance`` (:func:`noise_tolerance`), and no more positions with gap > 0 than the noise
-    sample's ``noise_gaps`` (gaps of lossless runs scored the same way) explain at level
-    ``alpha``.  ``tolerance = 0`` with no noise sample is exact identity (float32)."""
+    max(``tolerance`` (:func:`noise_tolerance`), the largest of ``noise_gaps``), and no more
+    positions with gap > 0 than the noise sample's ``noise_gaps`` (gaps of lossless runs scored the
+    same way) explain at level ``alpha``.  ``tolerance = 0`` with no noise sample is exact
+    identity (float32)."""
     if not tolerance >= 0:
         raise ValueError(f"tolerance: expected >= 0 (noise_tolerance(...).tolerance), got {tolerance}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha: expected a level in (0, 1), got {alpha}")
     noise = np.asarray(noise_gaps, dtype=np.float64).reshape(-1)
+    noise_max_gap = float(noise.max(initial=0.0))
+    threshold = max(float(tolerance), noise_max_gap)
     exceedances, firsts = [], []
     positions = divergent = 0
     explainable = 0
     for row in rows:
         positions += row.compared
         divergent += int((row.gaps > 0).sum())
-        explainable += int((row.margins <= tolerance).sum())
-        exceedances += [_divergence(row, int(i), tolerance) for i in np.flatnonzero(row.gaps > tolerance)]
+        explainable += int((row.margins <= threshold).sum())
+        exceedances += [_divergence(row, int(i), threshold) for i in np.flatnonzero(row.gaps > threshold)]
         first = np.flatnonzero(row.gaps > 0)
         if first.size:
-            firsts.append(_divergence(row, int(first[0]), tolerance))
+            firsts.append(_divergence(row, int(first[0]), threshold))
     noise_divergent = int((noise > 0).sum())
     return IdentityResult(
         reference=reference,
@@ -320,5 +347,6 @@ def judge(
         pvalue=divergent_positions_pvalue(divergent, positions, noise_divergent, int(noise.size)),
         explainable_fraction=explainable / positions if positions else 0.0,
         first_divergences=tuple(firsts),
+        noise_max_gap=noise_max_gap,
     )
 

@@ -91,6 +91,29 @@ def test_too_many_explained_divergences_fail():
     assert result.pvalue < 1e-12 and not result.passed
 
 
+def test_a_gap_the_references_own_tokens_reach_is_no_exceedance():
+    """The reference's own greedy tokens, scored the same way, reach gaps past the tolerance (a
+    re-scoring path that disagrees with the reference's decoding, e.g. llama.cpp's AMX kernels for
+    batches of 32 tokens or more): such a gap is explained, a larger one is still an exceedance,
+    and where the reference's own token falls outside the scored alternatives only the
+    divergent-positions test judges."""
+    candidate = [score_logits("p", torch.tensor([0, 1, 0, 3]), LOGITS)]  # position 1: gap 4.0
+    noise_gaps = np.zeros(400)
+    noise_gaps[:6] = [0.05, 0.1, 4.5, 0.02, 0.3, 0.01]
+    widened = judge(candidate, tolerance=0.25, noise_gaps=noise_gaps)
+    assert widened.threshold == 4.5 and not widened.exceedances and widened.passed
+    assert "reach a gap of 4.5" in str(widened)
+    noise_gaps[2] = 3.0
+    narrower = judge(candidate, tolerance=0.25, noise_gaps=noise_gaps)
+    assert [d.position for d in narrower.exceedances] == [1] and not narrower.passed
+    noise_gaps[2] = math.inf
+    unbounded = judge(candidate, tolerance=0.25, noise_gaps=noise_gaps)
+    assert not unbounded.exceedances and unbounded.passed and "only the divergent-positions test" in str(unbounded)
+    many = judge([score_logits(f"r{i}", torch.tensor([0, 1, 0, 3]), LOGITS) for i in range(20)], tolerance=0.25,
+                 noise_gaps=noise_gaps)
+    assert not many.exceedances and many.pvalue < 1e-9 and not many.passed  # 20 of 80 against 6 of 400
+
+
 def test_divergent_positions_pvalue_is_the_hypergeometric_tail():
     """Under exchangeability (candidate and noise positions one random split of all positions), the
     simulated frequency of X ≥ x matches the p-value."""

@@ -188,8 +188,9 @@ class GreedyIdentityCheck(GreedyPromptsCheck):
                        + "; ".join(d.describe() for d in result.exceedances[:5])
                        + (f" (and {len(result.exceedances) - 5} more)" if len(result.exceedances) > 5 else "")
                        + "".join(f"; {d}" for d in lengths)
-                       + f" (gap > tolerance {tol:.3g}: the target, given the candidate's own prefix, scores the "
-                         f"candidate's token clearly below its own); {summary}; replay: {replay}")
+                       + f" (gap > {result.threshold:.3g}, the tolerance or the largest gap of the baseline's own "
+                         f"tokens: the target, given the candidate's own prefix, scores the candidate's token "
+                         f"clearly below its own); {summary}; replay: {replay}")
             return self.report(plan, Verdict.FAIL, message, parameters=parameters,
                                statistic=float(result.exceedances[0].position) if result.exceedances else None)
         if not result.passed:
@@ -203,7 +204,7 @@ def _identity_summary(result: IdentityResult, tol: float) -> str:
     noise = (f" vs {result.noise_divergent}/{result.noise_positions} of the baseline's own tokens under its echo "
              f"(p = {result.pvalue:.3g})" if result.noise_positions else "")
     return (f"whole sequence scored by {result.reference}: {result.positions} positions, {len(result.exceedances)} "
-            f"above the tolerance {tol:.3g} nats (which explains "
+            f"above the tolerance {tol:.3g} nats{result.threshold_note()} (which explains "
             f"{result.explainable_fraction:.0%} of them as near-ties), "
             f"{result.divergent} not the target's argmax{noise}")
 
