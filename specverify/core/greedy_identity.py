@@ -264,11 +264,11 @@ class IdentityResult:
         (with a leading space); else nothing."""
         if self.noise_max_gap <= self.tolerance:
             return ""
-        reached = ("a token outside the scored alternatives" if math.isinf(self.noise_max_gap)
-                   else f"a gap of {self.noise_max_gap:.3g}")
-        return (f" (the reference's own tokens reach {reached} under the same scoring: "
-                + ("above the tolerance only the divergent-positions test judges)" if math.isinf(self.noise_max_gap)
-                   else "exceedances are judged above that)"))
+        if math.isinf(self.noise_max_gap):
+            return (" (the reference's own tokens reach a token outside the scored alternatives under the same "
+                    "scoring: above the tolerance only the divergent-positions test judges)")
+        return (f" (the reference's own tokens reach a gap of {self.noise_max_gap:.3g} under the same scoring: "
+                "exceedances are judged above that)")
 
     def summary(self) -> str:
         return (f"{self.reference}: {self.rows} rows, {self.positions} positions compared, "

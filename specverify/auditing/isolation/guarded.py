@@ -472,8 +472,7 @@ class _Session(AuditedFunction):
         (``inputs-unchanged``) look for those."""
         if not untouched:
             return
-        self.settled += 1
-        compare = self.settled % GUARD_AUDIT_EVERY == 0
+        compare = self._compared(untouched)
         for slot, flat in presented:
             self.presenter.settle(slot, flat, compare=compare)
 
@@ -523,10 +522,15 @@ class _Session(AuditedFunction):
         (:meth:`~specverify.auditing.isolation.presentation.Presenter.settle`) unless the worker's
         write guard saw them ``untouched``; one such request in :data:`GUARD_AUDIT_EVERY` is
         compared all the same, so a write the guard cannot see is found too."""
-        self.settled += 1
-        trusted = untouched and self.settled % GUARD_AUDIT_EVERY != 0
+        compare = self._compared(untouched)
         return [name for name, tensor in inputs.items()
-                if self.presenter.settle(self.presenter.slots[name], tensor, compare=not trusted)]
+                if self.presenter.settle(self.presenter.slots[name], tensor, compare=compare)]
+
+    def _compared(self, untouched: bool) -> bool:
+        """Whether a request's settled inputs are compared with what was presented: always where
+        the write guard cannot vouch for them, else one request in :data:`GUARD_AUDIT_EVERY`."""
+        self.settled += 1
+        return not untouched or self.settled % GUARD_AUDIT_EVERY == 0
 
     def declared(self, name: str) -> Any:
         """The function's declared attribute ``name`` (one of :data:`DECLARED_ATTRIBUTES`), None when absent."""
