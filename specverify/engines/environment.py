@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from specverify.core.sampling import sample
 from specverify.engines import INSTALL_HINTS
 
 
@@ -62,3 +63,29 @@ def gumbel_perturbed_logits(target_probs: torch.Tensor, generator: torch.Generat
     uniform = torch.rand(log_p.shape, generator=generator, device=log_p.device, dtype=torch.float64)
     gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
     return (log_p.double() + gumbel).float()
+
+
+def with_greedy_rows_perturbed(logits: torch.Tensor, target_probs: torch.Tensor, greedy_rows: torch.Tensor,
+                               generator: torch.Generator | None) -> torch.Tensor:
+    """``logits [B, P, V]`` with each greedy row (``greedy_rows [B]`` True) replaced by that row's
+    :func:`gumbel_perturbed_logits`, whose noise is drawn for the greedy rows only, in row order
+    (a batch of all greedy rows draws what ``gumbel_perturbed_logits(target_probs)`` draws)."""
+    if not bool(greedy_rows.any()):
+        return logits
+    perturbed = logits.clone()
+    perturbed[greedy_rows] = gumbel_perturbed_logits(target_probs[greedy_rows], generator).to(logits.dtype)
+    return perturbed
+
+
+def target_draws(target_probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """int64 ``[B, P]``: one draw from each position's target law ``p`` (:func:`specverify.core.sampling.sample`,
+    one float64 uniform per row and position, in row-major order).
+
+    What a greedy verification rule receives as the target's choices (``target_predict``,
+    ``target_token_ids``) where the engine takes token ids, not logits: the rule accepts draft
+    ``x_i`` iff it equals the draw ``y_i`` and then emits ``y_n``, so every emitted token is a draw
+    from the target and the step is lossless exactly when the rule is right, as with the argmax
+    of :func:`gumbel_perturbed_logits`, for one pass over the law instead of two logarithms of V
+    float64 uniforms."""
+    batch, positions, vocab = target_probs.shape
+    return sample(target_probs.reshape(batch * positions, vocab), generator).view(batch, positions)

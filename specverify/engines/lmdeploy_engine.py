@@ -19,16 +19,22 @@ that RNG from the audit's generator inside :func:`torch.random.fork_rng`, so eac
 randomness is a function of the generator and the caller's RNG state is left as it was.  The
 bonus token comes from lmdeploy's portable multinomial kernel
 (``lmdeploy.pytorch.kernels.default.multinomial_sampling``) on the bonus position's law, under
-the same seed.  The greedy paths (``forward_greedy``, and the greedy rows of a mixed batch)
-get Gumbel-perturbed logits (:func:`specverify.engines.environment.gumbel_perturbed_logits`),
-whose argmax is a draw from the target: lossless when the greedy path is right.
+the same seed.  The greedy rows of a mixed batch get Gumbel-perturbed logits
+(:func:`specverify.engines.environment.gumbel_perturbed_logits`), whose argmax is a draw from the
+target, and ``forward_greedy`` gets target token ids drawn from the target
+(:func:`specverify.engines.environment.target_draws`): lossless when the greedy path is right.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import, require_engine
+from specverify.engines.environment import (
+    prepare_engine_import,
+    require_engine,
+    target_draws,
+    with_greedy_rows_perturbed,
+)
 
 require_engine("lmdeploy")
 prepare_engine_import()
@@ -54,12 +60,9 @@ def _forward(target_probs, draft_probs, draft_tokens, generator, *, with_draft_p
              greedy_rows: torch.Tensor | None) -> torch.Tensor:
     num_draft = draft_tokens.shape[1]
     device = target_probs.device
-    random_logits = torch.log(target_probs.float())
-    if greedy_rows is None:
-        logits = random_logits
-    else:  # greedy rows see logits whose argmax is a draw from p
-        logits = torch.where(greedy_rows[:, None, None], gumbel_perturbed_logits(target_probs, generator),
-                             random_logits)
+    logits = torch.log(target_probs.float())
+    if greedy_rows is not None:  # greedy rows see logits whose argmax is a draw from p
+        logits = with_greedy_rows_perturbed(logits, target_probs, greedy_rows, generator)
     seed = _global_seed(generator, device)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -94,7 +97,7 @@ def verify_mixed(target_probs, draft_probs, draft_tokens, generator):
 
 
 def verify_greedy(target_probs, draft_probs, draft_tokens, generator):
-    """All-greedy batch: ``forward_greedy`` on the argmax of Gumbel-perturbed logits."""
-    target_token_ids = gumbel_perturbed_logits(target_probs, generator).argmax(-1)
-    output, _, _ = _IMPL.forward_greedy(target_token_ids, draft_tokens.contiguous())
+    """All-greedy batch: ``forward_greedy`` on target token ids drawn from each position's law
+    (:func:`specverify.engines.environment.target_draws`)."""
+    output, _, _ = _IMPL.forward_greedy(target_draws(target_probs, generator), draft_tokens.contiguous())
     return output.long()

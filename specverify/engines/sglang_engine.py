@@ -20,8 +20,9 @@ Audited, in SGLang 0.5.23 (:data:`AUDITED_VERSION`), unmodified and in SGLang's 
 - ``sglang.kernels.ops.speculative.dflash.compute_dflash_correct_drafts_and_bonus``
   (``sglang-greedy``): the greedy rule of DFlash/DSpark verification (what
   ``dspark_accept.accept_greedy``, the torch path of ``AcceptGreedy``, runs after its row argmax;
-  ``dspark_accept`` itself imports SGLang's scheduler, which needs torchvision), on the argmax of
-  Gumbel-perturbed logits (:func:`specverify.engines.environment.gumbel_perturbed_logits`).
+  ``dspark_accept`` itself imports SGLang's scheduler, which needs torchvision), on target
+  predictions drawn from each position's law (:func:`specverify.engines.environment.target_draws`),
+  what the argmax of Gumbel-perturbed logits would give, at less cost.
 - ``sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton`` — the
   pure-Triton chain sampler EAGLE verification uses with ``--speculative-use-rejection-sampling``
   (``sglang-chain-triton``) and, with ``block_verification=True``, block verification (Sun et al.
@@ -34,8 +35,8 @@ Audited, in SGLang 0.5.23 (:data:`AUDITED_VERSION`), unmodified and in SGLang's 
   seeded coins are: the rule is exact up to float32 rounding).
 - ``sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_triton`` (tree level; the Triton
   kernel SGLang's XPU path runs for EAGLE greedy tree verification), in SGLang's linked tree
-  layout (:func:`specverify.core.tree_layouts.to_sglang_layout`), with a Gumbel-perturbed target
-  prediction at every node.
+  layout (:func:`specverify.core.tree_layouts.to_sglang_layout`), with a target prediction drawn
+  from every node's law.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from specverify.core.tree_layouts import to_sglang_layout
-from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import, require_engine
+from specverify.engines.environment import prepare_engine_import, require_engine, target_draws
 
 require_engine("sglang")
 INTERPRETED = prepare_engine_import()
@@ -128,10 +129,11 @@ def verify_triton_one_hot(target_probs, draft_probs, draft_tokens, generator):
 
 
 def verify_greedy(target_probs, draft_probs, draft_tokens, generator):
-    """DFlash's greedy rule on the argmax of Gumbel-perturbed target logits (``target_predict [B, K+1]``)."""
+    """DFlash's greedy rule on target predictions drawn from each position's target law
+    (``target_predict [B, K+1]``, :func:`specverify.engines.environment.target_draws`)."""
     candidates = _candidates(draft_tokens)
-    target_predict = gumbel_perturbed_logits(target_probs, generator).argmax(-1)
-    correct_len, bonus = compute_dflash_correct_drafts_and_bonus(candidates=candidates, target_predict=target_predict)
+    correct_len, bonus = compute_dflash_correct_drafts_and_bonus(candidates=candidates,
+                                                                 target_predict=target_draws(target_probs, generator))
     return _emitted(candidates, correct_len, bonus)
 
 
@@ -182,14 +184,15 @@ def verify_chain_block_triton(target_probs, draft_probs, draft_tokens, generator
 
 
 def verify_tree_greedy_triton(target_probs, draft_probs, tree_tokens, parents, generator):
-    """SPEC §3: ``verify_tree_greedy_triton`` in SGLang's linked layout on Gumbel-perturbed target predictions."""
+    """SPEC §3: ``verify_tree_greedy_triton`` in SGLang's linked layout on target predictions drawn from
+    each node's target law (:func:`specverify.engines.environment.target_draws`)."""
     from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton as sglang_tree_greedy
 
     batch, nodes_plus_root, _ = target_probs.shape
     device = target_probs.device
     candidates, retrive_index, next_token, next_sibling = (
         tensor.to(device) for tensor in to_sglang_layout(tree_tokens.cpu(), parents.cpu()))
-    target_predict = gumbel_perturbed_logits(target_probs, generator).argmax(-1)
+    target_predict = target_draws(target_probs, generator)
     max_depth = nodes_plus_root  # accept_index holds the root and up to N accepted nodes
     predicts = torch.zeros(batch * nodes_plus_root, dtype=torch.int32, device=device)
     accept_index = torch.full((batch, max_depth), -1, dtype=torch.int32, device=device)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specverify.engines.environment import gumbel_perturbed_logits, prepare_engine_import, require_engine
+from specverify.engines.environment import prepare_engine_import, require_engine, with_greedy_rows_perturbed
 
 require_engine("vllm")
 prepare_engine_import()
@@ -112,8 +112,7 @@ def _forward(target_probs, draft_probs, draft_tokens, generator, num_draft_token
     in_draft = (columns[None, :-1] < counts[:, None]).to(target_probs.device)
     in_target = (columns[None, :] <= counts[:, None]).to(target_probs.device)
     logits = torch.log(target_probs.float())
-    if bool(greedy_rows.any()):
-        logits = torch.where(greedy_rows[:, None, None], gumbel_perturbed_logits(target_probs, generator), logits)
+    logits = with_greedy_rows_perturbed(logits, target_probs, greedy_rows, generator)
     metadata = spec_decode_metadata(draft_tokens[in_draft], counts.tolist())
     temperature = torch.where(greedy_rows, 0.0, 1.0).to(device=target_probs.device, dtype=torch.float32)
     output = _REJECTION_SAMPLER(

@@ -12,9 +12,17 @@ import torch
 from specverify.auditing.runner import audit
 from specverify.core.rules import greedy_verify
 from specverify.core.rules import verify as reference_verify
+from specverify.core.sampling import inverse_cdf
 from specverify.core.seeding import derive_seed
 from specverify.engines import AUDIT_PLANS, AUDITED_VERSIONS, audit_command
-from specverify.engines.environment import INSTALL_HINTS, gumbel_perturbed_logits, installed_version, require_engine
+from specverify.engines.environment import (
+    INSTALL_HINTS,
+    gumbel_perturbed_logits,
+    installed_version,
+    require_engine,
+    target_draws,
+    with_greedy_rows_perturbed,
+)
 
 
 def engine_module(engine: str):
@@ -67,15 +75,44 @@ def test_sglang_chain_kernel_equals_the_reference_rule_on_the_same_uniforms():
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "lmdeploy"])
-def test_greedy_paths_equal_greedy_verification_of_the_perturbed_logits(engine):
-    """Each greedy target hands the engine logits whose argmax is a target draw; its output equals
+def test_greedy_path_equals_greedy_verification_of_the_perturbed_logits():
+    """vLLM's greedy target hands the engine logits whose argmax is a target draw; its output equals
     specverify's greedy rule on the same logits (the Gumbel noise replayed from the same seed)."""
+    vllm = engine_module("vllm")
+    target, draft, tokens = step_inputs("greedy-vllm")
+    got = vllm.verify_greedy(target, draft, tokens, torch.Generator().manual_seed(3))
+    logits = gumbel_perturbed_logits(target, torch.Generator().manual_seed(3))
+    assert torch.equal(got, greedy_verify(logits, tokens, validate=False).emitted)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "lmdeploy"])
+def test_greedy_paths_equal_greedy_verification_of_the_target_draws(engine):
+    """SGLang's and lmdeploy's greedy rules take the target's token ids: their output equals
+    specverify's greedy rule on logits whose argmax is the same draws (replayed from the same seed)."""
     module = engine_module(engine)
     target, draft, tokens = step_inputs(f"greedy-{engine}")
     got = module.verify_greedy(target, draft, tokens, torch.Generator().manual_seed(3))
-    logits = gumbel_perturbed_logits(target, torch.Generator().manual_seed(3))
-    assert torch.equal(got, greedy_verify(logits, tokens, validate=False).emitted)
+    draws = target_draws(target, torch.Generator().manual_seed(3))
+    one_hot = torch.nn.functional.one_hot(draws, target.shape[-1]).double()
+    assert torch.equal(got, greedy_verify(one_hot, tokens, validate=False).emitted)
+
+
+def test_target_draws_follow_the_target_law():
+    """Each position's draws are the inverse-CDF draws of core.sampling from one uniform per position."""
+    probs = torch.softmax(torch.randn(3, 2, 7, generator=torch.Generator().manual_seed(5)), -1)
+    draws = target_draws(probs, torch.Generator().manual_seed(1))
+    uniforms = torch.rand(6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert torch.equal(draws, inverse_cdf(probs.reshape(6, 7), uniforms).view(3, 2))
+
+
+def test_only_the_greedy_rows_are_perturbed():
+    """A mixed batch draws Gumbel noise for its greedy rows only; the other rows keep their logits."""
+    probs = torch.softmax(torch.randn(4, 2, 5, generator=torch.Generator().manual_seed(6)), -1)
+    logits = torch.log(probs)
+    greedy = torch.tensor([True, False, True, False])
+    got = with_greedy_rows_perturbed(logits, probs, greedy, torch.Generator().manual_seed(2))
+    assert torch.equal(got[~greedy], logits[~greedy])
+    assert torch.equal(got[greedy], gumbel_perturbed_logits(probs[greedy], torch.Generator().manual_seed(2)))
 
 
 def test_vllm_ragged_rows_reach_its_flattened_layout():
@@ -111,17 +148,18 @@ def test_lmdeploy_leaves_the_global_rng_as_it_was():
     assert torch.equal(first, lmdeploy.verify(target, draft, tokens, torch.Generator().manual_seed(4)))
 
 
-def _lmdeploy_greedy_without_perturbation(target_probs, draft_probs, draft_tokens, generator):
-    """lmdeploy's greedy path on the plain argmax: greedy verification of sampled requests (lossy)."""
+def _lmdeploy_greedy_on_the_argmax(target_probs, draft_probs, draft_tokens, generator):
+    """lmdeploy's greedy path on the plain argmax, not on draws from the target: greedy verification
+    of sampled requests (lossy)."""
     from specverify.engines.lmdeploy_engine import _IMPL
 
     return _IMPL.forward_greedy(target_probs.argmax(-1), draft_tokens.contiguous())[0].long()
 
 
 def test_the_greedy_audits_can_fail():
-    """Without the Gumbel perturbation the same engine path is greedy decoding of sampled requests,
-    and the checks the greedy targets get catch it."""
+    """On the target's argmax instead of its draws the same engine path is greedy decoding of
+    sampled requests, and the checks the greedy targets get catch it."""
     engine_module("lmdeploy")
-    report = audit(_lmdeploy_greedy_without_perturbation, budget="quick", checks=["step-K2", "bonus-position"],
+    report = audit(_lmdeploy_greedy_on_the_argmax, budget="quick", checks=["step-K2", "bonus-position"],
                    isolation="none")
     assert report.exit_code == 1, report.explain()
