@@ -472,15 +472,25 @@ def level_phrase(plan: Plan, level: float | None, look: int | None) -> str:
     return f"level {level_of(plan, level):.3g} of look {look}/{len(plan.looks)} (α share {plan.alpha:.3g})"
 
 
+INTERIM_MONTE_CARLO_ENTRIES = 8_000_000
+"""Draws × pooled groups (about a second) beyond which an interim look of a sequential check does
+not confirm an asymptotic rejection by simulation: its small level needs hundreds of thousands of
+draws, and the next look, at a larger level, decides with fewer.  The tail bound still confirms
+there, at the look's whole level; the last look always simulates, so the planned power stands."""
+
+
 def goodness_of_fit_result(check: Check, plan: Plan, counts: np.ndarray, expected: np.ndarray,
                            labels: tuple[str, ...], acceptance: Mapping[str, tuple[float, ...]] | None,
                            *, level: float | None = None, look: int | None = None) -> CheckResult:
     """Pearson goodness of fit of the observed cell counts against the target law (stats module:
     cells pooled by expected count, exact or Monte-Carlo p-value when few cells remain, p = 0 when
-    a sample fell in a cell of probability 0), at ``level`` (default: the check's α share)."""
+    a sample fell in a cell of probability 0), at ``level`` (default: the check's α share); at an
+    interim ``look``, no confirmation by simulation beyond :data:`INTERIM_MONTE_CARLO_ENTRIES`."""
     level = level_of(plan, level)
+    interim = look is not None and look < len(plan.looks)
     fit = stats.goodness_of_fit(counts, expected, seed=plan.seed % (2**32), monte_carlo_draws=monte_carlo_draws(level),
-                               confirm_below=level)
+                               confirm_below=level,
+                               monte_carlo_max_entries=INTERIM_MONTE_CARLO_ENTRIES if interim else None)
     failed = fit.pvalue <= level
     where = level_phrase(plan, level, look)
     if fit.impossible_count:

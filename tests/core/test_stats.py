@@ -253,6 +253,26 @@ def test_gross_and_moderate_rejections_are_confirmed() -> None:
     assert moderate.pvalue == goodness_of_fit(moderate_counts, probs).pvalue
 
 
+def test_a_capped_simulation_leaves_the_confirmation_to_the_bound_at_the_whole_level() -> None:
+    """With fewer entries allowed than draws × groups, nothing is simulated: the moderate table
+    (asymptotic p 1.5e-10, bound 6.3e-4) is confirmed by the bound at twice the bound, a level whose
+    bound share alone would not confirm it; at half the bound it is not confirmed and its p-value
+    is the bound, where the simulation would have confirmed it."""
+    probs = np.full(10, 0.1)
+    counts = np.array([70, 30, 25, 28, 31, 29, 27, 22, 20, 18])
+    bound = stats.relative_entropy_tail_bound(counts, probs)
+    level = 2 * bound
+    capped = dict(seed=3, monte_carlo_draws=stats.monte_carlo_draws(level), monte_carlo_max_entries=10)
+    at_whole_level = goodness_of_fit(counts, probs, confirm_below=level, **capped)
+    assert bound > level * stats.BOUND_SHARE  # the bound's share alone would not confirm
+    assert (at_whole_level.method, at_whole_level.confirmed_by) == ("asymptotic", "relative-entropy-bound")
+    below_bound = goodness_of_fit(counts, probs, confirm_below=bound / 2, **capped)
+    assert below_bound.method == "relative-entropy-bound" and below_bound.pvalue == bound > bound / 2
+    simulated = goodness_of_fit(counts, probs, confirm_below=bound / 2, seed=3,
+                                monte_carlo_draws=stats.monte_carlo_draws(bound / 2))
+    assert (simulated.method, simulated.confirmed_by) == ("asymptotic", "monte-carlo")
+
+
 @pytest.mark.parametrize("probs", [[0.25] * 4, [0.5, 0.3, 0.15, 0.05], [0.9, 0.06, 0.03, 0.01]])
 def test_relative_entropy_bound_holds_against_exact_enumeration(probs: list[float]) -> None:
     """For every outcome of multinomial(30, p) on 4 cells, the bound is at least the exact

@@ -46,7 +46,8 @@ from specverify.testing.vllm_servers import (  # noqa: E402
     vllm_servers,
 )
 
-pytestmark = [pytest.mark.server, pytest.mark.vllm_server]
+# one xdist group (`--dist loadgroup`): the module's servers start on one worker, one group at a time
+pytestmark = [pytest.mark.server, pytest.mark.vllm_server, pytest.mark.xdist_group("vllm-cpu-servers")]
 
 GREEDY_CHECKS = ["greedy-identity", "batch-invariance", "acceptance"]
 PROBE = Path(__file__).resolve().parents[2] / "scripts" / "vllm_cpu_expand_probe.py"
