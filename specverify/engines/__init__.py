@@ -62,7 +62,7 @@ class AuditPlan:
     ``interpreted``: its kernels are Triton run by the interpreter; ``runs_interpreted``: False
     when the interpreter cannot run it at all (the reason in ``note``); ``in_ci``: within CI's time
     share for engine audits (docs/setup.md, "What CI runs"); the others run with ``pytest -m engines``, CI's
-    ``-m "engines and not slow"`` leaves them out, and each is covered in CI by a target of the same
+    ``-m "(server or engines) and not slow"`` leaves them out, and each is covered in CI by a target of the same
     engine path that is in it (named in ``note``).  ``production_shapes_in_ci``: False where CI runs
     the plan without its production-shape checks (:attr:`specverify.auditing.checks.Check.production_shape`,
     minutes each on an engine's torch path at V = 151,936) because another target of the same engine

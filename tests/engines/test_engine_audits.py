@@ -4,9 +4,9 @@
 Torch paths take the whole quick battery; Triton paths, run by Triton's interpreter without a GPU,
 take the exact check where the kernel takes its coins as tensors and otherwise the stated subset at
 the stated sample count (the report gives each check's detectable TV).  Plans outside CI's time
-share (``in_ci=False``) are also marked ``slow``: CI runs ``-m "engines and not slow"``; a plan whose
-production-shape checks CI leaves to another target of its engine (``production_shapes_in_ci=False``)
-runs without them in CI and whole under ``slow``.  A target whose engine is not
+share (``in_ci=False``) are also marked ``slow``: CI runs ``-m "(server or engines) and not slow"``;
+a plan whose production-shape checks CI leaves to another target of its engine
+(``production_shapes_in_ci=False``) runs without them in CI and whole under ``slow``.  A target whose engine is not
 installed skips with the install command; with CUDA the Triton targets run the compiled kernels."""
 
 from __future__ import annotations
