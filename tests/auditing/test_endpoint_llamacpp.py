@@ -21,8 +21,9 @@ from specverify.auditing.runner import audit  # noqa: E402
 from specverify.testing.llama_servers import LlamaPair, smollm2_gguf  # noqa: E402
 from specverify.testing.llama_servers import llama_pair as servers  # noqa: E402
 
-# one xdist group (`--dist loadgroup`): the session fixture starts its servers once, on one worker
-pytestmark = [pytest.mark.server, pytest.mark.xdist_group("llama-cpp-servers")]
+# CI's `--dist loadgroup`: the real servers' tests run one after another on one worker (one group),
+# so the session fixture starts these servers once
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("real-servers")]
 
 BUDGET = 200
 """u's per PIT check and draws per server for the two-sample check (TV detectable: see the test);

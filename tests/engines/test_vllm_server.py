@@ -46,8 +46,8 @@ from specverify.testing.vllm_servers import (  # noqa: E402
     vllm_servers,
 )
 
-# one xdist group (`--dist loadgroup`): the module's servers start on one worker, one group at a time
-pytestmark = [pytest.mark.server, pytest.mark.vllm_server, pytest.mark.xdist_group("vllm-cpu-servers")]
+# CI's `--dist loadgroup`: the real servers' tests run one after another on one worker (one group)
+pytestmark = [pytest.mark.server, pytest.mark.vllm_server, pytest.mark.xdist_group("real-servers")]
 
 GREEDY_CHECKS = ["greedy-identity", "batch-invariance", "acceptance"]
 PROBE = Path(__file__).resolve().parents[2] / "scripts" / "vllm_cpu_expand_probe.py"
