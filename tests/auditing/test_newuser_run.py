@@ -53,7 +53,8 @@ def test_assert_lossless_takes_a_budget_and_prints_the_plan_first(capsys):
 def test_line_progress_streams_the_header_then_one_flushed_line_per_check():
     stream = io.StringIO()
     specverify.audit("reference", progress=LineProgress(stream), **FAST)
-    lines = stream.getvalue().splitlines()
+    # the re-timing line comes only when the first check outlasts progress.SETTLE_S: on a loaded machine
+    lines = [line for line in stream.getvalue().splitlines() if not line.startswith("specverify: measured")]
     assert lines[1].startswith("specverify: underpowered: at budget 200")  # FAST is below the ceiling TV
     del lines[1]
     assert lines[0].startswith("specverify: auditing reference at level sampler")
