@@ -4,8 +4,8 @@ A session fixture starts two ``python -m llama_cpp.server`` processes on 127.0.0
 over the packaged SmolLM2-135M-Instruct GGUF (:func:`specverify.testing.llama_servers.llama_pair`):
 a baseline, and a candidate with prompt-lookup drafting (``--draft_model prompt-lookup-decoding``);
 it waits until both answer ``GET /v1/models`` and stops them at the end.  Marked ``server`` (kept
-out of the default run; ``.ci/run`` runs ``pytest -m server``); skipped with the reason where
-llama-cpp-python or the GGUF is missing.
+out of the default run; ``.ci/run`` runs ``pytest -m "(server or engines) and not slow"``);
+skipped with the reason where llama-cpp-python or the GGUF is missing.
 """
 
 from __future__ import annotations
