@@ -21,6 +21,7 @@ budget over many checks without assuming they are independent.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -670,8 +671,10 @@ def _smallest_n(power_of_n: Any, power: float) -> int:
     return hi
 
 
+@functools.lru_cache(maxsize=1024)
 def _required_noncentrality(alpha: float, power: float, dof: int) -> float:
-    """The λ at which the level-α χ²_dof test has exactly ``power`` (root of a monotone function)."""
+    """The λ at which the level-α χ²_dof test has exactly ``power`` (root of a monotone function;
+    kept per arguments: an audit's plans ask for a few hundred times a handful of them)."""
     upper = 1.0
     while _chi2_power(upper, alpha, dof) < power:
         upper *= 2.0

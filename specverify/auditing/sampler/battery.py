@@ -30,6 +30,7 @@ the same laws in every audit; the audit's seed only drives the sampling.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -558,7 +559,19 @@ class SamplerBattery(Battery):
 
     def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float,
                      isolation: str = "none") -> SamplerSession:
-        function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+        """The session of ``fn``; the production checks' laws are built in a thread meanwhile
+        (:func:`~specverify.auditing.sampler.production.build_production_laws`), while the worker
+        process starts.  An error there is the main thread's to raise: :meth:`checks` builds
+        the same laws again."""
+        from specverify.auditing.sampler.production import build_production_laws
+
+        building = threading.Thread(target=_quietly, args=(build_production_laws,), name="specverify-build",
+                                    daemon=True)
+        building.start()
+        try:
+            function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+        finally:
+            building.join()
         return SamplerSession(function, function.raw, timeout_s, self.batch_rows)
 
     def omitted(self, session: SamplerSession) -> list[Omission]:
@@ -617,6 +630,14 @@ class SamplerBattery(Battery):
         else:
             bank = positional_family_bank(name, family, vocab_size, num_draft, num_chains)
         return StepLawCheck(name, description, bank, num_draft, window, family, locus=locus)
+
+
+def _quietly(build: Callable[[], None]) -> None:
+    """Run ``build`` in a thread, leaving any error to the main thread's own call of it."""
+    try:
+        build()
+    except Exception:  # noqa: BLE001 - the main thread makes the same call and raises it
+        return
 
 
 # (name, the piece of the rule it isolates, description, family, V, K, chains, window (start, length))

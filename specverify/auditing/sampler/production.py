@@ -250,16 +250,19 @@ class ExactFinalDrawCheck(Check):
         for shape in self.shapes:
             dtype = input_dtype(session.function, shape.dtype)
             tolerance = rounding.rounding_tolerance(arithmetic, shape.case.num_draft, shape.case.vocab_size)
-            evaluate = final_draw_evaluator(session.raw, shape, dtype, self.name,
-                                            copied=session.function.runs_in_worker())
+            evaluator = functools.partial(final_draw_evaluator, session.raw, shape, dtype, self.name,
+                                          copied=session.function.runs_in_worker())
             label = shape.describe() if dtype == shape.dtype else f"{shape.describe()} in {dtype}"
-            cases.append(ExactCase(label, functools.partial(_decided_tv, shape.case, evaluate, tolerance),
+            cases.append(ExactCase(label, functools.partial(_decided_tv, shape.case, evaluator, tolerance),
                                    shape.case.num_draft, shape.case.vocab_size))
         return exact_cases_result(self, plan, cases, 10 * session.timeout_s, arithmetic, declared)
 
 
-def _decided_tv(case: FinalDrawCase, evaluate: Callable[..., torch.Tensor], tolerance: float) -> float:
-    law = integrate_final_draw(case, evaluate, tolerance=tolerance)
+def _decided_tv(case: FinalDrawCase, evaluator: Callable[[], Callable[..., torch.Tensor]], tolerance: float) -> float:
+    """The case's exact TV as decided against ``tolerance``; its evaluator (and the laws it
+    presents, tens of MB at V = 128,256) made here and released on return, so that the next
+    case's laws take the memory this one's freed."""
+    law = integrate_final_draw(case, evaluator(), tolerance=tolerance)
     if law.tv_low > tolerance:
         return law.tv_low
     if law.tv_high <= tolerance:
@@ -309,18 +312,22 @@ def balanced_chains(rows: int, num_chains: int, generator: torch.Generator) -> t
     return (torch.arange(rows) % num_chains)[torch.randperm(rows, generator=generator)]
 
 
+@functools.lru_cache(maxsize=2)
+def placed_rows(bank: PositionalBank, rows: int, num_draft: int, dtype: torch.dtype,
+                seed: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The chains of a call of ``rows`` rows (:func:`balanced_chains`, drawn from ``seed`` and
+    ``rows`` alone) and their laws (:func:`chain_laws`): one tensor for every call of that size in
+    a check's run, whichever looks run, so that the laws reach the function's buffer once
+    (:class:`~specverify.auditing.isolation.presentation.Presenter`).  The last two are kept."""
+    chain = balanced_chains(rows, bank.num_chains, torch.Generator().manual_seed(derive_seed(seed, "chains", rows)))
+    return chain, chain_laws(bank, chain, num_draft, dtype)
+
+
 IDENTITY_SHARE = 0.8
 """Share of a production check's level for its token-level identity tests; each of the two coarse
 views (:func:`specverify.core.coarse.coarse_views`) takes half the rest."""
 
 COARSE_SHARE = (1.0 - IDENTITY_SHARE) / 2
-
-JUDGED_WHILE_DRAWING_TESTS = 16
-"""A production check of at least this many (chain, position) tests judges each look while its
-next look draws (:meth:`ProductionStepCheck.judged_while_drawing`): ``production-K32``,
-``-K12`` and ``-batch-1024`` (33, 26 and 63 tests); ``production-qwen-K1`` and ``-gpt2-K4`` (2
-and 5) judge in turn, their looks' draws being far longer than their judgements."""
-
 
 @dataclass
 class ProductionStepCheck(SequentialCheck):
@@ -335,13 +342,15 @@ class ProductionStepCheck(SequentialCheck):
     (:func:`specverify.core.coarse.coarse_views`) with Pearson's goodness of fit at
     ``COARSE_SHARE · level / m`` each (weighted Bonferroni within the check: the combined p-value
     is the smallest ``p / share`` times m); the check fails when any one rejects.  Rows are spread
-    evenly over the chains (:func:`balanced_chains`), in an order drawn once per look and call size:
-    the rows of a call are independent given their chains, and the calls of a look then share one
-    tensor of laws, which reaches the function's buffer once
-    (:class:`~specverify.auditing.isolation.presentation.Presenter`).  Sized so that a TV of ε in any one marginal
-    is detected with the stated power at ``n / chains`` rows each, verified at that n for every
-    marginal (:func:`specverify.core.identity.identity_joint_sample_size`); at that n the coarse
-    tests detect the TV of :meth:`coarse_detectable_tv` between coarse laws, far smaller.
+    evenly over the chains (:func:`balanced_chains`), in an order drawn once per call size
+    (:func:`placed_rows`): the rows of a call are independent given their chains, and the calls of
+    a run share one tensor of laws, which reaches the function's buffer once
+    (:class:`~specverify.auditing.isolation.presentation.Presenter`); the interim looks end on
+    whole calls (:meth:`looks`), so every call of a run but its last has the same shape.  Sized
+    so that a TV of ε in any one marginal is detected with the stated power at ``n / chains`` rows
+    each, verified at that n for every marginal
+    (:func:`specverify.core.identity.identity_joint_sample_size`); at that n the coarse tests
+    detect the TV of :meth:`coarse_detectable_tv` between coarse laws, far smaller.
     """
 
     name: str
@@ -384,11 +393,10 @@ class ProductionStepCheck(SequentialCheck):
             "coarse views": [view.name for view in self._views[0][0]],
         }
 
-    @functools.cached_property
+    @property
     def _views(self) -> list[list[tuple[coarse.CoarseView, coarse.CoarseView]]]:
-        """The coarse views of every (chain, position) law, ``[chain][position]``."""
-        return [[coarse.coarse_views(self.bank.target[r, j]) for j in range(self.num_draft + 1)]
-                for r in range(self.bank.num_chains)]
+        """The coarse views of every (chain, position) law, ``[chain][position]`` (:func:`bank_views`)."""
+        return bank_views(self.bank)
 
     def _mass_profiles(self) -> list[np.ndarray]:
         """The distinct sorted mass vectors of the tested laws: the identity test's sample size
@@ -438,9 +446,23 @@ class ProductionStepCheck(SequentialCheck):
         return Tally(tally.n, tally.counts, claimed.result())
 
     def judged_while_drawing(self) -> bool:
-        """With :data:`JUDGED_WHILE_DRAWING_TESTS` tests or more a look (the small-vocabulary checks of
-        many chains and positions), whose judgement takes about as long as a look's draw."""
-        return self.num_tests >= JUDGED_WHILE_DRAWING_TESTS
+        """Always: a look's judgement (token-level identity tests at V up to 151,936) runs while the
+        next look draws, so the function does not wait for it."""
+        return True
+
+    def looks(self, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The default design's looks (:meth:`SequentialCheck.looks`), each interim look raised to a
+        whole number of calls of :attr:`rows_per_call` where that stays below the next look: the
+        calls then share one shape.  The levels are the design's (the union bound over looks holds
+        at any look sizes, :mod:`specverify.core.sequential`), and the final look is ``n``."""
+        looks, alphas = super().looks(n, share)
+        per_call = self.rows_per_call
+        raised = list(looks)
+        for index in range(len(raised) - 2, -1, -1):
+            whole = -(-raised[index] // per_call) * per_call
+            if whole < raised[index + 1]:
+                raised[index] = whole
+        return tuple(raised), alphas
 
     def work_ahead(self, plan: Plan) -> list[AheadItem]:
         """The identity designs of every look (:meth:`look_designs`)."""
@@ -481,13 +503,8 @@ class ProductionStepCheck(SequentialCheck):
         dtype = getattr(torch, self.dtype)
 
         def proposals() -> Iterator[tuple[torch.Tensor, Proposal]]:
-            placed: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}
             for offset in range(0, n, self.rows_per_call):
-                rows = min(self.rows_per_call, n - offset)
-                if rows not in placed:
-                    chain = balanced_chains(rows, bank.num_chains, proposing)
-                    placed[rows] = chain, chain_laws(bank, chain, k, dtype)
-                chain, rows_laws = placed[rows]
+                chain, rows_laws = placed_rows(bank, min(self.rows_per_call, n - offset), k, dtype, plan.seed)
                 yield chain, production_proposal(bank, chain, rows_laws, k, proposing)
 
         counts = torch.zeros(bank.num_chains * (k + 1) * vocab, dtype=torch.int64)
@@ -597,6 +614,23 @@ def production_checks(function: AuditedFunction) -> list[Check]:
     return checks
 
 
+@functools.cache
+def bank_views(bank: PositionalBank) -> list[list[tuple[coarse.CoarseView, coarse.CoarseView]]]:
+    """The coarse views (:func:`specverify.core.coarse.coarse_views`) of every (chain, position)
+    target law of ``bank``, ``[chain][position]``."""
+    return [[coarse.coarse_views(bank.target[r, j]) for j in range(bank.num_draft + 1)]
+            for r in range(bank.num_chains)]
+
+
+def build_production_laws() -> None:
+    """Build what the production checks are made of, all cached: every shape's bank and coarse
+    views, and the exact cases; :func:`production_checks` and :func:`exact_production_check` then
+    take no time.  The sampler battery runs this while the worker process starts."""
+    for name, family, vocab, k, chains, *_ in PRODUCTION_SHAPES:
+        bank_views(production_bank(name, family, vocab, k, chains))
+    exact_shapes()
+
+
 def exact_production_check() -> ExactFinalDrawCheck:
     return ExactFinalDrawCheck(
         "exact-large-vocabulary",
@@ -607,7 +641,7 @@ def exact_production_check() -> ExactFinalDrawCheck:
 
 
 __all__ = ["ExactFinalDrawCheck", "ExactShape", "INPUT_DTYPES", "PRODUCTION_SHAPES", "ProductionStepCheck",
-           "balanced_chains", "bonus_case", "chain_laws",
+           "balanced_chains", "bank_views", "bonus_case", "build_production_laws", "chain_laws",
            "correction_case", "exact_production_check", "exact_shapes", "final_draw_evaluator", "input_dtype",
            "production_bank",
-           "production_checks", "production_proposal", "rows_per_call", "sparse_law"]
+           "placed_rows", "production_checks", "production_proposal", "rows_per_call", "sparse_law"]
