@@ -56,6 +56,11 @@ def _granularity(m: np.ndarray) -> np.ndarray:
     return np.left_shift(1, np.maximum(bits - SIGNIFICANT_BITS, 0)).astype(np.int64)
 
 
+def _step_of(m: int) -> int:
+    """:func:`_granularity` of one integer, in Python's integers: ``2^(bits(m) − 8)``, 1 below 256."""
+    return 1 << max(max(m, 1).bit_length() - SIGNIFICANT_BITS, 0)
+
+
 def _round_significant(m: np.ndarray) -> np.ndarray:
     step = _granularity(np.maximum(m, 1))
     return (np.rint(m / step) * step).astype(np.int64)
@@ -96,13 +101,13 @@ def dyadic_law(weights: np.ndarray, *, name: str = "weights") -> np.ndarray:
         position += 1
         change = int(np.sign(residue)) * (abs(residue) // step) * step
         change = max(change, step - int(m[t]))  # never below one step (stays positive)
-        candidate = np.array([m[t] + change])
-        if change and representable(candidate) and _granularity(candidate)[0] == step:
+        candidate = int(m[t]) + change
+        if change and candidate % step == 0 and _step_of(candidate) == step:
             m[t] += change
             residue -= change
     if residue < 0 and np.count_nonzero((m >= 2) & (m < 255)) < -residue:
         top = int(np.argmax(m))  # take one step off the largest entry; the excess goes back below
-        step = int(_granularity(m[top : top + 1])[0])
+        step = _step_of(int(m[top]))
         m[top] -= step
         residue += step
     if residue:
