@@ -1,6 +1,8 @@
 """A production check claims each look's identity designs from the work made ahead (made in a
 thread while it draws the look's samples when not made yet): they are the designs of the rows each
-chain then holds, the judgement uses them, and it is the judgement made without them."""
+chain then holds, the judgement uses them, and it is the judgement made without them.  Its interim
+looks end on whole calls, at the default design's levels, and a run gathers the laws of each call
+size once."""
 
 from __future__ import annotations
 
@@ -65,3 +67,43 @@ def test_a_design_of_another_n_is_refused():
         identity.identity_test(counts, probs, design=identity.identity_design(probs, 9))
     assert identity.identity_test(counts, probs, design=identity.identity_design(probs, 10)).pvalue == \
         identity.identity_test(counts, probs).pvalue
+
+
+@pytest.mark.parametrize("budget", ["quick", "standard"])
+def test_the_interim_looks_end_on_whole_calls_at_the_designs_levels(budget):
+    """Every production check's interim looks are whole numbers of its calls, the final look is its
+    n, and the looks' levels are the default design's: only the look sizes move."""
+    from specverify.auditing.checks import SequentialCheck
+    from specverify.auditing.sampler.production import ProductionStepCheck
+
+    battery = load_battery("sampler")
+    session = battery.open_session(reference, device="cpu", timeout_s=600, isolation="none")
+    checks = [c for c in battery.checks(session) if isinstance(c, ProductionStepCheck)]
+    plans = plan_checks(checks, battery.resolve_budget(budget), 1e-3, 0, "sampler")[0]
+    for check, plan in zip(checks, plans):
+        default_looks, default_alphas = SequentialCheck.looks(check, plan.n, plan.alpha)
+        assert plan.looks[-1] == plan.n, check.name
+        assert plan.look_alphas == default_alphas, check.name
+        assert all(look % check.rows_per_call == 0 for look in plan.looks[:-1]), (check.name, plan.looks)
+        assert all(0 <= look - default < check.rows_per_call for look, default in zip(plan.looks, default_looks))
+    session.function.close()
+
+
+def test_a_run_builds_the_laws_of_each_call_size_once(check_and_plan, monkeypatch):
+    """The calls of every look share the laws of their size: one gather per call size in a run
+    (the full calls and the last, shorter one), however many looks run."""
+    from specverify.auditing.sampler import production
+
+    check, plan, session = check_and_plan
+    built = []
+    original = production.chain_laws
+
+    def counted(bank, chain, num_draft, dtype):
+        built.append(len(chain))
+        return original(bank, chain, num_draft, dtype)
+
+    monkeypatch.setattr(production, "chain_laws", counted)
+    production.placed_rows.cache_clear()
+    result = check.run(session, plan)
+    assert result.look == len(plan.looks)
+    assert sorted(built) == sorted({check.rows_per_call, plan.n % check.rows_per_call} - {0})
