@@ -15,7 +15,7 @@ import pytest
 
 from specverify.auditing.defaults import EXIT_FAIL, EXIT_PASS
 from specverify.auditing.isolation import presentation, write_guard
-from specverify.auditing.isolation.guarded import GUARD_AUDIT_EVERY
+from specverify.auditing.isolation.guarded import GUARD_AUDIT_EVERY, guard_audited
 from specverify.auditing.runner import audit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,13 +92,19 @@ def settled_with_comparison(monkeypatch) -> collections.Counter:
     return counts
 
 
+def test_the_guarded_requests_compared_all_the_same_are_the_first_ones_and_then_one_in_every_64():
+    audited = [request for request in range(1, 400) if guard_audited(request)]
+    assert GUARD_AUDIT_EVERY == 64 and audited == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320, 384]
+
+
 @needs_guard
 def test_the_audit_reads_inputs_again_only_where_the_guard_cannot_vouch_for_them(monkeypatch):
     counts = settled_with_comparison(monkeypatch)
     report = audit("reference", **FEW)
     assert report.exit_code == EXIT_PASS, report.summary
     compared, trusted = counts[True], counts[False]
-    assert trusted > 0 and compared * GUARD_AUDIT_EVERY <= 2 * (compared + trusted), counts
+    audited = sum(guard_audited(request) for request in range(1, compared + trusted + 1))
+    assert trusted > 0 and compared <= 3 * audited, counts
     counts.clear()
     report = audit(f"{FAULTY}:mutates_inputs", **FEW)
     assert report.exit_code == EXIT_FAIL and report.checks[-1].verdict == "fail", report.summary

@@ -82,11 +82,21 @@ arithmetic, :mod:`specverify.core.rounding`; the input dtypes it accepts), read 
 MAX_WORKER_LOSSES = 2
 """After this many deadlines or abnormal ends, the audit stops calling the function."""
 
-GUARD_AUDIT_EVERY = 16
-"""Of the requests whose inputs the worker's write guard saw untouched, every this-many-th is
-compared with what was presented all the same: a write the guard cannot see (through another
-mapping, or after the function changed the pages' protection itself) is found within this many
-requests, at 1/16 of the comparisons' cost."""
+GUARD_AUDIT_EVERY = 64
+"""Of the requests whose inputs the worker's write guard saw untouched, the 1st, 2nd, 4th, …,
+this-many-th and then every this-many-th have their inputs compared with what was presented all
+the same (:func:`guard_audited`): a write the guard cannot see (through another mapping, or after
+the function changed the pages' protection itself) into inputs the session keeps is found at the
+next such request (within this many), and one from the first request on at once.  Comparing
+reads the inputs once more: at 1/64 of the requests that costs what the function's own reads of
+1/64 of the calls cost."""
+
+
+def guard_audited(request: int) -> bool:
+    """Whether the ``request``-th request (1-based) of a session whose inputs the write guard saw
+    untouched is compared all the same: powers of two up to :data:`GUARD_AUDIT_EVERY`, then its
+    multiples."""
+    return request % GUARD_AUDIT_EVERY == 0 or (request < GUARD_AUDIT_EVERY and request & (request - 1) == 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,15 +476,15 @@ class _Session(AuditedFunction):
 
     def _settle_raw(self, presented: list[tuple[Slot, torch.Tensor]], untouched: bool) -> None:
         """After a ``raw`` call: its slots keep their spans when the worker's write guard saw them
-        ``untouched`` (one such call in :data:`GUARD_AUDIT_EVERY` compared all the same, as
-        :meth:`_mutated` does); otherwise they stay unsettled, and the next call writes them
+        ``untouched`` (compared all the same on :func:`guard_audited` calls, as :meth:`_mutated`
+        does); otherwise they stay unsettled, and the next call writes them
         again.  A direct call's writes into its arguments are not findings: the contract checks
         (``inputs-unchanged``) look for those."""
         if not untouched:
             return
-        compare = self._compared(untouched)
+        audited = self._audited()
         for slot, flat in presented:
-            self.presenter.settle(slot, flat, compare=compare)
+            self.presenter.settle(slot, flat, compare=audited)
 
     def _share(self, inputs: dict[str, torch.Tensor], output_shape: tuple[int, int], strided: bool,
                vocab: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
@@ -519,18 +529,18 @@ class _Session(AuditedFunction):
 
     def _mutated(self, inputs: dict[str, torch.Tensor], untouched: bool = False) -> list[str]:
         """The inputs a request's calls modified in place, compared with what was presented
-        (:meth:`~specverify.auditing.isolation.presentation.Presenter.settle`) unless the worker's
-        write guard saw them ``untouched``; one such request in :data:`GUARD_AUDIT_EVERY` is
-        compared all the same, so a write the guard cannot see is found too."""
-        compare = self._compared(untouched)
+        (:meth:`~specverify.auditing.isolation.presentation.Presenter.settle`) where the worker's
+        write guard cannot vouch for them (not ``untouched``) and on :func:`guard_audited`
+        requests all the same, so that a write the guard cannot see is found too."""
+        compare = self._audited() or not untouched
         return [name for name, tensor in inputs.items()
                 if self.presenter.settle(self.presenter.slots[name], tensor, compare=compare)]
 
-    def _compared(self, untouched: bool) -> bool:
-        """Whether a request's settled inputs are compared with what was presented: always where
-        the write guard cannot vouch for them, else one request in :data:`GUARD_AUDIT_EVERY`."""
+    def _audited(self) -> bool:
+        """Count a settled request; whether it is one whose guarded inputs are compared all the
+        same (:func:`guard_audited`)."""
         self.settled += 1
-        return not untouched or self.settled % GUARD_AUDIT_EVERY == 0
+        return guard_audited(self.settled)
 
     def declared(self, name: str) -> Any:
         """The function's declared attribute ``name`` (one of :data:`DECLARED_ATTRIBUTES`), None when absent."""
