@@ -14,10 +14,10 @@ a fixed budget of N samples, it reports the ε it can detect (:func:`specverify.
 Exact and contract checks are deterministic and take no share of α.
 
 Sequential checks (:class:`SequentialCheck`: every sampling check of the sampler, decoder and
-tree levels) test their cumulative sample at the looks of their plan, n/16, n/8, n/4, n/2 and n,
+tree levels) test their cumulative sample at the looks of their plan, n/16, n/4 and n,
 each at its increment of the α-spending function α·t³ (:mod:`specverify.core.sequential`), and
 stop at the first look that rejects: P(reject | H0) ≤ Σ levels = α share by the union bound,
-whatever the dependence between looks.  Their n is sized at the final look's level (7/8 of the
+whatever the dependence between looks.  Their n is sized at the final look's level (63/64 of the
 share), so the final look alone keeps the stated power.
 
 Every check derives from :class:`Check` (deterministic) or :class:`ChiSquareCheck` (a Pearson
@@ -585,7 +585,7 @@ class SequentialCheck(Check):
 
     def looks(self, n: int, share: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """The default group-sequential design of :mod:`specverify.core.sequential` (looks at n/16,
-        n/8, n/4, n/2, n; spending α t³), or none (one test at the whole share) below one sample a look."""
+        n/4, n; spending α t³), or none (one test at the whole share) below one sample a look."""
         if n < len(DEFAULT_LOOKS):
             return (), ()
         design = SequentialPlan(n, share)

@@ -366,7 +366,7 @@ class LineProgress(_Tracker):
 
 
 def check_line(index: int, total: int, result: CheckResult) -> str:
-    """``[ 3/26] step-K1   pass   n=9,466   p=0.333   TV 0.0123 (detects 0.0500)   0.0 s look 5/5``."""
+    """``[ 3/26] step-K1   pass   n=9,466   p=0.333   TV 0.0123 (detects 0.0500)   0.0 s look 3/3``."""
     pvalue = "—" if result.pvalue is None else f"{result.pvalue:.3g}"
     n = f"{result.n:,}" if result.n else "—"
     look = f" look {result.look}/{result.num_looks}" if result.look else ""

@@ -41,15 +41,15 @@ def test_a_gross_loss_stops_at_the_first_look():
     report = specverify.audit(f"{WITHOUT_UNIFORMS}:residual_is_target", budget="standard", checks=["step-K1"],
                               isolation="none")
     (check,) = report.checks
-    assert check.verdict is Verdict.FAIL and (check.look, check.num_looks) == (1, 5)
+    assert check.verdict is Verdict.FAIL and (check.look, check.num_looks) == (1, 3)
     assert check.n * 16 <= check.n_required + 16 and check.pvalue <= check.level < check.alpha
-    assert "of look 1/5" in check.message
+    assert "of look 1/3" in check.message
 
 
 def test_a_correct_rule_runs_every_look_to_the_planned_size():
     report = specverify.audit("reference", budget="quick", checks=["step-K1", "acceptance-rate"], isolation="none")
     for check in report.checks:
-        assert check.verdict is Verdict.PASS and check.look == check.num_looks == 5
+        assert check.verdict is Verdict.PASS and check.look == check.num_looks == 3
         assert check.n == check.n_required
     assert report.exit_code == 0
 
@@ -90,11 +90,11 @@ def test_a_run_in_parts_is_the_run_in_one():
     checks = [c for c in battery.checks(session) if c.name in ("step-K2", "production-K12")]
     plans = plan_checks(checks, battery.resolve_budget("quick"), 1e-3, 0, "sampler")[0]
     for check, plan in zip(checks, plans):
-        assert isinstance(check, SequentialCheck) and check.runs_in_parts and len(plan.looks) == 5
+        assert isinstance(check, SequentialCheck) and check.runs_in_parts and len(plan.looks) == 3
         whole = check.run(session, plan)
         first = check.run_looks(session, plan, LooksReached(), 1)
         rest = check.run_looks(session, plan, first, len(plan.looks))
-        assert first.looks == 1 and rest.looks == 5 and rest.result is not None
+        assert first.looks == 1 and rest.looks == 3 and rest.result is not None
         assert (rest.result.n, rest.result.statistic, rest.result.pvalue) == (whole.n, whole.statistic, whole.pvalue)
 
 
@@ -116,7 +116,7 @@ def test_a_check_judged_while_drawing_gives_the_results_of_the_run_in_turn(monke
 
     monkeypatch.setattr(type(check), "judge", judge)
     ahead = check.run(session, plans[check.name])
-    assert threads.count("specverify-ahead") == 4 and len(threads) == 5
+    assert threads.count("specverify-ahead") == 2 and len(threads) == 3
     monkeypatch.setattr(type(check), "judged_while_drawing", lambda self: False)
     in_turn = check.run(session, plans[check.name])
     assert (ahead.verdict, ahead.look, ahead.n, ahead.statistic, ahead.pvalue) == \
@@ -200,7 +200,7 @@ CALIBRATED_CHECKS = ("step-K1", "step-K8-tail", "bonus-position", "tiny-masses",
 def sequential_false_positives(runs_per_check: int, base_seed: int) -> dict[str, tuple[int, int, list[int]]]:
     """``check -> (rejections, runs, rejections per look)``: each check of :data:`CALIBRATED_CHECKS`
     run ``runs_per_check`` times on the reference rule with n = CALIBRATION_N at level
-    CALIBRATION_LEVEL spread over its five looks, each run with its own seed."""
+    CALIBRATION_LEVEL spread over its looks, each run with its own seed."""
     battery = SamplerBattery(batch_rows=400)
     session = battery.open_session(rules.verify, device="cpu", timeout_s=60.0, isolation="none")
     checks = {c.name: c for c in battery.checks(session)}
@@ -222,10 +222,11 @@ def sequential_false_positives(runs_per_check: int, base_seed: int) -> dict[str,
 def assert_at_most_level(counts: dict[str, tuple[int, int, list[int]]], test_level: float) -> None:
     rejections = sum(r for r, _, _ in counts.values())
     runs = sum(m for _, m, _ in counts.values())
-    rows = [("all (pooled)", rejections, runs, [sum(c[2][j] for c in counts.values()) for j in range(5)])]
+    looks = len(next(iter(counts.values()))[2])
+    rows = [("all (pooled)", rejections, runs, [sum(c[2][j] for c in counts.values()) for j in range(looks)])]
     rows += [(name, r, m, looks) for name, (r, m, looks) in counts.items()]
     print(f"\nfalse-positive rate of the sequential checks at level {CALIBRATION_LEVEL} over "
-          f"5 looks (n = {CALIBRATION_N}):")
+          f"{looks} looks (n = {CALIBRATION_N}):")
     failures = []
     for name, r, m, looks in rows:
         test = stats.binomial_test(r, m, CALIBRATION_LEVEL, "greater")

@@ -55,7 +55,7 @@ Budgets (:data:`ENDPOINT_BUDGETS`): each PIT check detects TV ε on its PIT cell
 check a visit-weighted mean TV ε per token on its contexts' cells, the pairs check ε on its 16
 cells, the two-sample check 2ε between the servers' joint laws, with power 0.99 at its
 Bonferroni share of α (the six core statistical checks with a baseline, ``request_space=False``:
-1.7e-4 each; each sized at its final look, 7/8 of the share); the greedy checks run
+1.7e-4 each; each sized at its final look, 63/64 of the share); the greedy checks run
 ``GREEDY_TOKENS[budget]`` tokens per prompt.  The request-space checks detect ε per value
 (docs/budgets.md has their sizes); with them twelve statistical checks share α.
 Samples (requests) per core check at α = 1e-3 with a baseline, ``concurrency`` 4 and

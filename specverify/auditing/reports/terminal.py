@@ -26,8 +26,8 @@ def _row(check) -> tuple[str, ...]:
 
 
 def format_table(report: AuditReport) -> str:
-    """One line per check: verdict, samples, the look that decided (sequential checks: "2/5" when
-    the second of five looks rejected; "5/5" when every look passed), cells, p-value, the check's α
+    """One line per check: verdict, samples, the look that decided (sequential checks: "2/3" when
+    the second of three looks rejected; "3/3" when every look passed), cells, p-value, the check's α
     share (the look's own level is in the message), observed and detectable TV, wall time.  The
     checks fail-fast or a malformed output stopped are counted in one line at the end."""
     stopped = [c for c in report.checks if c.verdict == "skipped" and c.message.startswith(FAIL_FAST_SKIP)]
