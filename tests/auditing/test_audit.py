@@ -80,7 +80,7 @@ def test_named_budgets_size_every_check_for_their_tv(budget, epsilon):
     for check, plan in statistical:
         # Sequential checks: the final look runs at share − α(1/2) and is sized for it alone.
         final = plan.look_alphas[-1]
-        assert final == pytest.approx(share * 7 / 8) and sum(plan.look_alphas) == pytest.approx(share)
+        assert final == pytest.approx(share * 63 / 64) and sum(plan.look_alphas) == pytest.approx(share)
         # The production-shape checks are sized for their own TV per budget (check.target_tvs).
         tv = check.target_tv(resolve_budget(budget))
         assert tv == (check.target_tvs[budget] if check.sized_for_own_tv else epsilon)

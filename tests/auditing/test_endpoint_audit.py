@@ -148,11 +148,11 @@ def test_echo_logprobs_one_position_late_are_detected_and_corrected(toy_server) 
 def test_endpoint_budgets_state_their_detectable_tv_and_sizes() -> None:
     """The numbers of the battery's docstring table (quick, with a baseline: six statistical
     checks, each sized at its final look, 63/64 of its share)."""
-    final = 1e-3 / 6 * 7 / 8
-    assert stats.sample_size_for_tv(0.1, alpha=final, power=0.99, num_cells=10) == 1383
-    assert stats.sample_size_for_tv(0.1, alpha=final, power=0.99, num_cells=31) == 1917
-    assert stats.sample_size_for_tv(0.1, alpha=final, power=0.99, num_cells=16) == 1572
-    assert stats.homogeneity_sample_size(0.2, alpha=final, power=0.99, num_cells=16) == 786
+    final = 1e-3 / 6 * 63 / 64
+    assert stats.sample_size_for_tv(0.1, alpha=final, power=0.99, num_cells=10) == 1373
+    assert stats.sample_size_for_tv(0.1, alpha=final, power=0.99, num_cells=31) == 1904
+    assert stats.sample_size_for_tv(0.1, alpha=final, power=0.99, num_cells=16) == 1561
+    assert stats.homogeneity_sample_size(0.2, alpha=final, power=0.99, num_cells=16) == 781
     n = stats.homogeneity_sample_size(0.2, alpha=final, power=0.99, num_cells=16)
     assert homogeneity_detectable_tv(n, alpha=final, power=0.99, num_cells=16) <= 0.2 + 1e-9
 

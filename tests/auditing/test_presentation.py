@@ -258,3 +258,52 @@ def test_same_bits_sees_one_changed_entry_in_long_rows(dtype):
     assert not same_bits(wide[:, 2], 0.25)
     negative_zero = torch.zeros(2, vocab, dtype=dtype)
     assert not same_bits(-negative_zero, negative_zero)  # bits, not values
+
+
+def test_direct_calls_on_leading_rows_of_the_same_inputs_present_them_once(monkeypatch):
+    """A direct call on the leading rows of inputs the last call presented passes them within
+    the span their slot holds: calls of 8, 5, 3 and 8 rows copy the inputs once, and each call
+    sees exactly its rows."""
+    from specverify.auditing.isolation import presentation, write_guard
+
+    if sys.platform != "linux" or write_guard.library() is None:
+        pytest.skip("the write guard needs Linux and a C compiler: unguarded, every call's inputs are written")
+    proposal = _proposal(rows=8)
+    inputs = [presented(t, device=torch.device("cpu"), strided=True, decoy=0.0) for t in proposal]
+    uniforms = torch.rand(8, 4, dtype=torch.float64)
+    writes = []
+    fill = presentation.fill_storage
+    monkeypatch.setattr(presentation, "fill_storage", lambda storage, tensor, decoy: writes.append(1) or
+                        fill(storage, tensor, decoy))
+    rows = (8, 5, 3, 8)
+    expected = [sums(*(t[:r] for t in inputs), None, uniforms=uniforms[:r]) for r in rows]
+    function = GuardedFunction(f"{__file__}:sums", timeout_s=60, isolation="process")
+    try:
+        seen = [function.raw(*(t[:r] for t in inputs), None, uniforms=uniforms[:r]) for r in rows]
+    finally:
+        function.close()
+    assert seen == expected and len(writes) == 4, (seen, writes)
+
+
+def test_a_region_keeps_its_content_only_while_every_call_has_it_at_the_same_place():
+    from specverify.auditing.isolation.presentation import Presenter
+
+    buffer, law = torch.zeros(64), torch.rand(16)
+    presenter = Presenter()
+
+    def present(key, start, size, regions, name="buffer"):
+        presenter.use_regions(name, regions)
+        slot = presenter.adopt(key, buffer[start:start + size])
+        presenter.present(slot, law[:size], 0.0)
+        presenter.settle(slot, law[:size], compare=False)
+
+    present("a", 0, 16, {"a": (0, 16)})
+    present("b", 16, 8, {"a": (0, 16), "b": (16, 8)})
+    assert presenter.kept("a") is not None and presenter.kept("b") is not None
+    presenter.use_regions("buffer", {"a": (0, 16), "c": (16, 32)})  # b's place taken by another region
+    assert presenter.kept("a") is not None and presenter.kept("b") is None
+    presenter.use_regions("buffer", {"a": (0, 8)})  # a at another place: its content is not trusted
+    assert presenter.kept("a") is None
+    present("a", 0, 16, {"a": (0, 16)})
+    presenter.use_regions("another buffer", {"a": (0, 16)})
+    assert presenter.kept("a") is None

@@ -35,7 +35,7 @@ import functools
 import inspect
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -449,17 +449,21 @@ class _Session(AuditedFunction):
         The spans are presented in the slots of the request's layout: a span the slot holds
         already (the same memory, unchanged, and left as presented by the last call: the worker's
         write guard saw it untouched) is not written again, so a check that calls with the same
-        laws again and again copies them once."""
+        laws again and again copies them once; a view within the span the slot holds (the leading
+        rows of the last call's laws) is passed in that span, so calls of fewer rows copy nothing
+        either (:meth:`_raw_span`)."""
         places = [(index, value) for index, value in enumerate(args)] + list(kwargs.items())
         tensors = [(key, value) for key, value in places if _shareable(value)]
         if not tensors:
             return {"args": tuple(args), "kwargs": dict(kwargs)}, []
-        spans = [_storage_span(tensor) for _, tensor in tensors]
+        spans = [self._raw_span(("raw", number), tensor) for number, (_, tensor) in enumerate(tensors)]
         parts: list[tuple[torch.dtype, tuple[int, ...]]] = [(tensor.dtype, (span,))
                                                              for (_, tensor), (_, span) in zip(tensors, spans)]
         offsets, nbytes = layout(parts)
         buffer = self._ensure_buffer(nbytes)
-        self.presenter.use_layout(("raw", buffer.path, buffer.size, tuple(offsets), tuple(parts)))
+        self.presenter.use_regions(("raw", buffer.path, buffer.size),
+                                   {("raw", number): (offset, part) for number, (offset, part)
+                                    in enumerate(zip(offsets, parts))})
         shared, presented = [], []
         for number, ((key, tensor), (start, span), offset) in enumerate(zip(tensors, spans, offsets)):
             flat = tensor.as_strided((span,), (1,), start)
@@ -473,6 +477,22 @@ class _Session(AuditedFunction):
                  "kwargs": {name: value for name, value in kwargs.items() if name not in keys},
                  "buffer": (buffer.path, buffer.size), "shared": shared,
                  "inputs_bytes": -(-nbytes // PAGE_BYTES) * PAGE_BYTES}, presented)
+
+    def _raw_span(self, key: Hashable, tensor: torch.Tensor) -> tuple[int, int]:
+        """``(start, length)`` of the storage elements a ``raw`` argument travels in: the span the
+        slot ``key`` holds when ``tensor`` views memory within it, unchanged since it was presented
+        (same storage, same version), else the span ``tensor`` reaches (:func:`_storage_span`)."""
+        start, span = _storage_span(tensor)
+        held = self.presenter.kept(key)
+        if held is None or held.source is None:
+            return start, span
+        source = held.source
+        first = int(source.storage_offset())
+        if (source.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+                and source.dtype == tensor.dtype and tensor._version == held.version
+                and first <= start and start + span <= first + source.numel()):
+            return first, int(source.numel())
+        return start, span
 
     def _settle_raw(self, presented: list[tuple[Slot, torch.Tensor]], untouched: bool) -> None:
         """After a ``raw`` call: its slots keep their spans when the worker's write guard saw them
@@ -500,7 +520,8 @@ class _Session(AuditedFunction):
         header = {"buffer": (buffer.path, buffer.size), "offsets": offsets,
                   "dtypes": [str(dtype).removeprefix("torch.") for dtype, _ in parts],
                   "shapes": [shape for _, shape in parts], "views": shapes, "inputs_bytes": offsets[-1]}
-        self.presenter.use_layout((buffer.path, buffer.size, tuple(offsets), parts))
+        self.presenter.use_regions((buffer.path, buffer.size),
+                                   {name: (offset, part) for name, offset, part in zip(inputs, offsets, parts)})
         views = [self.presenter.present(self.presenter.adopt(name, storage), tensor, decoy_value(name, vocab))
                  for storage, (name, tensor) in zip(storages, inputs.items())]
         return views + [storages[-1]], header

@@ -198,7 +198,8 @@ class Presenter:
 
     def __init__(self) -> None:
         self.slots: dict[Hashable, Slot] = {}
-        self.layout: Hashable = None
+        self.buffer: Hashable = None
+        self.regions: dict[Hashable, Hashable] = {}
 
     def slot(self, key: Hashable, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Slot:
         """The slot ``key`` with a storage of ``shape`` (a new one when the kept one differs)."""
@@ -208,16 +209,27 @@ class Presenter:
             held = self.slots[key] = Slot(torch.empty(shape, dtype=dtype, device=device))
         return held
 
-    def use_layout(self, layout: Hashable) -> None:
-        """Storages the caller owns (regions of one shared buffer, :meth:`adopt`): every slot is
-        forgotten when this call's regions (``layout``: the buffer, offsets, dtypes and shapes)
-        differ from the last call's, so a region never claims content another layout overwrote."""
-        if layout != self.layout:
+    def use_regions(self, buffer: Hashable, regions: dict[Hashable, Hashable]) -> None:
+        """Storages the caller owns, regions of one shared buffer (:meth:`adopt`): ``regions``
+        maps the key of each slot of this call to its region (offset, dtype, shape) in ``buffer``.
+        A slot keeps its content only where the last call had it at the same region of the same
+        buffer: the regions of one call are disjoint, so no other region of either call wrote
+        over it.  Every other slot is forgotten, so a region never claims content that another
+        call's regions overwrote."""
+        if buffer != self.buffer:
             self.forget()
-            self.layout = layout
+            self.buffer = buffer
+        for key in [key for key in self.slots if self.regions.get(key) != regions.get(key)]:
+            del self.slots[key]
+        self.regions = dict(regions)
+
+    def kept(self, key: Hashable) -> Slot | None:
+        """The slot ``key`` while it holds what the last settled call left in it, else None."""
+        held = self.slots.get(key)
+        return held if held is not None and held.source is not None and not held.pending else None
 
     def adopt(self, key: Hashable, storage: torch.Tensor) -> Slot:
-        """The slot ``key`` over ``storage``, a region of the current layout (:meth:`use_layout`)."""
+        """The slot ``key`` over ``storage``, its region of the current call (:meth:`use_regions`)."""
         if key not in self.slots:
             self.slots[key] = Slot(storage)
         return self.slots[key]
@@ -225,7 +237,8 @@ class Presenter:
     def forget(self) -> None:
         """Every slot's content unknown (its storage was overwritten or released)."""
         self.slots.clear()
-        self.layout = None
+        self.buffer = None
+        self.regions = {}
 
     def present(self, slot: Slot, tensor: torch.Tensor, decoy: float | int) -> torch.Tensor:
         """``tensor`` in ``slot``'s storage (its leading block; the rest holds ``decoy``), written

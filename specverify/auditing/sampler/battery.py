@@ -559,17 +559,18 @@ class SamplerBattery(Battery):
 
     def open_session(self, fn: Callable[..., Any], *, device: str, timeout_s: float,
                      isolation: str = "none") -> SamplerSession:
-        """The session of ``fn``; the production checks' laws are built in a thread meanwhile
-        (:func:`~specverify.auditing.sampler.production.build_production_laws`), while the worker
-        process starts.  An error there is the main thread's to raise: :meth:`checks` builds
-        the same laws again."""
+        """The session of ``fn``; the production checks' laws are built meanwhile
+        (:func:`~specverify.auditing.sampler.production.build_production_laws`), half in a thread
+        while the worker process starts, half in this thread once it has started.  An error
+        there is left to :meth:`checks`, which builds the same laws again and raises it."""
         from specverify.auditing.sampler.production import build_production_laws
 
-        building = threading.Thread(target=_quietly, args=(build_production_laws,), name="specverify-build",
-                                    daemon=True)
+        building = threading.Thread(target=_quietly, args=(functools.partial(build_production_laws, True),),
+                                    name="specverify-build", daemon=True)
         building.start()
         try:
             function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
+            _quietly(functools.partial(build_production_laws, False))
         finally:
             building.join()
         return SamplerSession(function, function.raw, timeout_s, self.batch_rows)
@@ -633,7 +634,7 @@ class SamplerBattery(Battery):
 
 
 def _quietly(build: Callable[[], None]) -> None:
-    """Run ``build`` in a thread, leaving any error to the main thread's own call of it."""
+    """Run ``build``, leaving any error to the later call that builds the same and raises it."""
     try:
         build()
     except Exception:  # noqa: BLE001 - the main thread makes the same call and raises it

@@ -622,13 +622,22 @@ def bank_views(bank: PositionalBank) -> list[list[tuple[coarse.CoarseView, coars
             for r in range(bank.num_chains)]
 
 
-def build_production_laws() -> None:
-    """Build what the production checks are made of, all cached: every shape's bank and coarse
-    views, and the exact cases; :func:`production_checks` and :func:`exact_production_check` then
-    take no time.  The sampler battery runs this while the worker process starts."""
+LARGE_VOCABULARY = 50_000
+"""Vocabularies from this size on are the large half of :func:`build_production_laws`."""
+
+
+def build_production_laws(large: bool) -> None:
+    """Build half of what the production checks are made of, all cached: with ``large``, the banks
+    and coarse views of the shapes at V ≥ LARGE_VOCABULARY; else those of the other shapes and the
+    exact cases (about the same time).  With both, :func:`production_checks` and
+    :func:`exact_production_check` take no time.  The sampler battery builds one half in a thread
+    and the other in its own while the worker process starts (NumPy's sorts and array operations
+    release the GIL)."""
     for name, family, vocab, k, chains, *_ in PRODUCTION_SHAPES:
-        bank_views(production_bank(name, family, vocab, k, chains))
-    exact_shapes()
+        if (vocab >= LARGE_VOCABULARY) == large:
+            bank_views(production_bank(name, family, vocab, k, chains))
+    if not large:
+        exact_shapes()
 
 
 def exact_production_check() -> ExactFinalDrawCheck:
