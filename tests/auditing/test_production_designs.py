@@ -107,3 +107,22 @@ def test_a_run_builds_the_laws_of_each_call_size_once(check_and_plan, monkeypatc
     result = check.run(session, plan)
     assert result.look == len(plan.looks)
     assert sorted(built) == sorted({check.rows_per_call, plan.n % check.rows_per_call} - {0})
+
+
+def test_the_two_halves_of_the_build_make_every_production_law():
+    """The sampler battery builds the production laws in two halves (one in a thread): together
+    they make every bank, coarse view and exact case the checks are made of."""
+    from specverify.auditing.sampler import production
+
+    session = load_battery("sampler").open_session(reference, device="cpu", timeout_s=60, isolation="none")
+    for cached in (production.production_bank, production.bank_views, production.exact_shapes):
+        cached.cache_clear()
+    production.build_production_laws(large=True)
+    production.build_production_laws(large=False)
+    built = [cached.cache_info().misses for cached in (production.production_bank, production.bank_views,
+                                                       production.exact_shapes)]
+    production.production_checks(session.function)
+    production.exact_production_check()
+    assert built == [cached.cache_info().misses for cached in (production.production_bank, production.bank_views,
+                                                               production.exact_shapes)]
+    assert built == [len(production.PRODUCTION_SHAPES), len(production.PRODUCTION_SHAPES), 1]

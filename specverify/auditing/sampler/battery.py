@@ -565,12 +565,12 @@ class SamplerBattery(Battery):
         there is left to :meth:`checks`, which builds the same laws again and raises it."""
         from specverify.auditing.sampler.production import build_production_laws
 
-        building = threading.Thread(target=_quietly, args=(functools.partial(build_production_laws, True),),
+        building = threading.Thread(target=_quietly, args=(functools.partial(build_production_laws, large=True),),
                                     name="specverify-build", daemon=True)
         building.start()
         try:
             function = GuardedFunction(fn, timeout_s=timeout_s, device=device, isolation=isolation)
-            _quietly(functools.partial(build_production_laws, False))
+            _quietly(functools.partial(build_production_laws, large=False))
         finally:
             building.join()
         return SamplerSession(function, function.raw, timeout_s, self.batch_rows)
@@ -637,7 +637,7 @@ def _quietly(build: Callable[[], None]) -> None:
     """Run ``build``, leaving any error to the later call that builds the same and raises it."""
     try:
         build()
-    except Exception:  # noqa: BLE001 - the main thread makes the same call and raises it
+    except Exception:  # noqa: BLE001 - checks() makes the same call and raises it
         return
 
 

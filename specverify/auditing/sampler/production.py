@@ -626,7 +626,7 @@ LARGE_VOCABULARY = 50_000
 """Vocabularies from this size on are the large half of :func:`build_production_laws`."""
 
 
-def build_production_laws(large: bool) -> None:
+def build_production_laws(*, large: bool) -> None:
     """Build half of what the production checks are made of, all cached: with ``large``, the banks
     and coarse views of the shapes at V ≥ LARGE_VOCABULARY; else those of the other shapes and the
     exact cases (about the same time).  With both, :func:`production_checks` and
