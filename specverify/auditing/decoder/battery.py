@@ -73,9 +73,9 @@ look; wall time measured for the reference decoder on this project's 2 shared co
 =========  ==============  ===========  ================================================
 budget     detects ε̄ ≥     calls        one stratum, every position / one position, every stratum
 =========  ==============  ===========  ================================================
-quick      0.05            2 195        0.14 / 0.2
-standard   0.02            13 713       0.057 / 0.08
-thorough   0.01            54 851       0.028 / 0.04
+quick      0.05            2 182        0.14 / 0.2
+standard   0.02            13 637       0.057 / 0.08
+thorough   0.01            54 545       0.028 / 0.04
 =========  ==============  ===========  ================================================
 
 A fixed budget of N calls per statistical check reports the ε̄ it can then detect.  Seeds: call i
